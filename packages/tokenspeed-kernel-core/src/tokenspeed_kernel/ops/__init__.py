@@ -1,0 +1,50 @@
+"""The public API: one module per op family. Importing it defines every op contract."""
+
+from .activation import silu_and_mul, swiglu
+from .attention import kvcache_store, mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
+from .gemm import mm
+from .moe import (
+    MoEActivation,
+    MoEDispatchResult,
+    MoEPlan,
+    MoEWeights,
+    moe_apply,
+    moe_combine,
+    moe_dispatch,
+    moe_experts,
+    moe_plan,
+    moe_process_weights,
+    moe_route,
+)
+from .norm import rmsnorm
+from .quantization import dequantize_mxfp4, quantize_fp8, quantize_mxfp4
+from .rope import apply_rotary
+from .sampling import argmax, top_k_top_p_sample
+
+__all__ = [
+    "mha_prefill",
+    "mha_extend_with_kvcache",
+    "mha_decode_with_kvcache",
+    "kvcache_store",
+    "moe_route",
+    "moe_dispatch",
+    "moe_experts",
+    "moe_combine",
+    "moe_apply",
+    "moe_plan",
+    "moe_process_weights",
+    "MoEActivation",
+    "MoEWeights",
+    "MoEDispatchResult",
+    "MoEPlan",
+    "mm",
+    "rmsnorm",
+    "swiglu",
+    "silu_and_mul",
+    "apply_rotary",
+    "quantize_fp8",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "argmax",
+    "top_k_top_p_sample",
+]

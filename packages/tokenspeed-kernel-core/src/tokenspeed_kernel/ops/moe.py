@@ -1,0 +1,511 @@
+"""Mixture of experts: routing, the staged path, the fused path, plan + weight processing.
+
+Staged (what an expert-parallel engine needs)::
+
+    topk_weights, topk_ids = moe_route(router_logits, top_k)
+    d = moe_dispatch(x, topk_ids, num_experts)          # rows sorted by expert
+    y = moe_experts(d.hidden, d.expert_offsets, weights, activation)
+    out = moe_combine(y, d.permutation, topk_weights)
+
+Fused: ``out = moe_apply(x, topk_weights, topk_ids, weights, activation)``.
+
+Plan once, convert weights once (FlashInfer's plan/run split)::
+
+    plan = moe_plan(weights, activation, dtype=torch.bfloat16, device="cuda")
+    kernel_weights = moe_process_weights(plan, weights)
+    out = moe_apply(x, topk_weights, topk_ids, kernel_weights, activation, plan=plan)
+
+Expert math for one token and expert ``e`` (GPT-OSS, ``kind="swiglu"``)::
+
+    h = x @ W13[e].T + b13[e]                 # 2I outputs
+    gate, up = h[0::2], h[1::2]               # interleaved (else h[:I], h[I:])
+    gate = min(gate, limit); up = clamp(up, -limit, limit)     # if limit
+    y = (up + up_offset) * gate * sigmoid(alpha * gate)
+    out_e = y @ W2[e].T + b2[e]
+
+``kind="silu"``: ``y = silu(gate) * up`` (alpha 1, no limit, no offset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .. import dispatch
+from ..contracts import TraitSpec, define_op
+from ..formats import DTYPE_NAMES
+from ..platform import platform_for_device
+from ..registry import KernelSpec, registry
+from ..selection import Target, select_spec
+from ..validation import check_same_device, check_tensor
+
+__all__ = [
+    "MoEActivation",
+    "MoEWeights",
+    "MoEDispatchResult",
+    "MoEPlan",
+    "moe_route",
+    "moe_dispatch",
+    "moe_experts",
+    "moe_combine",
+    "moe_apply",
+    "moe_plan",
+    "moe_process_weights",
+    "WEIGHT_FORMATS",
+]
+
+#: Expert weight formats (the ``w`` role).
+WEIGHT_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3:per_channel", "fp8_e4m3:per_tensor", "mxfp4")
+_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class MoEActivation:
+    """The expert activation, with every constant explicit (no per-backend defaults).
+
+    The defaults are GPT-OSS's clamped SwiGLU.
+    """
+
+    kind: str = "swiglu"
+    alpha: float = 1.702
+    limit: float | None = 7.0
+    up_offset: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("swiglu", "silu"):
+            raise ValueError(f"kind: expected 'swiglu' or 'silu', got {self.kind!r}")
+        if self.kind == "silu" and (self.alpha != 1.0 or self.limit is not None or self.up_offset != 0.0):
+            raise ValueError("MoEActivation(kind='silu') takes no alpha/limit/up_offset; use kind='swiglu' for those")
+        if self.limit is not None and self.limit <= 0:
+            raise ValueError(f"limit: expected None or > 0, got {self.limit!r}")
+
+    @classmethod
+    def silu(cls) -> MoEActivation:
+        return cls(kind="silu", alpha=1.0, limit=None, up_offset=0.0)
+
+
+@dataclass(frozen=True)
+class MoEWeights:
+    """Expert weights in one typed object. Rows are output features.
+
+    Canonical layout (what GPT-OSS checkpoints ship), ``E`` experts, hidden ``H``,
+    intermediate ``I``:
+
+    - dense (``bf16``/``fp16``/``fp32``): ``w13 [E, 2I, H]``, ``w2 [E, H, I]``;
+    - ``fp8_e4m3:per_channel``: fp8 ``w13``/``w2`` as above with ``float32``
+      scales ``w13_scale [E, 2I]``, ``w2_scale [E, H]`` (``per_tensor``: ``[E]``);
+    - ``mxfp4``: ``uint8 w13 [E, 2I, H/2]`` (two E2M1 codes a byte, low nibble =
+      even element), ``uint8 w13_scale [E, 2I, H/32]`` (E8M0), likewise
+      ``w2 [E, H, I/2]``, ``w2_scale [E, H, I/32]``.
+
+    ``w13_bias [E, 2I]`` / ``w2_bias [E, H]`` are optional (any float dtype).
+    ``gate_up_interleaved``: gate and up rows alternate (gate = even rows), as in
+    GPT-OSS; otherwise the first ``I`` rows are the gate. ``layout`` is
+    ``"canonical"`` or the name of the kernel whose layout
+    :func:`moe_process_weights` converted the weights to.
+    """
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    format: str
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    w13_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
+    gate_up_interleaved: bool = True
+    layout: str = "canonical"
+    #: Kernel-specific extra tensors after processing (opaque to everyone else).
+    extra: tuple = ()
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def intermediate(self) -> int:
+        return self.w13.shape[1] // 2
+
+    @property
+    def hidden(self) -> int:
+        return self.w2.shape[1]
+
+    def validate(self) -> None:
+        """Check shapes and dtypes of the canonical layout."""
+        if self.format not in WEIGHT_FORMATS:
+            raise ValueError(f"format: expected one of {WEIGHT_FORMATS}, got {self.format!r}")
+        if self.layout != "canonical":
+            return
+        check_tensor("w13", self.w13, dim=3)
+        e, two_i, _ = self.w13.shape
+        if two_i % 2:
+            raise ValueError(f"w13: expected an even number of rows (gate + up), got {two_i}")
+        i = two_i // 2
+        h = self.w2.shape[1] if self.w2.dim() == 3 else -1
+        if self.format == "mxfp4":
+            check_tensor("w13", self.w13, dtypes=(torch.uint8,), shape=(e, two_i, h // 2))
+            check_tensor("w2", self.w2, dtypes=(torch.uint8,), shape=(e, h, i // 2))
+            check_tensor("w13_scale", self.w13_scale, dtypes=(torch.uint8,), shape=(e, two_i, h // 32))
+            check_tensor("w2_scale", self.w2_scale, dtypes=(torch.uint8,), shape=(e, h, i // 32))
+            if h % 32 or i % 32:
+                raise ValueError(f"mxfp4 weights need hidden ({h}) and intermediate ({i}) divisible by 32")
+        elif self.format.startswith("fp8"):
+            check_tensor("w13", self.w13, dtypes=(torch.float8_e4m3fn,), dim=3)
+            check_tensor("w2", self.w2, dtypes=(torch.float8_e4m3fn,), shape=(e, h, i))
+            per_tensor = self.format.endswith("per_tensor")
+            check_tensor("w13_scale", self.w13_scale, dtypes=(torch.float32,), shape=(e,) if per_tensor else (e, two_i))
+            check_tensor("w2_scale", self.w2_scale, dtypes=(torch.float32,), shape=(e,) if per_tensor else (e, h))
+        else:
+            dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.format]
+            check_tensor("w13", self.w13, dtypes=(dt,), dim=3)
+            check_tensor("w2", self.w2, dtypes=(dt,), shape=(e, h, i))
+            for n in ("w13_scale", "w2_scale"):
+                if getattr(self, n) is not None:
+                    raise ValueError(f"{n}: dense {self.format} weights take no scale")
+        if self.w13_bias is not None:
+            check_tensor("w13_bias", self.w13_bias, shape=(e, two_i))
+        if self.w2_bias is not None:
+            check_tensor("w2_bias", self.w2_bias, shape=(e, h))
+
+    @classmethod
+    def from_gpt_oss(
+        cls,
+        gate_up_proj_blocks: torch.Tensor,
+        gate_up_proj_scales: torch.Tensor,
+        gate_up_proj_bias: torch.Tensor | None,
+        down_proj_blocks: torch.Tensor,
+        down_proj_scales: torch.Tensor,
+        down_proj_bias: torch.Tensor | None,
+    ) -> MoEWeights:
+        """From a GPT-OSS checkpoint's ``*_blocks [E, N, K/32, 16]`` / ``*_scales [E, N, K/32]``."""
+        for name, t in (("gate_up_proj_blocks", gate_up_proj_blocks), ("down_proj_blocks", down_proj_blocks)):
+            check_tensor(name, t, dtypes=(torch.uint8,), dim=4)
+            if t.shape[-1] != 16:
+                raise ValueError(f"{name}: expected a last dim of 16 bytes (32 FP4 values), got {t.shape[-1]}")
+        w = cls(
+            w13=gate_up_proj_blocks.flatten(-2),
+            w2=down_proj_blocks.flatten(-2),
+            format="mxfp4",
+            w13_bias=gate_up_proj_bias,
+            w2_bias=down_proj_bias,
+            w13_scale=gate_up_proj_scales,
+            w2_scale=down_proj_scales,
+            gate_up_interleaved=True,
+        )
+        w.validate()
+        return w
+
+
+@dataclass(frozen=True)
+class MoEDispatchResult:
+    """Token rows grouped by expert.
+
+    ``hidden [T*k, H]``: row ``r`` is token ``permutation[r] // k``'s hidden state;
+    rows of expert ``e`` are ``expert_offsets[e]:expert_offsets[e+1]``, in token
+    order. ``permutation int32 [T*k]``: the flat ``(token * k + slot)`` index of
+    each row. ``expert_offsets int32 [E+1]``.
+    """
+
+    hidden: torch.Tensor
+    expert_offsets: torch.Tensor
+    permutation: torch.Tensor
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """A kernel picked once for a MoE layer (see :func:`moe_plan`)."""
+
+    kernel: str
+    layout: str
+    format: str
+    activation: MoEActivation
+
+
+_MOE_TRAITS = {
+    "activation": TraitSpec(str, default="swiglu", allowed=("swiglu", "silu"), doc="expert activation kind"),
+    "clamp": TraitSpec(bool, default=False, doc="activation limit set"),
+    "bias": TraitSpec(bool, default=False, doc="expert biases"),
+    "gate_up_interleaved": TraitSpec(bool, default=False, doc="gate/up rows alternate"),
+}
+
+ROUTE = define_op(
+    "moe_route",
+    family="moe",
+    roles=("logits",),
+    traits={"renormalize": TraitSpec(bool, default=True, doc="renormalize the top-k weights to sum to 1")},
+    doc="Softmax top-k routing.",
+)
+DISPATCH = define_op("moe_dispatch", family="moe", roles=("x",), doc="Group token rows by expert.")
+EXPERTS = define_op("moe_experts", family="moe", roles=("x", "w"), traits=_MOE_TRAITS, doc="Grouped expert MLPs.")
+COMBINE = define_op("moe_combine", family="moe", roles=("x",), doc="Weighted sum of expert rows per token.")
+APPLY = define_op("moe_apply", family="moe", roles=("x", "w"), traits=_MOE_TRAITS, doc="Fused MoE layer.")
+
+
+def moe_route(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    renormalize: bool = True,
+    solution: Target | None = None,
+    override: Target | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing.
+
+    Args:
+        router_logits: ``[T, E]`` float logits (GPT-OSS: ``x @ W_r.T + b_r``).
+        top_k: experts per token, ``1 <= top_k <= E``.
+        renormalize: weights are ``softmax`` over the top-k logits (GPT-OSS);
+            otherwise the full-softmax probabilities of the chosen experts.
+
+    Returns:
+        ``topk_weights float32 [T, top_k]`` (descending), ``topk_ids int32 [T, top_k]``.
+        Ties go to the lower expert index.
+    """
+    check_tensor("router_logits", router_logits, dtypes=_X_DTYPES, dim=2)
+    if not isinstance(top_k, int) or not 1 <= top_k <= router_logits.shape[1]:
+        raise ValueError(f"top_k: expected an int in [1, {router_logits.shape[1]}], got {top_k!r}")
+    sig = (DTYPE_NAMES[router_logits.dtype],)
+    return dispatch.run(
+        "moe_route", router_logits.device, sig, {"renormalize": bool(renormalize)}, solution, override,
+        router_logits, top_k, renormalize=bool(renormalize),
+    )  # fmt: skip
+
+
+def _check_topk(topk_ids: torch.Tensor, tokens: int, num_experts: int, name: str = "topk_ids") -> None:
+    check_tensor(name, topk_ids, dtypes=(torch.int32,), dim=2, contiguous=True)
+    if topk_ids.shape[0] != tokens:
+        raise ValueError(f"{name}: expected {tokens} rows (one per token), got {topk_ids.shape[0]}")
+    from ..validation import debug_checks_enabled
+
+    if debug_checks_enabled() and topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"{name}: expert ids must lie in [0, {num_experts}), got [{lo}, {hi}]")
+
+
+def moe_dispatch(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    *,
+    solution: Target | None = None,
+    override: Target | None = None,
+) -> MoEDispatchResult:
+    """Group the ``T * k`` (token, expert) pairs by expert, without a host sync.
+
+    Args:
+        x: ``[T, H]`` hidden states.
+        topk_ids: ``int32 [T, k]``.
+        num_experts: ``E``.
+    """
+    check_tensor("x", x, dtypes=_X_DTYPES, dim=2)
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
+    _check_topk(topk_ids, x.shape[0], num_experts)
+    check_same_device("x", x, topk_ids=topk_ids)
+    return dispatch.run(
+        "moe_dispatch", x.device, (DTYPE_NAMES[x.dtype],), {}, solution, override, x, topk_ids, num_experts
+    )
+
+
+def _weight_traits(weights: MoEWeights, activation: MoEActivation) -> dict[str, object]:
+    return {
+        "activation": activation.kind,
+        "clamp": activation.limit is not None,
+        "bias": weights.w13_bias is not None or weights.w2_bias is not None,
+        "gate_up_interleaved": weights.gate_up_interleaved,
+    }
+
+
+def _check_weights(x: torch.Tensor, weights: MoEWeights, activation: MoEActivation) -> None:
+    if not isinstance(weights, MoEWeights):
+        raise TypeError(f"weights: expected MoEWeights, got {type(weights).__name__}")
+    if not isinstance(activation, MoEActivation):
+        raise TypeError(f"activation: expected MoEActivation, got {type(activation).__name__}")
+    if weights.layout == "canonical" and x.shape[-1] != weights.hidden:
+        raise ValueError(f"x: expected hidden size {weights.hidden} (the weights'), got {x.shape[-1]}")
+    if weights.w13.device != x.device:
+        raise ValueError(f"weights: expected device {x.device} (like x), got {weights.w13.device}")
+
+
+def _check_layout(spec: KernelSpec, weights: MoEWeights) -> None:
+    want = spec.name if spec.weight_preprocessor is not None else "canonical"
+    if weights.layout != want:
+        raise ValueError(
+            f"weights: layout {weights.layout!r} does not fit kernel {spec.name!r}, which expects {want!r}; "
+            "convert them with moe_plan + moe_process_weights and pass plan="
+        )
+
+
+def moe_experts(
+    hidden: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    weights: MoEWeights,
+    activation: MoEActivation,
+    *,
+    out: torch.Tensor | None = None,
+    solution: Target | None = None,
+    override: Target | None = None,
+) -> torch.Tensor:
+    """Run each expert's MLP on its rows (no routing weight applied).
+
+    Args:
+        hidden: ``[N, H]`` rows grouped by expert (see :func:`moe_dispatch`).
+        expert_offsets: ``int32 [E+1]``.
+        weights: canonical :class:`MoEWeights` (or processed for the selected kernel).
+        activation: :class:`MoEActivation`.
+        out: optional ``[N, H]`` of ``hidden``'s dtype.
+    """
+    check_tensor("hidden", hidden, dtypes=_X_DTYPES, dim=2)
+    _check_weights(hidden, weights, activation)
+    check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int32,), shape=(weights.num_experts + 1,))
+    check_same_device("hidden", hidden, expert_offsets=expert_offsets, out=out)
+    if out is not None:
+        check_tensor("out", out, dtypes=(hidden.dtype,), shape=tuple(hidden.shape))
+    sig = (DTYPE_NAMES[hidden.dtype], weights.format)
+    traits = _weight_traits(weights, activation)
+    sel = select_spec(
+        "moe_experts", sig, traits, platform=platform_for_device(hidden.device), solution=solution, override=override
+    )
+    _check_layout(sel.spec, weights)
+    return dispatch.run(
+        "moe_experts", hidden.device, sig, traits, solution, override,
+        hidden, expert_offsets, weights, activation, out=out,
+    )  # fmt: skip
+
+
+def moe_combine(
+    expert_out: torch.Tensor,
+    permutation: torch.Tensor,
+    topk_weights: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    solution: Target | None = None,
+    override: Target | None = None,
+) -> torch.Tensor:
+    """``out[t] = sum_s topk_weights[t, s] * expert_out[row of (t, s)]``.
+
+    Args:
+        expert_out: ``[T*k, H]`` rows in dispatch order.
+        permutation: ``int32 [T*k]`` from :func:`moe_dispatch`.
+        topk_weights: ``float32 [T, k]``.
+        out: optional ``[T, H]`` of ``expert_out``'s dtype.
+    """
+    check_tensor("expert_out", expert_out, dtypes=_X_DTYPES, dim=2)
+    check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), dim=2)
+    check_tensor("permutation", permutation, dtypes=(torch.int32,), shape=(topk_weights.numel(),))
+    if expert_out.shape[0] != topk_weights.numel():
+        raise ValueError(f"expert_out: expected {topk_weights.numel()} rows (T * k), got {expert_out.shape[0]}")
+    check_same_device("expert_out", expert_out, permutation=permutation, topk_weights=topk_weights, out=out)
+    if out is not None:
+        check_tensor("out", out, dtypes=(expert_out.dtype,), shape=(topk_weights.shape[0], expert_out.shape[1]))
+    return dispatch.run(
+        "moe_combine", expert_out.device, (DTYPE_NAMES[expert_out.dtype],), {}, solution, override,
+        expert_out, permutation, topk_weights, out=out,
+    )  # fmt: skip
+
+
+def moe_apply(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weights: MoEWeights,
+    activation: MoEActivation,
+    *,
+    plan: MoEPlan | None = None,
+    out: torch.Tensor | None = None,
+    solution: Target | None = None,
+    override: Target | None = None,
+) -> torch.Tensor:
+    """The fused MoE layer: ``sum_s w[t,s] * expert_{ids[t,s]}(x[t])``.
+
+    Args:
+        x: ``[T, H]``.
+        topk_weights: ``float32 [T, k]``; topk_ids: ``int32 [T, k]``.
+        weights: :class:`MoEWeights`, canonical or processed for ``plan``.
+        activation: :class:`MoEActivation`.
+        plan: from :func:`moe_plan`; runs that kernel without selecting again
+            (``solution``/``override`` must then be None).
+        out: optional ``[T, H]`` of ``x``'s dtype.
+    """
+    check_tensor("x", x, dtypes=_X_DTYPES, dim=2)
+    _check_weights(x, weights, activation)
+    _check_topk(topk_ids, x.shape[0], weights.num_experts)
+    check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), shape=tuple(topk_ids.shape))
+    check_same_device("x", x, topk_weights=topk_weights, topk_ids=topk_ids, out=out)
+    if out is not None:
+        check_tensor("out", out, dtypes=(x.dtype,), shape=tuple(x.shape))
+    sig = (DTYPE_NAMES[x.dtype], weights.format)
+    traits = _weight_traits(weights, activation)
+    if plan is not None:
+        if solution is not None or override is not None:
+            raise ValueError("plan: a planned call takes no solution=/override= (the plan already names the kernel)")
+        if plan.activation != activation:
+            raise ValueError(f"activation: {activation} differs from the plan's {plan.activation}")
+        override = plan.kernel
+    sel = select_spec("moe_apply", sig, traits, platform=platform_for_device(x.device), solution=solution, override=override)
+    _check_layout(sel.spec, weights)
+    return dispatch.run(
+        "moe_apply", x.device, sig, traits, solution, override,
+        x, topk_weights, topk_ids, weights, activation, out=out,
+    )  # fmt: skip
+
+
+def moe_plan(
+    weights: MoEWeights,
+    activation: MoEActivation,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+    solution: Target | None = None,
+    override: Target | None = None,
+) -> MoEPlan:
+    """Pick the ``moe_apply`` kernel for this layer once (host-side work only).
+
+    Args:
+        weights: canonical :class:`MoEWeights` (their format, biases, interleaving
+            decide the traits).
+        activation: :class:`MoEActivation`.
+        dtype: the activations' dtype.
+        device: where the layer runs (default: the weights' device).
+    """
+    if not isinstance(weights, MoEWeights):
+        raise TypeError(f"weights: expected MoEWeights, got {type(weights).__name__}")
+    weights.validate()
+    if dtype not in _X_DTYPES:
+        raise TypeError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
+    dev = torch.device(device) if device is not None else weights.w13.device
+    sig = (DTYPE_NAMES[dtype], weights.format)
+    sel = select_spec(
+        "moe_apply",
+        sig,
+        _weight_traits(weights, activation),
+        platform=platform_for_device(dev),
+        solution=solution,
+        override=override,
+    )
+    layout = sel.spec.name if sel.spec.weight_preprocessor is not None else "canonical"
+    return MoEPlan(kernel=sel.spec.name, layout=layout, format=weights.format, activation=activation)
+
+
+def moe_process_weights(plan: MoEPlan, weights: MoEWeights) -> MoEWeights:
+    """Convert canonical weights to the planned kernel's layout; returns new tensors.
+
+    The input is never modified. Weights already in the plan's layout are
+    returned as they are.
+    """
+    if weights.layout == plan.layout:
+        return weights
+    if weights.layout != "canonical":
+        raise ValueError(f"weights: layout {weights.layout!r} can only be converted from 'canonical'")
+    weights.validate()
+    spec = registry.get(plan.kernel)
+    if spec is None:
+        raise ValueError(f"plan: kernel {plan.kernel!r} is no longer registered")
+    pre = spec.resolve_weight_preprocessor()
+    if pre is None:
+        return weights
+    converted = pre(weights)
+    if not isinstance(converted, MoEWeights):
+        raise TypeError(f"weight preprocessor of {spec.name!r} returned {type(converted).__name__}, not MoEWeights")
+    return replace(converted, layout=plan.layout)
