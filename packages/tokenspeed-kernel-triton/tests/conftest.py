@@ -1,0 +1,15 @@
+import os
+
+import torch
+
+# Triton kernels run on CPU tensors through Triton's interpreter when no GPU is
+# present; this must be set before Triton is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
