@@ -86,7 +86,7 @@ class TraitSpec:
 class TraitMatcher:
     """The set of values of one trait that a kernel supports."""
 
-    __slots__ = ("values", "everything")
+    __slots__ = ("everything", "values")
 
     def __init__(self, values: object) -> None:
         self.everything = values is ANY
@@ -117,7 +117,9 @@ class OpContract:
         """Check a call's traits against the schema and fill the defaults."""
         unknown = set(traits) - set(self.traits)
         if unknown:
-            raise ValueError(f"traits: op {self.name!r} has no trait(s) {sorted(unknown)}; known: {sorted(self.traits)}")
+            raise ValueError(
+                f"traits: op {self.name!r} has no trait(s) {sorted(unknown)}; known: {sorted(self.traits)}"
+            )
         out: dict[str, object] = {}
         for name, spec in self.traits.items():
             if name in traits:
@@ -171,7 +173,9 @@ class OpContract:
         for entry in declared:
             unknown = set(entry) - set(self.roles)
             if unknown:
-                raise ValueError(f"{who}: unknown format role(s) {sorted(unknown)} for op {self.name!r}; roles: {self.roles}")
+                raise ValueError(
+                    f"{who}: unknown format role(s) {sorted(unknown)} for op {self.name!r}; roles: {self.roles}"
+                )
             missing = set(self.roles) - set(entry)
             if missing:
                 raise ValueError(f"{who}: formats entry {dict(entry)} misses role(s) {sorted(missing)}")

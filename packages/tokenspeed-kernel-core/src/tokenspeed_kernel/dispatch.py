@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 
-from .platform import platform_for_device
 from .profiling import kernel_scope, profiler_active
-from .selection import Target, select_spec
+from .selection import Target, select_for_device
 
 __all__ = ["run", "capture_hook"]
 
@@ -26,16 +25,14 @@ def run(
     op: str,
     device: torch.device,
     signature: tuple[str, ...],
-    traits: Mapping[str, object],
+    traits: Mapping[str, object] | tuple[tuple[str, object], ...],
     solution: Target | None,
     override: Target | None,
     *args: Any,
     **kwargs: Any,
 ) -> Any:
     """Select the kernel for this call and run it with ``*args, **kwargs``."""
-    sel = select_spec(
-        op, signature, traits, platform=platform_for_device(device), solution=solution, override=override
-    )
+    sel = select_for_device(op, signature, traits, device, solution, override)
     if capture_hook is not None:
         capture_hook(op, signature, traits, args, kwargs)
     if profiler_active():

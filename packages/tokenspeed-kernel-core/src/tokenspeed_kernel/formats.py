@@ -45,11 +45,7 @@ FP8_GRANULARITIES = ("per_tensor", "per_token", "per_channel", "block128")
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _DENSE = frozenset(DTYPE_NAMES.values())
-_KNOWN = (
-    _DENSE
-    | {f"{d}:{g}" for d in ("fp8_e4m3", "fp8_e5m2") for g in FP8_GRANULARITIES}
-    | {"mxfp4"}
-)
+_KNOWN = _DENSE | {f"{d}:{g}" for d in ("fp8_e4m3", "fp8_e5m2") for g in FP8_GRANULARITIES} | {"mxfp4"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -77,11 +73,7 @@ def fp8_granularity(scale: torch.Tensor, rows: int, cols: int, *, weight: bool, 
     blocks_r = -(-rows // 128) if weight else rows
     if scale.dim() == 2 and tuple(scale.shape) == (blocks_r, blocks_k):
         return "block128"
-    expect = (
-        f"[1], [{rows}, 1] or [{blocks_r}, {blocks_k}]"
-        if weight
-        else f"[1], [{rows}, 1] or [{rows}, {blocks_k}]"
-    )
+    expect = f"[1], [{rows}, 1] or [{blocks_r}, {blocks_k}]" if weight else f"[1], [{rows}, 1] or [{rows}, {blocks_k}]"
     raise ValueError(f"{name}: scale of shape {tuple(scale.shape)} matches no FP8 granularity; expected {expect}")
 
 

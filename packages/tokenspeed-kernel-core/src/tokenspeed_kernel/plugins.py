@@ -74,7 +74,9 @@ def _run_register(name: str, fn, report: PluginReport) -> None:
 def _register_core() -> None:
     from .reference import register as register_reference
 
-    report = PluginReport("core", "tokenspeed_kernel.reference:register", "tokenspeed-kernel-core", _version(), "loaded")
+    report = PluginReport(
+        "core", "tokenspeed_kernel.reference:register", "tokenspeed-kernel-core", _version(), "loaded"
+    )
     _run_register("core", register_reference, report)
     _reports["core"] = report
 

@@ -271,7 +271,9 @@ def register_kernel(
             raise ValueError(f"solution: kernel {name!r} needs a non-empty solution name")
         unknown_tags = set(tags) - KNOWN_TAGS
         if unknown_tags:
-            raise ValueError(f"tags: kernel {name!r} has unknown tag(s) {sorted(unknown_tags)}; known: {sorted(KNOWN_TAGS)}")
+            raise ValueError(
+                f"tags: kernel {name!r} has unknown tag(s) {sorted(unknown_tags)}; known: {sorted(KNOWN_TAGS)}"
+            )
         if not isinstance(priority, int):
             raise TypeError(f"priority: kernel {name!r} needs an int priority (a Priority band + offset)")
         spec = KernelSpec(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .contracts import get_contract
-from .platform import Platform, current_platform
+from .platform import Platform, _fake, current_platform, platform_for_device
 from .plugins import ensure_loaded
 from .registry import KernelSpec, Priority, registry
 
@@ -144,14 +144,18 @@ def _load_settings() -> _Settings:
             raise FileNotFoundError(f"TOKENSPEED_KERNEL_CONFIG: no such file {path!r}") from None
         unknown = set(data) - {"override"}
         if unknown:
-            raise ValueError(f"TOKENSPEED_KERNEL_CONFIG {path}: unknown table(s) {sorted(unknown)}; expected [override]")
+            raise ValueError(
+                f"TOKENSPEED_KERNEL_CONFIG {path}: unknown table(s) {sorted(unknown)}; expected [override]"
+            )
         for op, target in data.get("override", {}).items():
             if isinstance(target, str):
                 config[op] = _parse_targets(target)
             elif isinstance(target, list) and target and all(isinstance(t, str) for t in target):
                 config[op] = tuple(target)
             else:
-                raise TypeError(f"TOKENSPEED_KERNEL_CONFIG {path}: override for {op!r} must be a string or list of strings")
+                raise TypeError(
+                    f"TOKENSPEED_KERNEL_CONFIG {path}: override for {op!r} must be a string or list of strings"
+                )
     log = os.environ.get("TOKENSPEED_KERNEL_LOG", "")
     return _Settings(
         env=env,
@@ -253,6 +257,9 @@ def set_selection_oracle(oracle: Oracle | None) -> None:
 
 
 _cache: dict[tuple, Selection] = {}
+# The dispatch fast path keys by device (and the fake platform, if any) instead of
+# the platform, so a cache hit skips platform lookup.
+_device_cache: dict[tuple, Selection] = {}
 _cache_lock = threading.Lock()
 _warned_reference: set[str] = set()
 
@@ -260,6 +267,7 @@ _warned_reference: set[str] = set()
 def clear_selection_cache() -> None:
     with _cache_lock:
         _cache.clear()
+        _device_cache.clear()
 
 
 registry.add_listener(clear_selection_cache)
@@ -408,6 +416,39 @@ def select_spec(
     return selection
 
 
+def select_for_device(
+    op: str,
+    signature: tuple[str, ...],
+    traits: Mapping[str, object] | tuple[tuple[str, object], ...],
+    device: Any,
+    solution: Target | None,
+    override: Target | None,
+) -> Selection:
+    """The dispatch hot path: :func:`select_spec` for the platform of ``device``.
+
+    ``traits`` may be a tuple of ``(name, value)`` pairs, which hashes without a copy.
+    """
+    fake = _fake.get()
+    key = (
+        op,
+        signature,
+        traits if type(traits) is tuple else tuple(traits.items()),
+        device,
+        fake.cache_key if fake is not None else None,
+        solution,
+        override,
+        _context.get(),
+    )
+    hit = _device_cache.get(key)
+    if hit is None:
+        hit = select_spec(
+            op, signature, dict(traits), platform=platform_for_device(device), solution=solution, override=override
+        )
+        with _cache_lock:
+            _device_cache[key] = hit
+    return hit
+
+
 def select_kernel(
     op: str,
     signature: tuple[str, ...],
@@ -431,7 +472,9 @@ def select_kernel(
 def _log_decision(op, signature, traits, plat, selection: Selection, cands) -> None:
     s = settings()
     if s.log_selection:
-        others = ", ".join(f"{c.name}" + ("" if c.eligible else " (rejected)") for c in cands if c.name != selection.spec.name)
+        others = ", ".join(
+            f"{c.name}" + ("" if c.eligible else " (rejected)") for c in cands if c.name != selection.spec.name
+        )
         how = f" forced by {selection.forced_by}" if selection.forced_by else ""
         logger.warning(
             "tokenspeed_kernel: %s %s %s on %s -> %s%s; others: %s",

@@ -30,38 +30,49 @@ def check_tensor(
     name: str,
     t: object,
     *,
-    dtypes: Iterable[torch.dtype] | None = None,
+    dtypes: tuple[torch.dtype, ...] | None = None,
     dim: int | tuple[int, ...] | None = None,
     shape: tuple[int | None, ...] | None = None,
     contiguous: bool = False,
     last_dim_contiguous: bool = False,
 ) -> torch.Tensor:
+    """Check one tensor argument; cheap on success (this runs on every call)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if dtypes is not None:
-        dtypes = tuple(dtypes)
-        if t.dtype not in dtypes:
-            raise TypeError(f"{name}: expected dtype {_dtypes_text(dtypes)}, got {t.dtype}")
-    if dim is not None:
-        dims = (dim,) if isinstance(dim, int) else dim
-        if t.dim() not in dims:
-            want = " or ".join(str(d) for d in dims)
-            raise ValueError(f"{name}: expected a {want}-D tensor, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {_dtypes_text(dtypes)}, got {t.dtype}")
     if shape is not None:
-        if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape, strict=True)):
-            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-            raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
-    if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got strides {t.stride()}")
-    if last_dim_contiguous and t.dim() and t.stride(-1) != 1:
-        raise ValueError(f"{name}: expected the last dim to be contiguous (stride 1), got strides {t.stride()}")
+        got = t.shape
+        if None not in shape:
+            if got != shape:
+                _bad_shape(name, shape, got)
+        elif len(got) != len(shape) or any(w is not None and w != n for w, n in zip(shape, got)):
+            _bad_shape(name, shape, got)
+    elif dim is not None:
+        nd = t.dim()
+        if nd != dim if isinstance(dim, int) else nd not in dim:
+            want = dim if isinstance(dim, int) else " or ".join(str(d) for d in dim)
+            raise ValueError(f"{name}: expected a {want}-D tensor, got shape {list(t.shape)}")
+    if contiguous or last_dim_contiguous:
+        if not t.is_contiguous():
+            if contiguous:
+                raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous()), got strides {t.stride()}")
+            if t.dim() and t.stride(-1) != 1:
+                raise ValueError(f"{name}: expected the last dim to be contiguous (stride 1), got strides {t.stride()}")
     return t
 
 
+def _bad_shape(name: str, shape: tuple[int | None, ...], got: torch.Size) -> None:
+    want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+    raise ValueError(f"{name}: expected shape {want}, got {list(got)}")
+
+
 def check_same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    """Every tensor in ``others`` (None skipped) lives on ``ref``'s device."""
+    dev = ref.device
     for name, t in others.items():
-        if t is not None and t.device != ref.device:
-            raise ValueError(f"{name}: expected device {ref.device} (like {ref_name}), got {t.device}")
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name}: expected device {dev} (like {ref_name}), got {t.device}")
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, *, batch: int | None = None) -> int:

@@ -250,9 +250,7 @@ def mha_extend_with_kvcache(
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k_cache.dtype])
-    traits = _traits(
-        q, hkv, window_left, sinks, logit_cap, return_lse, causal=bool(causal), page_size=k_cache.shape[1]
-    )
+    traits = _traits(q, hkv, window_left, sinks, logit_cap, return_lse, causal=bool(causal), page_size=k_cache.shape[1])
     return dispatch.run(
         "mha_extend_with_kvcache", q.device, sig, traits, solution, override,
         q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,

@@ -443,7 +443,9 @@ def moe_apply(
         if plan.activation != activation:
             raise ValueError(f"activation: {activation} differs from the plan's {plan.activation}")
         override = plan.kernel
-    sel = select_spec("moe_apply", sig, traits, platform=platform_for_device(x.device), solution=solution, override=override)
+    sel = select_spec(
+        "moe_apply", sig, traits, platform=platform_for_device(x.device), solution=solution, override=override
+    )
     _check_layout(sel.spec, weights)
     return dispatch.run(
         "moe_apply", x.device, sig, traits, solution, override,

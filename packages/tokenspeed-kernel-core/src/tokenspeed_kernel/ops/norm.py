@@ -56,8 +56,10 @@ def rmsnorm(
         check_tensor("out", out, dtypes=(x.dtype,), shape=tuple(x.shape), last_dim_contiguous=True)
     if not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
-    check_same_device("x", x, weight=weight, residual=residual, out=out)
+    device = x.device
+    if weight.device != device or (residual is not None or out is not None):
+        check_same_device("x", x, weight=weight, residual=residual, out=out)
     return dispatch.run(
-        "rmsnorm", x.device, (DTYPE_NAMES[x.dtype],), {"fused_residual": residual is not None}, solution, override,
+        "rmsnorm", device, (DTYPE_NAMES[x.dtype],), (("fused_residual", residual is not None),), solution, override,
         x, weight, float(eps), residual=residual, out=out,
     )  # fmt: skip

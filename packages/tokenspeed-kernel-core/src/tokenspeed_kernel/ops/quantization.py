@@ -32,9 +32,7 @@ QUANT_FP8 = define_op(
     doc="Quantize to FP8 e4m3 with fp32 scales.",
 )
 QUANT_MXFP4 = define_op("quantize_mxfp4", family="quantization", roles=("x",), doc="Quantize to MXFP4.")
-DEQUANT_MXFP4 = define_op(
-    "dequantize_mxfp4", family="quantization", roles=("x", "out"), doc="MXFP4 to a float dtype."
-)
+DEQUANT_MXFP4 = define_op("dequantize_mxfp4", family="quantization", roles=("x", "out"), doc="MXFP4 to a float dtype.")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
