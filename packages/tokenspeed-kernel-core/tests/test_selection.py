@@ -338,3 +338,16 @@ def test_explain_marks_selected_and_ranks(two_kernels):
     text = tk.format_explanation(cands)
     assert text.splitlines()[0].startswith("*  #1 hi.rmsnorm")
     assert "- " in text and "needs vendor nvidia" in text
+
+
+def test_kernel_whose_library_fails_to_load_is_skipped(scratch):
+    scratch("rmsnorm", "gone.rmsnorm", priority=Priority.SPECIALIZED, impl="tokenspeed_no_such_module:rmsnorm")
+    x, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8)
+    with pytest.warns(RuntimeWarning, match="'gone.rmsnorm' failed to load"):
+        y = tk.rmsnorm(x, w)
+    assert isinstance(y, torch.Tensor)
+    reason = next(c.reason for c in tk.explain_selection("rmsnorm", ("bf16",), {}) if c.name == "gone.rmsnorm")
+    assert reason.startswith("implementation failed to load: ModuleNotFoundError")
+    with pytest.raises(tk.OverrideError, match="implementation failed to load"):
+        tk.rmsnorm(x, w, override="gone.rmsnorm")
+    selection._broken.pop("gone.rmsnorm")

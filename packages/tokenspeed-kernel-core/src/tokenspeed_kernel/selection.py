@@ -262,6 +262,8 @@ _cache: dict[tuple, Selection] = {}
 _device_cache: dict[tuple, Selection] = {}
 _cache_lock = threading.Lock()
 _warned_reference: set[str] = set()
+#: Kernels whose lazy implementation raised on import: name -> error (never retried).
+_broken: dict[str, str] = {}
 
 
 def clear_selection_cache() -> None:
@@ -288,8 +290,10 @@ def _evaluate(
     full = contract.normalize_traits(traits)
     rows: list[tuple[tuple, Candidate]] = []
     for spec in registry.for_op(op):
+        broken = _broken.get(spec.name)
         reason = (
-            spec.capability.reject_reason(platform)
+            (f"implementation failed to load: {broken}" if broken else None)
+            or spec.capability.reject_reason(platform)
             or spec.format_reject_reason(signature, contract.roles)
             or spec.trait_reject_reason(full)
         )
@@ -406,10 +410,21 @@ def select_spec(
     hit = _cache.get(key)
     if hit is not None:
         return hit
-    cands, chosen, forced_by = _decide(op, signature, traits, plat, objective, solution, override, ctx)
-    spec = registry.get(chosen.name)
-    assert spec is not None
-    selection = Selection(spec, spec.resolve(), forced_by)
+    while True:
+        cands, chosen, forced_by = _decide(op, signature, traits, plat, objective, solution, override, ctx)
+        spec = registry.get(chosen.name)
+        assert spec is not None
+        try:
+            fn = spec.resolve()
+            break
+        except Exception as exc:  # a kernel whose library cannot load is reported and skipped
+            _broken[spec.name] = f"{type(exc).__name__}: {exc}"
+            warnings.warn(
+                f"tokenspeed_kernel: kernel {spec.name!r} failed to load and is skipped: {_broken[spec.name]}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    selection = Selection(spec, fn, forced_by)
     with _cache_lock:
         _cache[key] = selection
     _log_decision(op, signature, traits, plat, selection, cands)

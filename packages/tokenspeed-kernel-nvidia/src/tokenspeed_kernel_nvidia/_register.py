@@ -1,0 +1,68 @@
+"""Entry point of the ``nvidia`` plugin.
+
+Registers a wrapper only when its library is installed (``find_spec``: nothing is
+imported here); implementations load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from tokenspeed_kernel.contracts import Range
+from tokenspeed_kernel.registry import Capability, Priority, register_kernel
+
+#: FlashAttention-3 runs on Hopper only (wgmma + TMA).
+HOPPER = Capability(
+    vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90", features=frozenset({"wgmma", "tma"})
+)
+
+
+def _fa3_build_flags() -> dict[str, bool]:
+    """The head dims and features this FA3 build has (its config module, no CUDA import)."""
+    spec = importlib.util.find_spec("flash_attn_config")
+    if spec is None:
+        return {}
+    import flash_attn_config
+
+    return dict(flash_attn_config.CONFIG.get("build_flags", {}))
+
+
+def register_fa3() -> None:
+    if importlib.util.find_spec("flash_attn_interface") is None:
+        return
+    flags = _fa3_build_flags()
+    head_dims = tuple(d for d in (64, 96, 128, 192, 256) if not flags.get(f"FLASHATTENTION_DISABLE_HDIM{d}", False))
+    softcap = (False,) if flags.get("FLASHATTENTION_DISABLE_SOFTCAP", False) else (False, True)
+    common = {
+        "head_dim": head_dims,
+        "gqa_group": Range(1, 256),
+        "window": (False, True),
+        "sinks": (False, True),
+        "logit_cap": softcap,
+        "return_lse": (False, True),
+    }
+    # FA3's paged path takes any page size; powers of two up to 256 are what we verify.
+    paged = {**common, "page_size": Range(1, 256, power_of_two=True)}
+    formats = [{"q": "bf16", "kv": "bf16"}, {"q": "fp16", "kv": "fp16"}]
+    module = "tokenspeed_kernel_nvidia.fa3.attention"
+    for op, traits in (
+        ("mha_prefill", {**common, "causal": (True, False)}),
+        ("mha_extend_with_kvcache", {**paged, "causal": (True, False)}),
+        ("mha_decode_with_kvcache", paged),
+    ):
+        register_kernel(
+            op,
+            name=f"fa3.{op}",
+            solution="fa3",
+            formats=formats,
+            traits=traits,
+            capability=HOPPER,
+            priority=Priority.PERFORMANT,
+            tags=("cuda_graph_safe",),
+            impl=f"{module}:{op}",
+            doc=f"FlashAttention-3 {op}",
+        )
+
+
+def register() -> None:
+    register_fa3()
