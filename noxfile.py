@@ -1,0 +1,86 @@
+"""Test sessions, one per package, each in a fresh environment.
+
+Sessions inherit torch/triton/pytest from the interpreter that runs nox (the
+``.venv/base`` environment that ``./run`` creates) through ``--system-site-packages``,
+and install only TokenSpeed-kernel packages themselves, built as wheels by
+hatchling. So ``nox -s amd`` proves that core + the AMD wheel work with no other
+TokenSpeed-kernel package present.
+
+    nox -s core triton nvidia amd lint    # what ./run tests does
+    nox -s demo                           # the demo, every package installed
+    nox -s gpu                            # GPU-marked tests (a machine with CUDA)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["core", "triton", "nvidia", "amd", "lint"]
+nox.options.reuse_existing_virtualenvs = False
+
+CORE = "packages/tokenspeed-kernel-core"
+PACKAGES = {
+    "triton": "packages/tokenspeed-kernel-triton",
+    "nvidia": "packages/tokenspeed-kernel-nvidia",
+    "amd": "packages/tokenspeed-kernel-amd",
+}
+VENV = ["--system-site-packages"]
+PYTEST = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+
+def _install(session: nox.Session, *paths: str) -> None:
+    # --no-build-isolation: hatchling comes from the base environment, so no
+    # download happens per session; --no-deps: torch/triton are already there.
+    session.install("--no-deps", "--no-build-isolation", *paths)
+
+
+@nox.session(venv_params=VENV)
+def core(session: nox.Session) -> None:
+    """Core alone: registry, selection, plugins, references, CLI, tooling."""
+    _install(session, CORE)
+    session.run(*PYTEST, f"{CORE}/tests", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def triton(session: nox.Session) -> None:
+    """Core + Triton package: kernels under TRITON_INTERPRET=1, cross-compilation."""
+    _install(session, CORE, PACKAGES["triton"])
+    session.run(*PYTEST, f"{PACKAGES['triton']}/tests", *session.posargs, env={"TOKENSPEED_INSTALL_ALONE": "triton"})
+
+
+@nox.session(venv_params=VENV)
+def nvidia(session: nox.Session) -> None:
+    """Core + NVIDIA package (+ the FA3 wheel's metadata, to test its registration)."""
+    _install(session, CORE, PACKAGES["nvidia"])
+    session.install("--no-deps", "tokenspeed-fa3")
+    session.run(*PYTEST, f"{PACKAGES['nvidia']}/tests", *session.posargs, env={"TOKENSPEED_INSTALL_ALONE": "nvidia"})
+
+
+@nox.session(venv_params=VENV)
+def amd(session: nox.Session) -> None:
+    """Core + AMD package: Gluon cross-compilation to gfx942/gfx950, registration."""
+    _install(session, CORE, PACKAGES["amd"])
+    session.run(*PYTEST, f"{PACKAGES['amd']}/tests", *session.posargs, env={"TOKENSPEED_INSTALL_ALONE": "amd"})
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    session.run(sys.executable, "-m", "ruff", "check", ".")
+    session.run(sys.executable, "-m", "ruff", "format", "--check", ".")
+
+
+@nox.session(venv_params=VENV)
+def demo(session: nox.Session) -> None:
+    _install(session, CORE, *PACKAGES.values())
+    session.run("tokenspeed-kernel", "demo", *session.posargs)
+
+
+@nox.session(venv_params=VENV)
+def gpu(session: nox.Session) -> None:
+    """GPU-marked tests of every package (needs CUDA)."""
+    _install(session, CORE, *PACKAGES.values())
+    for path in (CORE, *PACKAGES.values()):
+        session.run(*PYTEST, "-m", "gpu", f"{path}/tests", *session.posargs, success_codes=[0, 5])
