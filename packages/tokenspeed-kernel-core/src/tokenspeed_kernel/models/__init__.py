@@ -1,0 +1,1 @@
+"""Models built only on the public API (the proof that the kernel boundary holds)."""
