@@ -1,0 +1,45 @@
+"""Reference rotary position embedding (neox and gpt-j pairings, partial rotary)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    rot = 2 * cos.shape[-1]
+    xf = x[..., :rot].to(torch.float32)
+    if style == "neox":
+        x1, x2 = xf.chunk(2, dim=-1)
+    else:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+    r1 = x1 * cos - x2 * sin
+    r2 = x2 * cos + x1 * sin
+    if style == "neox":
+        rotated = torch.cat((r1, r2), dim=-1)
+    else:
+        rotated = torch.stack((r1, r2), dim=-1).flatten(-2)
+    return torch.cat((rotated.to(x.dtype), x[..., rot:]), dim=-1)
+
+
+def apply_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    style: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first ``R`` dims of every head; returns new ``(q, k)``.
+
+    Args:
+        q: ``[T, Hq, D]``; k: ``[T, Hk, D]``, same float dtype.
+        cos_sin_cache: ``float32 [max_position, R]``, cos in ``[:, :R/2]``, sin in ``[:, R/2:]``.
+        positions: ``int32/int64 [T]``, the cache row of each token.
+        style: ``"neox"`` pairs ``(x[i], x[i + R/2])``; ``"gptj"`` pairs ``(x[2i], x[2i+1])``.
+    """
+    half = cos_sin_cache.shape[1] // 2
+    rows = cos_sin_cache[positions.long()]
+    # [T, 1, R/2]: one angle per token, shared by every head.
+    cos = rows[:, None, :half]
+    sin = rows[:, None, half:]
+    return _rotate(q, cos, sin, style), _rotate(k, cos, sin, style)

@@ -1,0 +1,227 @@
+"""Reference argmax and top-k/top-p sampling against brute-force enumeration of the definition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+
+REF = "reference"
+
+
+# ---------------------------------------------------------------------------
+# argmax
+
+
+def _first_max_loop(row: list[float]) -> int:
+    best = 0
+    for i, v in enumerate(row):
+        if v > row[best]:
+            best = i
+    return best
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_first_index_on_ties(dtype):
+    g = torch.Generator().manual_seed(0)
+    # Few distinct values: most rows hold their maximum several times.
+    logits = torch.randint(-3, 4, (64, 33), generator=g).to(dtype)
+    got = tk.argmax(logits, override=REF)
+    assert got.dtype == torch.int64
+    assert got.tolist() == [_first_max_loop(r) for r in logits.float().tolist()]
+    logits[5] = 2.0
+    logits[5, 17] = 2.5
+    logits[5, 30] = 2.5
+    assert int(tk.argmax(logits, override=REF)[5]) == 17
+
+
+def test_argmax_rounding_ties_in_bf16():
+    # Distinct in fp32, equal once rounded to bf16: the first of them wins.
+    logits = torch.tensor([[1.0, 3.0001, 3.0, 2.0]]).to(torch.bfloat16)
+    assert logits[0, 1] == logits[0, 2]
+    assert tk.argmax(logits, override=REF).tolist() == [1]
+
+
+# ---------------------------------------------------------------------------
+# top_k_top_p_sample: brute force in float64, straight from the definition
+
+
+def _kept_set(logits: list[float], top_k: int, top_p: float, temperature: float) -> list[int]:
+    """Tokens kept by the definition, enumerated by brute force over every candidate threshold."""
+    z = [x / temperature for x in logits]
+    mx = max(z)
+    e = [math.exp(x - mx) for x in z]
+    s = sum(e)
+    p = [x / s for x in e]
+    kept = list(range(len(p)))
+    if top_k > 0:
+        kth = sorted(p, reverse=True)[top_k - 1]
+        kept = [i for i in kept if p[i] >= kth]
+    if top_p < 1.0:
+        mass = sum(p[i] for i in kept)
+        best = None
+        for t in {p[i] for i in kept}:
+            if sum(p[i] for i in kept if p[i] >= t) >= top_p * mass and (best is None or t > best):
+                best = t
+        kept = [i for i in kept if p[i] >= best]
+    return kept
+
+
+def _probs(logits: list[float], temperature: float) -> list[float]:
+    z = [x / temperature for x in logits]
+    mx = max(z)
+    e = [math.exp(x - mx) for x in z]
+    return [x / sum(e) for x in e]
+
+
+def _margin_ok(logits: list[float], top_k: int, top_p: float, temperature: float) -> float:
+    """Smallest relative gap between top_p * mass and a candidate threshold's mass (the problem's conditioning)."""
+    p = _probs(logits, temperature)
+    kept = list(range(len(p)))
+    if top_k > 0:
+        kth = sorted(p, reverse=True)[top_k - 1]
+        kept = [i for i in kept if p[i] >= kth]
+    mass = sum(p[i] for i in kept)
+    gaps = [abs(sum(p[i] for i in kept if p[i] >= t) - top_p * mass) for t in {p[i] for i in kept}]
+    return min(gaps) / mass
+
+
+def _sample_brute(p: list[float], kept: list[int], u: float) -> int:
+    mass = sum(p[i] for i in kept)
+    running = 0.0
+    for i in range(len(p)):
+        if i in kept:
+            running += p[i]
+            if running > u * mass:
+                return i
+    raise AssertionError("u must be < 1")
+
+
+CASES = [
+    # logits, top_k, top_p, temperature
+    ([0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6], 0, 1.0, 1.0),
+    ([0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6], 3, 1.0, 1.0),
+    ([0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6], 0, 0.62, 1.0),
+    ([0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6], 5, 0.8, 0.7),
+    ([0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6], 1, 1.0, 1.0),
+    ([0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6], 0, 0.05, 2.0),
+    # Ties at the k-th value: top_k=2 keeps all three 1.5's.
+    ([1.5, 0.2, 1.5, -0.4, 1.5, 0.9], 2, 1.0, 1.0),
+    # Ties at the top-p threshold: the tie group enters as a whole.
+    ([1.0, 0.0, 1.0, 1.0, -2.0, 0.5, 1.0], 0, 0.5, 1.0),
+    ([1.0, 0.0, 1.0, 1.0, -2.0, 0.5, 1.0], 6, 0.93, 1.3),
+]
+
+
+@pytest.mark.parametrize("logits,top_k,top_p,temperature", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_matches_brute_force_for_many_uniforms(logits, top_k, top_p, temperature, dtype):
+    row = torch.tensor(logits).to(dtype)
+    exact_logits = row.double().tolist()  # what the kernel sees after rounding to dtype
+    if top_p < 1.0:
+        assert _margin_ok(exact_logits, top_k, top_p, temperature) > 1e-4, "case too close to a top-p boundary"
+    kept = _kept_set(exact_logits, top_k, top_p, temperature)
+    p = _probs(exact_logits, temperature)
+    mass = sum(p[i] for i in kept)
+    # A grid of uniforms, dropping those within 1e-5 of a boundary of the inverse CDF.
+    boundaries, running = [], 0.0
+    for i in kept:
+        running += p[i]
+        boundaries.append(running / mass)
+    us = [j / 997 for j in range(997)]
+    us = [u for u in us if all(abs(u - b) > 1e-5 for b in boundaries)]
+    expected = [_sample_brute(p, kept, u) for u in us]
+    assert set(expected) == set(kept), "the grid must reach every kept token"
+    n = len(us)
+    got = tk.top_k_top_p_sample(
+        row.expand(n, -1).contiguous(),
+        top_k,
+        top_p,
+        temperature=temperature,
+        uniform=torch.tensor(us, dtype=torch.float32),
+        override=REF,
+    )
+    assert got.dtype == torch.int64
+    assert got.tolist() == expected
+
+
+def test_sample_per_row_parameters():
+    g = torch.Generator().manual_seed(1)
+    b, v = 24, 10
+    logits = torch.randn(b, v, generator=g) * 2
+    top_k = torch.randint(0, v + 1, (b,), generator=g, dtype=torch.int32)
+    top_p = torch.rand(b, generator=g) * 0.9 + 0.1
+    temperature = torch.rand(b, generator=g) + 0.3
+    uniform = torch.rand(b, generator=g)
+    got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=uniform, override=REF)
+    for r in range(b):
+        row = logits[r].double().tolist()
+        args = (int(top_k[r]), float(top_p[r]), float(temperature[r]))
+        assert _margin_ok(row, *args) > 1e-5
+        kept = _kept_set(row, *args)
+        assert int(got[r]) == _sample_brute(_probs(row, args[2]), kept, float(uniform[r])), f"row {r}"
+
+
+def test_top_k_one_is_greedy():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(50, 100, generator=g)
+    got = tk.top_k_top_p_sample(logits, 1, generator=torch.Generator().manual_seed(3), override=REF)
+    assert torch.equal(got, logits.argmax(dim=-1))
+
+
+def test_empirical_frequencies_match_renormalized_kept_distribution():
+    logits = [0.3, 2.0, -1.0, 1.1, 0.7, 2.4, -0.2, 1.6]
+    top_k, top_p, temperature = 6, 0.85, 0.9
+    n = 40000
+    got = tk.top_k_top_p_sample(
+        torch.tensor(logits).expand(n, -1).contiguous(),
+        top_k,
+        top_p,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(4),
+        override=REF,
+    )
+    counts = torch.bincount(got, minlength=len(logits)).tolist()
+    kept = _kept_set(logits, top_k, top_p, temperature)
+    assert 1 < len(kept) < top_k, "the case should exercise both filters"
+    p = _probs(logits, temperature)
+    mass = sum(p[i] for i in kept)
+    for i, c in enumerate(counts):
+        if i not in kept:
+            assert c == 0, f"token {i} is filtered out but was drawn {c} times"
+            continue
+        q = p[i] / mass
+        sigma = math.sqrt(q * (1 - q) / n)
+        assert abs(c / n - q) < 5 * sigma, f"token {i}: frequency {c / n:.4f}, expected {q:.4f}"
+
+
+def test_generator_makes_draws_reproducible():
+    logits = torch.randn(16, 32, generator=torch.Generator().manual_seed(5))
+    a = tk.top_k_top_p_sample(logits, 0, 0.9, generator=torch.Generator().manual_seed(6), override=REF)
+    b = tk.top_k_top_p_sample(logits, 0, 0.9, generator=torch.Generator().manual_seed(6), override=REF)
+    assert torch.equal(a, b)
+
+
+def test_sampling_validation_names_the_argument():
+    logits = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="^logits: expected a 2-D"):
+        tk.top_k_top_p_sample(torch.randn(5))
+    with pytest.raises(TypeError, match="^logits: expected dtype"):
+        tk.argmax(logits.double())
+    with pytest.raises(ValueError, match="^top_k:"):
+        tk.top_k_top_p_sample(logits, top_k=6)
+    with pytest.raises(TypeError, match="^top_k: expected dtype"):
+        tk.top_k_top_p_sample(logits, top_k=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="^top_p:"):
+        tk.top_k_top_p_sample(logits, top_p=0.0)
+    with pytest.raises(ValueError, match="^top_p: expected shape"):
+        tk.top_k_top_p_sample(logits, top_p=torch.ones(3))
+    with pytest.raises(ValueError, match="^temperature:"):
+        tk.top_k_top_p_sample(logits, temperature=0.0)
+    with pytest.raises(ValueError, match="^generator:"):
+        tk.top_k_top_p_sample(logits, generator=torch.Generator(), uniform=torch.zeros(2))
+    with pytest.raises(TypeError, match="^uniform: expected dtype"):
+        tk.top_k_top_p_sample(logits, uniform=torch.zeros(2, dtype=torch.float64))
