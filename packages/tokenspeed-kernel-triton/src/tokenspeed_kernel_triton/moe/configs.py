@@ -1,0 +1,202 @@
+"""Tile configurations and path thresholds of the Triton MoE kernels, as data.
+
+Every table is keyed by arch family: ``"nvidia"``, ``"amd"`` and ``"interpret"``
+(CPU tensors under ``TRITON_INTERPRET=1``, where the interpreter's cost is per
+program and per op, so fewer, larger tiles are faster). Each entry is a tuple of
+``(max_size, value)`` rows; the first row whose ``max_size`` is ``None`` or
+``>= size`` wins.
+
+Where measured: nothing here has been timed on hardware yet (the GPU numbers come
+from ``tools/bench_triton_moe.py --sweep`` run on an H200; nothing has run on an AMD
+GPU). The starting points follow from the shapes: at GPT-OSS sizes (H = I = 2880,
+E = 128, top-4) decode is bound by streaming MXFP4 weights, so the tiny path uses
+narrow N tiles (many programs, each streaming one expert's tile once) and swaps
+the MMA operands so the few tokens sit on the MMA's N side; prefill is bound by the
+MMA, so the grouped path uses 64-128 row tiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "GemmConfig",
+    "APPLY_PATH",
+    "TINY_GEMM",
+    "GROUPED_GEMM",
+    "SORT_SINGLE_PROGRAM_MAX_PAIRS",
+    "SORT_BLOCK",
+    "arch_family",
+    "lookup",
+    "apply_path",
+    "gemm_config",
+]
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One grouped-GEMM launch configuration.
+
+    ``block_m``: rows (token-expert pairs) per tile; ignored by the tiny path, which
+    sizes it from the token count. ``block_n``: output features per tile (for the
+    gate/up GEMM: gate and up rows together, so ``block_n / 2`` activations).
+    ``block_k``: reduction step. ``group_m``: M tiles that sweep all N tiles together
+    (keeps their rows in L2). ``swap_ab``: compute ``W @ X^T`` so the weight tile is
+    the MMA's M operand (a few tokens then fill the N side, the 16-wide minimum,
+    rather than padding M to 16 or 64). ``decode``: MXFP4 decoding: ``"bits"``
+    (E2M1 codes placed into fp16 bit patterns), ``"shared"``
+    (:func:`tokenspeed_kernel_triton._mxfp4.unpack_mxfp4`) or ``"dot_scaled"``
+    (``tl.dot_scaled``; GPU only, the interpreter lacks it).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    group_m: int = 8
+    swap_ab: bool = False
+    decode: str = "bits"
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.decode not in ("bits", "shared", "dot_scaled"):
+            raise ValueError(f"decode: expected 'bits', 'shared' or 'dot_scaled', got {self.decode!r}")
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name}: expected a power of two >= 16, got {v}")
+        if self.block_k < 32:
+            raise ValueError("block_k: MXFP4 scales cover 32 values, so block_k must be >= 32")
+
+
+#: moe_apply's path by token count. "tiny": no sort; one program per (expert, N tile)
+#: streams that expert's weights once for every token routed to it (decode).
+#: "grouped": sort the pairs by expert, then grouped GEMMs over row tiles (prefill).
+#: The tiny path's row tile holds every token of one expert (at most T), so its
+#: bound is also its largest row tile.
+APPLY_PATH: dict[str, tuple[tuple[int | None, str], ...]] = {
+    "nvidia": ((32, "tiny"), (None, "grouped")),
+    "amd": ((32, "tiny"), (None, "grouped")),
+    "interpret": ((8, "tiny"), (None, "grouped")),
+}
+
+#: Largest number of (token, slot) pairs sorted by one program (one launch instead of
+#: three; above it a count / scan / scatter pipeline spreads the work).
+SORT_SINGLE_PROGRAM_MAX_PAIRS: dict[str, int] = {"nvidia": 1024, "amd": 1024, "interpret": 64}
+#: Pairs per program of the multi-program sort (a [block, E] one-hot lives in registers).
+SORT_BLOCK: dict[str, int] = {"nvidia": 128, "amd": 128, "interpret": 32}
+
+_G = GemmConfig
+
+#: Tiny path, by weight kind ("mxfp4" or "dense": bf16/fp16/fp8) and GEMM ("gate_up",
+#: "down"); keyed by tokens. block_m is set at launch.
+TINY_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
+    "nvidia": {
+        "mxfp4": {
+            "gate_up": ((None, _G(block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),),
+            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),),
+        },
+        "dense": {
+            "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),),
+            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),),
+        },
+    },
+    "amd": {
+        "mxfp4": {
+            "gate_up": ((None, _G(block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),),
+            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),),
+        },
+        "dense": {
+            "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),),
+            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),),
+        },
+    },
+    "interpret": {
+        kind: {
+            "gate_up": ((None, _G(block_n=128, block_k=64, num_stages=1)),),
+            "down": ((None, _G(block_n=64, block_k=64, num_stages=1)),),
+        }
+        for kind in ("mxfp4", "dense")
+    },
+}
+
+#: Grouped path, keyed by the number of (token, slot) pairs.
+GROUPED_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
+    "nvidia": {
+        "mxfp4": {
+            "gate_up": (
+                (512, _G(block_m=16, block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),
+                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+            ),
+            "down": (
+                (512, _G(block_m=16, block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),
+                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+            ),
+        },
+        "dense": {
+            "gate_up": (
+                (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),
+                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)),
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
+            ),
+            "down": (
+                (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),
+                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)),
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
+            ),
+        },
+    },
+    "amd": {
+        "mxfp4": {
+            g: (
+                (512, _G(block_m=16, block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2)),
+            )
+            for g in ("gate_up", "down")
+        },
+        "dense": {
+            g: (
+                (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2)),
+            )
+            for g in ("gate_up", "down")
+        },
+    },
+    "interpret": {
+        kind: {
+            "gate_up": ((None, _G(block_m=16, block_n=128, block_k=64, num_stages=1)),),
+            "down": ((None, _G(block_m=16, block_n=64, block_k=64, num_stages=1)),),
+        }
+        for kind in ("mxfp4", "dense")
+    },
+}
+
+
+def arch_family(device_type: str, vendor: str) -> str:
+    """``"interpret"`` for CPU tensors, else the GPU vendor (``"nvidia"``/``"amd"``)."""
+    if device_type == "cpu":
+        return "interpret"
+    return "amd" if vendor == "amd" else "nvidia"
+
+
+def lookup(rows: tuple[tuple[int | None, object], ...], size: int) -> object:
+    """The value of the first row whose bound is ``None`` or ``>= size``."""
+    for bound, value in rows:
+        if bound is None or size <= bound:
+            return value
+    return rows[-1][1]
+
+
+def apply_path(family: str, tokens: int) -> str:
+    """``"tiny"`` or ``"grouped"`` for a moe_apply call of ``tokens`` tokens."""
+    return str(lookup(APPLY_PATH[family], tokens))
+
+
+def gemm_config(family: str, path: str, weight_kind: str, gemm: str, size: int) -> GemmConfig:
+    """The tile config for one GEMM (``path`` "tiny": ``size`` = tokens, else pairs)."""
+    table = TINY_GEMM if path == "tiny" else GROUPED_GEMM
+    cfg = lookup(table[family][weight_kind][gemm], size)
+    assert isinstance(cfg, GemmConfig)
+    return cfg

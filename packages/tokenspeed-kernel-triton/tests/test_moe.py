@@ -1,0 +1,443 @@
+"""Triton MoE kernels against the PyTorch reference (and an independent per-token loop).
+
+On CPU the kernels run under ``TRITON_INTERPRET=1`` (conftest) at tiny shapes
+(E=4, H=I=64, top-2). The ``gpu`` tests run GPT-OSS-120B shapes (E=128, top-4,
+H=I=2880, MXFP4 + biases + clamped SwiGLU) on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
+from tokenspeed_kernel.reference import moe as ref
+from tokenspeed_kernel.selection import explain_selection, select_spec
+from tokenspeed_kernel_triton.moe import combine, configs, dispatch, experts, route
+from tokenspeed_kernel_triton.moe.configs import GemmConfig
+
+E, H, I, K = 4, 64, 64, 2
+GPT_OSS = MoEActivation()  # alpha 1.702, limit 7, +1 on up
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _weights(
+    fmt: str,
+    *,
+    bias: bool = True,
+    interleaved: bool = True,
+    seed: int = 0,
+    e: int = E,
+    h: int = H,
+    i: int = I,
+    device: str = "cpu",
+) -> MoEWeights:
+    """Random expert weights whose products stay O(1) at these sizes."""
+    g = _gen(seed)
+
+    def dense(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * std
+
+    if fmt == "mxfp4":
+        # Every code occurs; scales 2**-8 .. 2**-4 put weights near GPT-OSS magnitudes.
+        w13 = torch.randint(0, 256, (e, 2 * i, h // 2), generator=g, dtype=torch.uint8)
+        w2 = torch.randint(0, 256, (e, h, i // 2), generator=g, dtype=torch.uint8)
+        s13 = torch.randint(119, 124, (e, 2 * i, h // 32), generator=g, dtype=torch.uint8)
+        s2 = torch.randint(119, 124, (e, h, i // 32), generator=g, dtype=torch.uint8)
+    elif fmt.startswith("fp8"):
+        w13 = dense(e, 2 * i, h, std=2.0).to(torch.float8_e4m3fn)
+        w2 = dense(e, h, i, std=2.0).to(torch.float8_e4m3fn)
+        shape13, shape2 = ((e,), (e,)) if fmt.endswith("per_tensor") else ((e, 2 * i), (e, h))
+        s13 = torch.rand(shape13, generator=g) * 0.05 + 0.02
+        s2 = torch.rand(shape2, generator=g) * 0.05 + 0.02
+    else:
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[fmt]
+        w13, w2 = dense(e, 2 * i, h, std=0.1).to(dt), dense(e, h, i, std=0.1).to(dt)
+        s13 = s2 = None
+    w = MoEWeights(
+        w13=w13.to(device),
+        w2=w2.to(device),
+        format=fmt,
+        w13_scale=None if s13 is None else s13.to(device),
+        w2_scale=None if s2 is None else s2.to(device),
+        w13_bias=dense(e, 2 * i, std=0.5).to(torch.bfloat16).to(device) if bias else None,
+        w2_bias=dense(e, h, std=0.5).to(torch.bfloat16).to(device) if bias else None,
+        gate_up_interleaved=interleaved,
+    )
+    w.validate()
+    return w
+
+
+def _routing(t: int, k: int = K, e: int = E, seed: int = 1, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(t, e, generator=_gen(seed)).to(device)
+    return ref.moe_route(logits, k, renormalize=True)
+
+
+def _x(
+    t: int, seed: int = 2, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+) -> torch.Tensor:
+    return (torch.randn(t, H, generator=_gen(seed)) * scale).to(dtype).to(device)
+
+
+def _assert_close_to(out: torch.Tensor, expected: torch.Tensor, rel: float = 1.5e-2) -> None:
+    """Our intermediates are rounded to x's dtype (the reference keeps fp32): allow
+    ``rel`` of the output's scale absolutely plus ``rel`` relatively. A wrong
+    nibble, scale, slot or row breaks this by orders of magnitude."""
+    exp = expected.float()
+    scale = exp.abs().max().item()
+    torch.testing.assert_close(out.float(), exp, atol=rel * scale, rtol=rel)
+
+
+# --------------------------------------------------------------------------- route
+
+
+@pytest.mark.parametrize("t", [1, 5, 17])
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_route_matches_reference(t: int, k: int, renormalize: bool) -> None:
+    g = _gen(t * 10 + k)
+    # Few distinct values: many ties, which must go to the lower expert index.
+    logits = (torch.randint(-3, 4, (t, 6), generator=g).float() * 0.5).to(torch.bfloat16)
+    w, ids = route.moe_route(logits, k, renormalize=renormalize)
+    rw, rids = ref.moe_route(logits, k, renormalize=renormalize)
+    assert torch.equal(ids, rids)
+    torch.testing.assert_close(w, rw, atol=1e-6, rtol=1e-5)
+
+
+def test_route_all_equal_logits_pick_lowest_indices() -> None:
+    w, ids = route.moe_route(torch.zeros(3, 8), 4, renormalize=False)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 3
+    torch.testing.assert_close(w, torch.full((3, 4), 1 / 8))
+
+
+def test_route_gpt_oss_router_shape() -> None:
+    logits = torch.randn(5, 128, generator=_gen(3))
+    w, ids = route.moe_route(logits, 4, renormalize=True)
+    expect = torch.topk(logits, 4, dim=-1)
+    assert torch.equal(ids.long(), expect.indices)
+    torch.testing.assert_close(w, torch.softmax(expect.values, dim=-1))
+
+
+# --------------------------------------------------------------------------- dispatch / combine
+
+
+def _check_dispatch(x: torch.Tensor, ids: torch.Tensor, e: int) -> None:
+    d = dispatch.moe_dispatch(x, ids, e)
+    r = ref.moe_dispatch(x, ids, e)
+    assert torch.equal(d.expert_offsets, r.expert_offsets)
+    assert torch.equal(d.permutation, r.permutation)
+    assert torch.equal(d.hidden, r.hidden)
+
+
+@pytest.mark.parametrize("t", [1, 5, 17, 40])  # 80 pairs > 64: the count / scan / place pipeline
+def test_dispatch_matches_reference(t: int) -> None:
+    _, ids = _routing(t, seed=t)
+    _check_dispatch(_x(t), ids, E)
+
+
+def test_dispatch_one_expert_takes_every_token_and_others_none() -> None:
+    t = 40
+    ids = torch.full((t, K), 3, dtype=torch.int32)
+    ids[:, 1] = 1  # experts 0 and 2 receive nothing
+    _check_dispatch(_x(t), ids, E)
+    offsets, _ = dispatch.sort_pairs(ids, E)
+    assert offsets.tolist() == [0, 0, t, t, 2 * t]
+
+
+@pytest.mark.parametrize("t", [1, 17])
+def test_combine_matches_reference(t: int) -> None:
+    w, ids = _routing(t)
+    d = ref.moe_dispatch(_x(t), ids, E)
+    expert_out = torch.randn(t * K, H, generator=_gen(4)).to(torch.bfloat16)
+    out = combine.moe_combine(expert_out, d.permutation, w)
+    torch.testing.assert_close(out, ref.moe_combine(expert_out, d.permutation, w), atol=1e-2, rtol=1e-2)
+    # Independent: each token's slots by a direct search of the permutation.
+    perm = d.permutation.tolist()
+    by_hand = torch.stack(
+        [sum(w[tt, s] * expert_out[perm.index(tt * K + s)].float() for s in range(K)) for tt in range(t)]
+    )
+    torch.testing.assert_close(out.float(), by_hand, atol=2e-2, rtol=1e-2)
+
+
+# --------------------------------------------------------------------------- experts / apply
+
+
+@pytest.mark.parametrize("t", [1, 5, 17])
+@pytest.mark.parametrize("path", ["tiny", "grouped"])
+def test_apply_gpt_oss_mxfp4(t: int, path: str) -> None:
+    """MXFP4 + biases + interleaved gate/up + clamped SwiGLU (GPT-OSS constants)."""
+    weights = _weights("mxfp4")
+    w, ids = _routing(t, seed=t)
+    x = _x(t, scale=4.0)  # large enough that the clamp at 7 bites
+    out = experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path)
+    expected = ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    _assert_close_to(out, expected)
+    # The clamp is exercised: without it the layer differs.
+    unclamped = ref.moe_apply(x, w, ids, weights, MoEActivation(limit=None))
+    assert (unclamped.float() - expected.float()).abs().max() > 0.1 * expected.float().abs().max()
+
+
+_FORMAT_CASES = [
+    # (weight format, x dtype, activation, bias, interleaved)
+    ("bf16", torch.bfloat16, MoEActivation.silu(), False, False),
+    ("fp16", torch.float16, GPT_OSS, True, True),
+    ("fp8_e4m3:per_channel", torch.bfloat16, GPT_OSS, True, False),
+    ("fp8_e4m3:per_tensor", torch.bfloat16, MoEActivation(alpha=1.0, limit=None, up_offset=0.5), False, True),
+]
+
+
+@pytest.mark.parametrize("case", _FORMAT_CASES, ids=[c[0] for c in _FORMAT_CASES])
+@pytest.mark.parametrize("path", ["tiny", "grouped"])
+def test_apply_formats_and_traits(case: tuple, path: str) -> None:
+    fmt, dtype, act, bias, interleaved = case
+    weights = _weights(fmt, bias=bias, interleaved=interleaved, seed=5)
+    w, ids = _routing(5, seed=6)
+    x = _x(5, dtype=dtype)
+    out = experts.moe_apply(x, w, ids, weights, act, path=path)
+    assert out.dtype == dtype
+    _assert_close_to(out, ref.moe_apply(x, w, ids, weights, act))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_e4m3:per_channel"])
+def test_staged_path_matches_reference_and_fused(fmt: str) -> None:
+    weights = _weights(fmt, seed=7)
+    t = 17
+    w, ids = _routing(t, seed=8)
+    x = _x(t)
+    d = dispatch.moe_dispatch(x, ids, E)
+    y = experts.moe_experts(d.hidden, d.expert_offsets, weights, GPT_OSS)
+    _assert_close_to(y, ref.moe_experts(d.hidden, d.expert_offsets, weights, GPT_OSS))
+    staged = combine.moe_combine(y, d.permutation, w)
+    fused = experts.moe_apply(x, w, ids, weights, GPT_OSS, path="grouped")
+    # Same products and sums; only the staged path rounds expert rows before weighting.
+    _assert_close_to(staged, fused.float(), rel=1e-2)
+
+
+@pytest.mark.parametrize("path", ["tiny", "grouped"])
+def test_apply_one_expert_takes_every_token(path: str) -> None:
+    """Expert 2 receives all 17 tokens (more than one 16-row tile); experts 0 and 1 nothing."""
+    t = 17
+    weights = _weights("mxfp4", seed=9)
+    w, _ = _routing(t, seed=10)
+    ids = torch.full((t, K), 2, dtype=torch.int32)
+    ids[:, 1] = 3
+    x = _x(t)
+    _assert_close_to(
+        experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path), ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    )
+
+
+def test_tiny_path_repeated_expert_within_tokens() -> None:
+    """Both slots of 9 tokens name expert 1: 18 rows of one expert, two 16-row chunks."""
+    t = 9
+    weights = _weights("bf16", seed=11)
+    w, _ = _routing(t, seed=12)
+    ids = torch.ones((t, K), dtype=torch.int32)
+    x = _x(t)
+    out = experts.moe_apply(x, w, ids, weights, GPT_OSS, path="tiny")
+    _assert_close_to(out, ref.moe_apply(x, w, ids, weights, GPT_OSS))
+
+
+def test_mxfp4_decoders_agree_and_tiles_cover_every_shape() -> None:
+    """Narrow tiles (several N tiles and K steps, swapped and not) give the table's
+    result; the shared E2M1 decoder and the bit-pattern decoder agree exactly."""
+    weights = _weights("mxfp4", seed=13)
+    t = 5
+    w, ids = _routing(t, seed=14)
+    x = _x(t)
+    expected = ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    narrow = GemmConfig(block_m=16, block_n=32, block_k=32, num_stages=1)
+    bits = experts.moe_apply(x, w, ids, weights, GPT_OSS, path="grouped", configs=(narrow, narrow))
+    _assert_close_to(bits, expected)
+    shared = GemmConfig(block_m=16, block_n=32, block_k=32, num_stages=1, decode="shared")
+    assert torch.equal(bits, experts.moe_apply(x, w, ids, weights, GPT_OSS, path="grouped", configs=(shared, shared)))
+    swapped = GemmConfig(block_m=16, block_n=32, block_k=32, swap_ab=True, num_stages=1)
+    _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS, path="tiny", configs=(swapped, swapped)), expected)
+
+
+def _per_token_loop(
+    x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, weights: MoEWeights, act: MoEActivation
+) -> torch.Tensor:
+    """Independent float64 formulation: one token and one slot at a time, MXFP4 decoded
+    by table lookup, gate/up taken by row parity."""
+    table = torch.tensor(_E2M1, dtype=torch.float64)
+
+    def decode(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        codes = torch.stack([blocks & 15, blocks >> 4], dim=-1).flatten(-2).long()
+        return table[codes] * torch.pow(2.0, scales.double() - 127).repeat_interleave(32, dim=-1)
+
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for s in range(ids.shape[1]):
+            e = int(ids[t, s])
+            h = decode(weights.w13[e], weights.w13_scale[e]) @ x[t].double() + weights.w13_bias[e].double()
+            gate, up = h[0::2].clamp(max=act.limit), h[1::2].clamp(-act.limit, act.limit)
+            y = (up + act.up_offset) * gate / (1 + torch.exp(-act.alpha * gate))
+            o = decode(weights.w2[e], weights.w2_scale[e]) @ y + weights.w2_bias[e].double()
+            out[t] += float(w[t, s]) * o
+    return out
+
+
+def test_apply_matches_independent_per_token_loop() -> None:
+    weights = _weights("mxfp4", seed=15)
+    t = 5
+    w, ids = _routing(t, seed=16)
+    x = _x(t, scale=3.0)
+    _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS), _per_token_loop(x, w, ids, weights, GPT_OSS))
+
+
+def test_apply_path_comes_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = _weights("bf16", seed=17)
+    sorted_calls = []
+    real_sort = experts.sort_pairs
+
+    def spy(*args, **kwargs):
+        sorted_calls.append(args[0].shape[0])
+        return real_sort(*args, **kwargs)
+
+    monkeypatch.setattr(experts, "sort_pairs", spy)
+    monkeypatch.setitem(configs.APPLY_PATH, "interpret", ((2, "tiny"), (None, "grouped")))
+    for t in (2, 3):
+        w, ids = _routing(t)
+        x = _x(t)
+        _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS), ref.moe_apply(x, w, ids, weights, GPT_OSS))
+    assert sorted_calls == [3]  # 2 tokens: tiny (no sort); 3 tokens: grouped
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def test_public_api_selects_triton_and_matches_reference() -> None:
+    weights = _weights("mxfp4", seed=18)
+    t = 5
+    logits = torch.randn(t, E, generator=_gen(19))
+    x = _x(t)
+    traits = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True}
+    for op, sig, tr in (
+        ("moe_route", ("fp32",), {"renormalize": True}),
+        ("moe_dispatch", ("bf16",), {}),
+        ("moe_experts", ("bf16", "mxfp4"), traits),
+        ("moe_combine", ("bf16",), {}),
+        ("moe_apply", ("bf16", "mxfp4"), traits),
+    ):
+        assert select_spec(op, sig, tr).spec.name == f"triton.{op}"
+        chosen = [c.name for c in explain_selection(op, sig, tr) if c.selected]
+        assert chosen == [f"triton.{op}"]
+
+    w, ids = tk.moe_route(logits, K)
+    rw, rids = ref.moe_route(logits, K, renormalize=True)
+    assert torch.equal(ids, rids)
+    plan = tk.moe_plan(weights, GPT_OSS, dtype=torch.bfloat16, device="cpu")
+    assert plan.kernel == "triton.moe_apply" and plan.layout == "canonical"
+    assert tk.moe_process_weights(plan, weights) is weights
+    out = tk.moe_apply(x, w, ids, weights, GPT_OSS, plan=plan)
+    _assert_close_to(out, ref.moe_apply(x, rw, rids, weights, GPT_OSS))
+    d = tk.moe_dispatch(x, ids, E)
+    y = tk.moe_experts(d.hidden, d.expert_offsets, weights, GPT_OSS)
+    staged = tk.moe_combine(y, d.permutation, w)
+    _assert_close_to(staged, ref.moe_apply(x, rw, rids, weights, GPT_OSS))
+
+
+def test_fp32_activations_are_left_to_the_reference() -> None:
+    traits = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True}
+    assert select_spec("moe_apply", ("fp32", "mxfp4"), traits).spec.name == "reference.moe_apply"
+
+
+# --------------------------------------------------------------------------- GPU (GPT-OSS-120B shapes)
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _gpt_oss_layer(t: int, seed: int = 0):
+    weights = _weights("mxfp4", seed=seed, e=128, h=2880, i=2880, device="cuda")
+    g = _gen(seed + 1)
+    logits = torch.randn(t, 128, generator=g).cuda()
+    x = (torch.randn(t, 2880, generator=g) * 2).to(torch.bfloat16).cuda()
+    return weights, logits, x
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [1, 8, 64, 512])
+@pytest.mark.parametrize("path", ["tiny", "grouped"])
+def test_gpu_gpt_oss_120b_mxfp4(t: int, path: str) -> None:
+    weights, logits, x = _gpt_oss_layer(t)
+    w, ids = route.moe_route(logits, 4)
+    rw, rids = ref.moe_route(logits, 4, renormalize=True)
+    assert torch.equal(ids, rids)
+    torch.testing.assert_close(w, rw)
+    out = experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path)
+    _assert_close_to(out, ref.moe_apply(x, rw, rids, weights, GPT_OSS))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("decode", ["shared", "dot_scaled"])
+def test_gpu_mxfp4_decoders(decode: str) -> None:
+    weights, logits, x = _gpt_oss_layer(64, seed=3)
+    w, ids = route.moe_route(logits, 4)
+    expected = ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    for path, fam_table in (("tiny", configs.TINY_GEMM), ("grouped", configs.GROUPED_GEMM)):
+        cfgs = tuple(
+            dataclasses.replace(configs.lookup(fam_table["nvidia"]["mxfp4"][g], 64), decode=decode)
+            for g in ("gate_up", "down")
+        )
+        _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path, configs=cfgs), expected)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_dispatch_and_staged_path_at_prefill_size() -> None:
+    weights, logits, x = _gpt_oss_layer(4096, seed=5)
+    w, ids = route.moe_route(logits, 4)
+    d = dispatch.moe_dispatch(x, ids, 128)
+    r = ref.moe_dispatch(x, ids, 128)
+    assert torch.equal(d.expert_offsets, r.expert_offsets)
+    assert torch.equal(d.permutation, r.permutation)
+    assert torch.equal(d.hidden, r.hidden)
+    y = experts.moe_experts(d.hidden, d.expert_offsets, weights, GPT_OSS)
+    _assert_close_to(combine.moe_combine(y, d.permutation, w), ref.moe_apply(x, w, ids, weights, GPT_OSS))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_e4m3:per_channel", "fp8_e4m3:per_tensor"])
+@pytest.mark.parametrize("t", [4, 300])
+def test_gpu_dense_and_fp8_formats(fmt: str, t: int) -> None:
+    weights = _weights(fmt, seed=6, e=16, h=512, i=768, device="cuda")
+    g = _gen(7)
+    w, ids = route.moe_route(torch.randn(t, 16, generator=g).cuda(), 4)
+    x = torch.randn(t, 512, generator=g).to(torch.bfloat16).cuda()
+    _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS), ref.moe_apply(x, w, ids, weights, GPT_OSS))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_cuda_graph_capture(t: int) -> None:
+    """The full layer (route + experts) replays from a CUDA graph with new inputs."""
+    weights, logits, x = _gpt_oss_layer(t, seed=8)
+    out = torch.empty_like(x)
+
+    def layer() -> None:
+        w, ids = route.moe_route(logits, 4)
+        experts.moe_apply(x, w, ids, weights, GPT_OSS, out=out)
+
+    layer()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer()
+    logits.copy_(torch.randn_like(logits))
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    w, ids = ref.moe_route(logits, 4, renormalize=True)
+    _assert_close_to(out, ref.moe_apply(x, w, ids, weights, GPT_OSS))
