@@ -132,7 +132,7 @@ def _combine_fp32(expert_out: torch.Tensor, permutation: torch.Tensor, topk_weig
     t, k = topk_weights.shape
     by_slot = torch.empty((t * k, expert_out.shape[1]), dtype=torch.float32, device=expert_out.device)
     by_slot[permutation.long()] = expert_out.to(torch.float32)
-    return (by_slot.view(t, k, -1) * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1)
+    return (by_slot.view(t, k, expert_out.shape[1]) * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1)
 
 
 def _finish(result: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
