@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU call on the lent H200 (see docs/benchmarks/README.md): install the carried
+# wheels and this checkout's packages into /tmp/site, then run the named stages.
+#   tools/gpu_session.sh STAGE [STAGE ...]
+# Stages: tests (GPU-marked tests of every package), verify, bench-prefill,
+#         bench-triton-attention, bench-triton-moe, bench-triton-dense, gpt-oss, demo.
+# Everything a stage writes goes under $OUT (or ./out when OUT is unset).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ ! -f /tmp/site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+  for p in core triton nvidia amd; do
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site \
+      "packages/tokenspeed-kernel-$p" || exit 1
+  done
+  touch /tmp/site/.installed
+fi
+export PYTHONPATH=/tmp/site
+cd /tmp  # import the installed packages, not the checkout's sources
+repo=$OLDPWD
+python3 -c "import torch, triton, tokenspeed_kernel as tk; print(torch.__version__, triton.__version__, tk.current_platform().describe()); print({k: (v.status, len(v.kernels)) for k, v in tk.plugin_reports().items()})"
+rc=0
+for stage in "$@"; do
+  echo "=== stage $stage ($(date +%T))"
+  case "$stage" in
+    tests)
+      for p in core triton nvidia amd; do
+        python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-$p/tests" \
+          --junitxml="$OUT/gpu-tests-$p.xml" 2>&1 | tee "$OUT/gpu-tests-$p.log" | tail -25
+        s=${PIPESTATUS[0]}; [ "$s" = 0 ] || [ "$s" = 5 ] || rc=1
+      done ;;
+    verify) python3 -m tokenspeed_kernel verify --json "$OUT/verify.json" 2>&1 | tee "$OUT/verify.log" | tail -40 || rc=1 ;;
+    bench-prefill) python3 "$repo/tools/gpu_bench.py" --out "$OUT" || rc=1 ;;
+    bench-triton-attention) python3 "$repo/tools/bench_triton_attention.py" --out "$OUT" || rc=1 ;;
+    bench-triton-moe) python3 "$repo/tools/bench_triton_moe.py" --out "$OUT" || rc=1 ;;
+    bench-triton-dense) python3 "$repo/tools/bench_triton_dense.py" --out "$OUT" || rc=1 ;;
+    gpt-oss) python3 "$repo/tools/gpt_oss_throughput.py" --out "$OUT" || rc=1 ;;
+    demo) python3 -m tokenspeed_kernel demo 2>&1 | tee "$OUT/demo.log" || rc=1 ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+done
+exit $rc
