@@ -100,7 +100,7 @@ class TraitMatcher:
             return "any"
         if isinstance(self.values, Range):
             return repr(self.values)
-        return "|".join(repr(v) for v in self.values)  # type: ignore[union-attr]
+        return "|".join(repr(v) for v in sorted(self.values, key=lambda v: (str(type(v)), v)))  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
