@@ -1,0 +1,327 @@
+"""Split-KV decode over the paged KV cache (``mha_decode_with_kvcache``).
+
+Decode is a stream over K/V: one query token per sequence, so the work per
+(sequence, KV head) is too small to fill the GPU at small batch. The key range of
+each sequence is cut into ``num_splits`` parts that run as separate programs and
+write a partial (normalised output, log2 LSE); a merge kernel combines them and
+adds the sink once. ``num_splits`` depends on shapes only (batch, heads, page-table
+width, window, SM count), never on ``cache_seqlens`` values, so the launch needs no
+host sync and is CUDA-graph capturable. With one split the first kernel writes the
+final output itself (no merge launch).
+
+Each program owns one KV head and all query heads of its group (padded to 16 rows
+for the MMA), so every K/V byte is read from memory once per decode step.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ._shared import LN2, LOG2E, add_sink, cdiv, mma, next_power_of_2, normalize, online_softmax_step, score_scales
+from ._shared import scores_log2 as _scores_log2
+from .configs import decode_config
+from .prefill import dot_precision, launch_options
+
+__all__ = ["mha_decode_with_kvcache", "choose_num_splits"]
+
+
+@triton.jit
+def decode_split_kernel(
+    Q,
+    KCache,
+    VCache,
+    PageTable,
+    CacheSeqlens,
+    Sinks,
+    Out,
+    Lse,
+    PartialOut,
+    PartialLse,
+    stride_q_seq,
+    stride_q_head,
+    stride_o_seq,
+    stride_o_head,
+    stride_lse_seq,
+    stride_k_page,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_page,
+    stride_v_tok,
+    stride_v_head,
+    stride_pt_seq,
+    qk_scale,
+    cap_scale,
+    cap_log2,
+    window_left,
+    num_heads,
+    num_head_chunks,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid: (sequences, KV heads x head chunks, splits).
+
+    ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
+    write ``PartialOut fp32 [B, Hq, S, D]`` (normalised) and ``PartialLse fp32 [B, Hq, S]``
+    (log2 units, -inf for an empty split).
+    """
+    seq = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    split = tl.program_id(2)
+    kv_head = pid_h // num_head_chunks
+    chunk = pid_h - kv_head * num_head_chunks
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_DIM)
+    head_in_group = chunk * HEADS_PER_TILE + offs_h
+    row_valid = (offs_h < HEADS_PER_TILE) & (head_in_group < GROUP)
+    head = kv_head * GROUP + head_in_group
+    seq64 = seq.to(tl.int64)
+    q = tl.load(
+        Q + seq64 * stride_q_seq + head[:, None] * stride_q_head + offs_d[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    # The query sits at position L - 1. Keys [lo, L) are visible; pages before lo are
+    # never touched, so a windowed layer reads O(window) bytes whatever L is.
+    seq_len = tl.load(CacheSeqlens + seq)
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - 1 - window_left, 0)
+    else:
+        lo = 0
+    lo_block = (lo // BLOCK_N) * BLOCK_N
+    num_blocks = tl.cdiv(tl.maximum(seq_len - lo_block, 0), BLOCK_N)
+    blocks_per_split = tl.cdiv(num_blocks, num_splits)
+    start = lo_block + split * blocks_per_split * BLOCK_N
+    end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
+
+    page_row_ptr = PageTable + seq64 * stride_pt_seq
+    k_base = KCache + kv_head * stride_k_head
+    v_base = VCache + kv_head * stride_v_head
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for start_n in tl.range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        # Keys outside [lo, end) are neither loaded nor their page ids read: pages below the
+        # window may already be freed by the engine, pages past the end are unwritten.
+        in_range = (offs_n < end) & (offs_n >= lo)
+        # One page-id gather per key: works for every power-of-two page size, whether a
+        # block spans many small pages or sits inside one large page.
+        page = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+        row = offs_n % PAGE_SIZE
+        k = tl.load(
+            k_base + (page * stride_k_page + row * stride_k_tok)[:, None] + offs_d[None, :],
+            mask=in_range[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + (page * stride_v_page + row * stride_v_tok)[:, None] + offs_d[None, :],
+            mask=in_range[:, None],
+            other=0.0,
+        )
+        qk = mma(q, tl.trans(k), None, DOT_FP32, DOT_PRECISION)
+        s = _scores_log2(qk, qk_scale, cap_scale, cap_log2, HAS_CAP)
+        # Every row is the same query position, so the mask is per key only.
+        s = tl.where(in_range[None, :], s, float("-inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, True, DOT_FP32, DOT_PRECISION)
+
+    if DIRECT:
+        if HAS_SINKS:
+            sink = tl.load(Sinks + head, mask=row_valid, other=float("-inf")) * LOG2E
+            acc, l_i, m_i = add_sink(acc, l_i, m_i, sink)
+        out, lse2 = normalize(acc, l_i, m_i)
+        tl.store(
+            Out + seq64 * stride_o_seq + head[:, None] * stride_o_head + offs_d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=row_valid[:, None],
+        )
+        if RETURN_LSE:
+            tl.store(Lse + seq64 * stride_lse_seq + head, lse2 * LN2, mask=row_valid)
+    else:
+        # Partials are written even for an empty split (zeros, -inf) so the merge never
+        # reads uninitialised memory.
+        out, lse2 = normalize(acc, l_i, m_i)
+        part = (seq64 * num_heads + head) * num_splits + split
+        tl.store(PartialOut + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None])
+        tl.store(PartialLse + part, lse2, mask=row_valid)
+
+
+@triton.jit
+def decode_merge_kernel(
+    PartialOut,
+    PartialLse,
+    Sinks,
+    Out,
+    Lse,
+    stride_o_seq,
+    stride_o_head,
+    stride_lse_seq,
+    num_heads,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+):
+    """Grid: (sequences, head blocks). Combines the splits' partials and adds the sink once."""
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_valid = head < num_heads
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    part_row = (seq * num_heads + head) * num_splits
+    lse_tile = tl.load(
+        PartialLse + part_row[:, None] + offs_s[None, :],
+        mask=head_valid[:, None] & (offs_s[None, :] < num_splits),
+        other=float("-inf"),
+    )
+    m = tl.max(lse_tile, 1)
+    if HAS_SINKS:
+        sink = tl.load(Sinks + head, mask=head_valid, other=float("-inf")) * LOG2E
+        m = tl.maximum(m, sink)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.math.exp2(lse_tile - m_use[:, None]), 1)
+    if HAS_SINKS:
+        denom += tl.math.exp2(sink - m_use)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for s in tl.range(0, num_splits):
+        w = tl.math.exp2(tl.load(PartialLse + part_row + s, mask=head_valid, other=float("-inf")) - m_use)
+        o = tl.load(
+            PartialOut + (part_row + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=head_valid[:, None], other=0.0
+        )
+        acc += w[:, None] * o
+    has = denom > 0.0
+    denom_safe = tl.where(has, denom, 1.0)
+    out = acc / denom_safe[:, None]
+    tl.store(
+        Out + seq * stride_o_seq + head[:, None] * stride_o_head + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=head_valid[:, None],
+    )
+    if RETURN_LSE:
+        lse = tl.where(has, (m_use + tl.math.log2(denom_safe)) * LN2, float("-inf"))
+        tl.store(Lse + seq * stride_lse_seq + head, lse, mask=head_valid)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(
+    batch: int, head_programs: int, max_keys: int, device: torch.device, config: dict[str, Any]
+) -> int:
+    """Splits per (sequence, head program): enough programs to fill ``ctas_per_sm`` per SM,
+    but no split shorter than ``min_tokens_per_split`` keys of the longest possible sequence.
+
+    ``max_keys`` is a shape-derived bound (page-table width x page size, or the window),
+    so the result never depends on device data.
+    """
+    num_sms = config["num_sms"] if "num_sms" in config else _num_sms(device)
+    base = max(1, batch * head_programs)
+    wanted = cdiv(num_sms * config["ctas_per_sm"], base)
+    by_length = max(1, max_keys // config["min_tokens_per_split"])
+    return max(1, min(wanted, by_length, config["max_splits"]))
+
+
+def mha_decode_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    logit_cap: float = 0.0,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    config: dict[str, Any] | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One query token per sequence over the paged cache (semantics: ``tokenspeed_kernel.mha_decode_with_kvcache``).
+
+    Args:
+        q: ``[B, Hq, D]`` bf16/fp16/fp32, last dim contiguous; D a power of two in 16..256.
+        k_cache, v_cache: ``[num_pages, page_size, Hkv, D]`` (NHD), q's dtype; page_size a
+            power of two in 1..256.
+        page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]``; the query sits at
+            position ``cache_seqlens[b] - 1``.
+        window_left: -1, or keys ``[p - window_left, p]`` only (pages outside are skipped).
+        sinks: ``float32 [Hq]`` or None; softmax_scale: float (None: ``1/sqrt(D)``).
+        logit_cap: ``> 0`` applies ``cap * tanh(s / cap)``.
+        return_lse: also return ``float32 [B, Hq]`` natural-log LSE (sinks included).
+        out: optional ``[B, Hq, D]`` output of q's dtype.
+        config: overrides ``configs.DECODE_CONFIGS`` (benchmark sweeps).
+        num_splits: overrides :func:`choose_num_splits` (tests, sweeps).
+
+    Returns:
+        ``out`` or ``(out, lse)``.
+    """
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    batch, hq, head_dim = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    group = hq // hkv
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty((batch, hq), dtype=torch.float32, device=q.device) if return_lse else None
+    if batch == 0:
+        return (out, lse) if return_lse else out
+    cfg = config or decode_config(q.device, head_dim)
+    heads_per_tile = min(group, cfg["max_heads_per_tile"])
+    num_head_chunks = cdiv(group, heads_per_tile)
+    # tl.dot needs at least 16 rows; padding rows load no query and store nothing.
+    block_h = max(16, next_power_of_2(heads_per_tile))
+    max_keys = page_table.shape[1] * page_size
+    if window_left >= 0:
+        max_keys = min(max_keys, window_left + 1)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, hkv * num_head_chunks, max_keys, q.device, cfg)
+    direct = num_splits == 1
+    if direct:
+        partial_out = partial_lse = None
+    else:
+        partial_out = torch.empty((batch, hq, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
+    qk_scale, cap_scale, cap_log2 = score_scales(float(softmax_scale), float(logit_cap))
+    lse_stride = lse.stride(0) if lse is not None else 0
+    decode_split_kernel[(batch, hkv * num_head_chunks, num_splits)](
+        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partial_out, partial_lse,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0), qk_scale, cap_scale, cap_log2, max(window_left, 0), hq, num_head_chunks, num_splits,
+        HEAD_DIM=head_dim, GROUP=group, HEADS_PER_TILE=heads_per_tile, BLOCK_H=block_h, BLOCK_N=cfg["BLOCK_N"],
+        PAGE_SIZE=page_size, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, HAS_CAP=logit_cap > 0,
+        RETURN_LSE=lse is not None, DIRECT=direct, DOT_FP32=bool(cfg.get("DOT_FP32", False)),
+        DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
+    )  # fmt: skip
+    if not direct:
+        merge_heads = min(16, next_power_of_2(hq))
+        decode_merge_kernel[(batch, cdiv(hq, merge_heads))](
+            partial_out, partial_lse, sinks, out, lse, out.stride(0), out.stride(1), lse_stride, hq, num_splits,
+            HEAD_DIM=head_dim, BLOCK_H=merge_heads, BLOCK_S=next_power_of_2(num_splits),
+            HAS_SINKS=sinks is not None, RETURN_LSE=lse is not None, num_warps=4,
+        )  # fmt: skip
+    return (out, lse) if return_lse else out

@@ -1,0 +1,142 @@
+"""Every Triton attention kernel compiles for sm90, gfx942 and gfx950 (no GPU needed).
+
+GPT-OSS constexprs (head_dim 64, 8 query heads per KV head, window + sinks, page 16),
+tile sizes and launch options from ``attention.configs`` for the target's family. The
+MMA kernels must lower ``tl.dot`` to tensor-core / matrix-core instructions (wgmma or
+mma.sync in the PTX, v_mfma in the AMDGCN), and the AMD builds must not spill VGPRs
+(SGPR spills into VGPR lanes are cheap and allowed).
+
+The compilation runs in one child process: under ``TRITON_INTERPRET=1`` (set by
+conftest for the numerics tests) ``@triton.jit`` yields interpreter objects that
+cannot be compiled, and the choice is made when the kernel modules are imported.
+Run this file as a script to see the raw results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+_FLOAT_ARGS = {"qk_scale", "cap_scale", "cap_log2"}
+_FP32_POINTERS = {"Lse", "Sinks", "PartialOut", "PartialLse"}
+_INT32_POINTERS = {"CuSeqlensQ", "CuSeqlensK", "CacheSeqlens", "PageTable", "SlotMapping"}
+TARGETS = ("sm90", "gfx942", "gfx950")
+
+_ATTENTION = {
+    "HEAD_DIM": 64, "GROUP": 8, "HEADS_PER_TILE": 8, "CAUSAL": True,
+    "HAS_WINDOW": True, "HAS_SINKS": True, "HAS_CAP": False, "RETURN_LSE": True, "DOT_FP32": False,
+    "DOT_PRECISION": None,
+}  # fmt: skip
+_DECODE = {
+    "HEAD_DIM": 64, "GROUP": 8, "HEADS_PER_TILE": 8, "BLOCK_H": 16, "PAGE_SIZE": 16,
+    "HAS_WINDOW": True, "HAS_SINKS": True, "HAS_CAP": False, "RETURN_LSE": True, "DOT_FP32": False,
+    "DOT_PRECISION": None,
+}  # fmt: skip
+
+#: name -> (module, kernel, constexprs, config table in attention.configs or None, uses tl.dot)
+KERNELS: dict[str, tuple[str, str, dict, str | None, bool]] = {
+    "prefill": ("prefill", "attention_kernel", {**_ATTENTION, "PAGED": False, "PAGE_SIZE": 1}, "prefill", True),
+    "extend": ("prefill", "attention_kernel", {**_ATTENTION, "PAGED": True, "PAGE_SIZE": 16}, "extend", True),
+    "decode_split": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": False}, "decode", True),
+    "decode_direct": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": True}, "decode", True),
+    "decode_merge": (
+        "decode",
+        "decode_merge_kernel",
+        {"HEAD_DIM": 64, "BLOCK_H": 16, "BLOCK_S": 8, "HAS_SINKS": True, "RETURN_LSE": True},
+        None,
+        False,
+    ),
+    "kvcache_store": ("store", "kvcache_store_kernel", {"HEAD_DIM": 64, "BLOCK_H": 8, "BLOCK_D": 64}, None, False),
+}
+
+
+def _tile_config(table: str | None, target: str) -> tuple[dict, dict]:
+    """(constexprs, launch options) of the config the kernel would run with on ``target``."""
+    if table is None:
+        return {}, {"num_warps": 4, "num_stages": 2}
+    from tokenspeed_kernel_triton.attention import configs
+
+    tables = {"prefill": configs.PREFILL_CONFIGS, "extend": configs.EXTEND_CONFIGS, "decode": configs.DECODE_CONFIGS}
+    family = "nvidia" if target.startswith("sm") else "amd"
+    cfg = configs._by_head_dim(tables[table][family], 64)
+    tiles = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N") if k in cfg}
+    return tiles, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+
+
+def _signature(fn, constexprs: dict) -> dict[str, str]:
+    """Triton types for every argument: bf16 tensors, fp32/int32 metadata, i32 scalars."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _FP32_POINTERS:
+            sig[name] = "*fp32"
+        elif name in _INT32_POINTERS:
+            sig[name] = "*i32"
+        elif name[0].isupper():
+            sig[name] = "*bf16"
+        elif name in _FLOAT_ARGS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def _compile_all() -> dict[str, dict[str, dict]]:
+    """name -> target -> {"mma": bool, "vgpr_spills": int, "error": str | None}."""
+    import importlib
+
+    from tokenspeed_kernel_triton._common import cross_compile
+
+    results: dict[str, dict[str, dict]] = {}
+    for name, (module, attr, base, table, _) in KERNELS.items():
+        fn = getattr(importlib.import_module(f"tokenspeed_kernel_triton.attention.{module}"), attr)
+        results[name] = {}
+        for target in TARGETS:
+            tiles, options = _tile_config(table, target)
+            constexprs = {**base, **tiles}
+            try:
+                compiled = cross_compile(fn, _signature(fn, constexprs), constexprs, target, **options)
+            except Exception as exc:  # reported per kernel and target by the tests
+                results[name][target] = {"mma": False, "vgpr_spills": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                continue
+            spills = 0
+            if target.startswith("sm"):
+                asm = compiled.asm["ptx"]
+                mma = "wgmma" in asm or "mma.sync" in asm
+            else:
+                asm = compiled.asm["amdgcn"]
+                mma = "v_mfma" in asm
+                spills = sum(int(n) for n in re.findall(r"vgpr_spill_count:\s*(\d+)", asm))
+            results[name][target] = {"mma": mma, "vgpr_spills": spills, "error": None if asm else "empty assembly"}
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict[str, dict]]:
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_attention_kernel_cross_compiles(compiled: dict, name: str, target: str) -> None:
+    result = compiled[name][target]
+    assert result["error"] is None, f"{name} on {target}: {result['error']}"
+    if KERNELS[name][4]:
+        assert result["mma"], f"{name} on {target}: tl.dot did not lower to matrix instructions"
+    assert result["vgpr_spills"] == 0, f"{name} on {target}: {result['vgpr_spills']} VGPRs spilled"
+
+
+if __name__ == "__main__":
+    print(json.dumps(_compile_all()))
