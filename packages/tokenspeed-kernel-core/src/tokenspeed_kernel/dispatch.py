@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from .profiling import kernel_scope, profiler_active
+from .profiling import env_capture_hook, kernel_scope, profiler_active
 from .selection import Target, select_for_device
 
 __all__ = ["run", "capture_hook"]
 
-#: Set by shape capture (see tokenspeed_kernel.profiling); None when off.
-capture_hook: Any = None
+#: Set by shape capture and other dispatch observers (see tokenspeed_kernel.profiling); None when off.
+capture_hook: Any = env_capture_hook()
 
 
 def run(

@@ -1,0 +1,152 @@
+"""``tokenspeed-kernel bench``: the command line of :func:`tokenspeed_kernel.benchmark.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run", "main"]
+
+_DESCRIPTION = """\
+Time every registered kernel matching TARGET (an op, a kernel or a solution
+name; default: every op) on the op's bench shapes, custom shapes, or the calls a
+shape capture recorded. GPU: CUDA events, L2 flushed between calls, median and
+p10/p90; CPU: wall clock. Prints each kernel's time, TFLOP/s, TB/s and % of the
+device ceilings measured at the start, the kernel selection would pick and its
+regret (its time over the fastest registered kernel's).
+
+examples:
+  tokenspeed-kernel bench rmsnorm --json out.json --md out.md --plot out.png
+  tokenspeed-kernel bench mha_prefill --peers --graph
+  tokenspeed-kernel bench mm --shape m=4096 n=5120 k=2880
+  TOKENSPEED_KERNEL_CAPTURE_SHAPES=calls.json python serve.py ...; tokenspeed-kernel bench --replay calls.json
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``bench`` subcommand on an ``argparse`` subparsers object (handler: ``args.func``)."""
+    p = subparsers.add_parser(
+        "bench",
+        help="time kernels (and external peers) on standard or captured shapes",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    configure(p)
+    return p
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", nargs="?", help="op, kernel or solution name (default: every op)")
+    p.add_argument(
+        "--shapes", metavar="SET|FILE", help="bench shape set (cpu, gpu) or a JSON file of cases / a capture"
+    )
+    p.add_argument("--shape", action="append", nargs="+", metavar="K=V", help="one custom case (repeat for more)")
+    p.add_argument("--replay", metavar="FILE", help="benchmark exactly the calls of a shape-capture file")
+    p.add_argument(
+        "--dtype", action="extend", nargs="+", choices=["bf16", "fp16", "fp32"], help="dtype(s) of the standard sets"
+    )
+    p.add_argument("--peers", action="store_true", help="also time external peers (SDPA, FA3, torch._grouped_mm, ...)")
+    p.add_argument("--graph", action="store_true", help="also time under CUDA-graph replay")
+    p.add_argument("--include-reference", action="store_true", help="time the PyTorch references on a GPU too")
+    p.add_argument("--no-ceilings", action="store_true", help="do not measure the device ceilings")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-ms", type=float, default=25.0)
+    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--no-flush", action="store_true", help="do not flush L2 between timed calls")
+    p.add_argument("--json", metavar="FILE", help="write the raw results as JSON")
+    p.add_argument("--md", metavar="FILE", help="write a Markdown report")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _cases(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, str | None]:
+    """(explicit cases or None, counts or None, standard set name or None)."""
+    from ..numerics.cases import cases_from_capture, cases_from_file
+    from ..numerics.cli import build_cases
+
+    cases: list = []
+    counts: dict = {}
+    shape_set = None
+    if args.replay:
+        with open(args.replay) as f:
+            data = json.load(f)
+        if "entries" not in data:
+            raise ValueError(f"--replay {args.replay}: not a shape-capture file (no 'entries')")
+        for case, n in cases_from_capture(data):
+            cases.append(case)
+            counts[case] = counts.get(case, 0) + n
+        if not cases:
+            raise ValueError(f"--replay {args.replay}: no replayable call in the file")
+    if args.shapes:
+        if os.path.exists(args.shapes):
+            cases += cases_from_file(args.shapes)
+        elif args.shapes in ("cpu", "gpu"):
+            shape_set = f"bench-{args.shapes}"
+        else:
+            raise ValueError(f"--shapes: {args.shapes!r} is neither a file nor a shape set (cpu, gpu)")
+    if args.shape:
+        cases += build_cases(args.target, args.shape, None, args.dtype, device_type) or []
+    return (cases or None), (counts or None), shape_set
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..numerics.runner import default_device
+    from .report import PLOT_HINT, plot_available, print_summary, write_json, write_markdown, write_plot
+    from .runner import bench
+
+    if args.plot and not plot_available():
+        print(f"tokenspeed-kernel bench: --plot: {PLOT_HINT}", file=sys.stderr)
+        return 2
+    try:
+        device = torch.device(args.device) if args.device else default_device()
+        cases, counts, shape_set = _cases(args, device.type)
+        report = bench(
+            args.target,
+            cases=cases,
+            counts=counts,
+            shape_set=shape_set,
+            dtypes=args.dtype,
+            device=device,
+            peers=args.peers,
+            graph=args.graph,
+            include_reference=True if args.include_reference else None,
+            ceilings=not args.no_ceilings,
+            seed=args.seed,
+            warmup_ms=args.warmup_ms,
+            rep_ms=args.rep_ms,
+            flush_l2=not args.no_flush,
+            progress=not args.quiet,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        print(f"tokenspeed-kernel bench: {exc}", file=sys.stderr)
+        return 2
+    print_summary(report, sys.stdout)
+    command = "tokenspeed-kernel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else None
+    if args.json:
+        write_json(report, args.json)
+    if args.md:
+        write_markdown(report, args.md, command=command)
+    if args.plot:
+        write_plot(report, args.plot)
+    # A kernel that raised (not a peer, not a skip) makes the run fail.
+    failed = [e for r in report.results for e in r.entries if e.status == "error" and e.kind == "kernel"]
+    return 1 if failed or any(r.error for r in report.results) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenspeed-kernel bench", description=_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Cases for the MoE ops: route, dispatch, experts, combine, fused apply.
+
+Expert weights are built in fp32 and converted with the public ops
+(``quantize_fp8`` per row or per expert, ``quantize_mxfp4``), so every weight
+format sees the same underlying matrices. ``w13`` has std ``3/sqrt(H)``: the
+gate/up pre-activations are then N(0, ~9) and GPT-OSS's clamp at 7 is active on
+a few percent of them. Routing is uniformly random with distinct experts per
+token; small cases have more experts than rows, so some experts get no rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...ops.moe import MoEActivation, MoEWeights
+from ..inputs import randn, random_topk_ids, random_topk_weights, torch_dtype
+from . import CapturedCall, Case, OpCases, register_op_cases
+from ._common import close, compare_by, dim, exact, named, upcast
+
+_DENSE_FORMATS = {"bf16", "fp16", "fp32"}
+
+
+def _activation(case: Case) -> MoEActivation:
+    if case["activation"] == "silu":
+        return MoEActivation.silu()
+    return MoEActivation(kind="swiglu", alpha=1.702, limit=case["limit"], up_offset=1.0)
+
+
+def moe_weights(case: Case, device: torch.device, gen: torch.Generator) -> MoEWeights:
+    """Canonical :class:`MoEWeights` for a case's ``weight_format`` (``dense`` = the case dtype)."""
+    e, h, i = case["experts"], case["hidden"], case["inter"]
+    dt = torch_dtype(case.dtype)
+    w13 = randn((e, 2 * i, h), torch.float32, gen, scale=3.0 / math.sqrt(h))
+    w2 = randn((e, h, i), torch.float32, gen, scale=1.0 / math.sqrt(i))
+    b13 = randn((e, 2 * i), dt, gen, scale=0.5) if case["bias"] else None
+    b2 = randn((e, h), dt, gen, scale=0.1) if case["bias"] else None
+    fmt = case["weight_format"]
+    common = {"w13_bias": b13, "w2_bias": b2, "gate_up_interleaved": case["interleaved"]}
+    if fmt == "dense":
+        return MoEWeights(w13=w13.to(dt), w2=w2.to(dt), format=case.dtype, **common)
+    import tokenspeed_kernel as tk
+
+    if fmt == "mxfp4":
+        q13, s13 = tk.quantize_mxfp4(w13.to(torch.bfloat16).contiguous())
+        q2, s2 = tk.quantize_mxfp4(w2.to(torch.bfloat16).contiguous())
+        return MoEWeights(w13=q13, w2=q2, format="mxfp4", w13_scale=s13, w2_scale=s2, **common)
+    if fmt == "fp8_e4m3:per_channel":
+        q13, s13 = tk.quantize_fp8(w13.reshape(-1, h).contiguous(), granularity="per_token")
+        q2, s2 = tk.quantize_fp8(w2.reshape(-1, i).contiguous(), granularity="per_token")
+        return MoEWeights(
+            w13=q13.view(e, 2 * i, h),
+            w2=q2.view(e, h, i),
+            format=fmt,
+            w13_scale=s13.view(e, 2 * i).contiguous(),
+            w2_scale=s2.view(e, h).contiguous(),
+            **common,
+        )
+    if fmt == "fp8_e4m3:per_tensor":
+        q13, s13 = zip(*(tk.quantize_fp8(w13[x].contiguous(), granularity="per_tensor") for x in range(e)))
+        q2, s2 = zip(*(tk.quantize_fp8(w2[x].contiguous(), granularity="per_tensor") for x in range(e)))
+        return MoEWeights(
+            w13=torch.stack(q13),
+            w2=torch.stack(q2),
+            format=fmt,
+            w13_scale=torch.cat(s13),
+            w2_scale=torch.cat(s2),
+            **common,
+        )
+    raise ValueError(f"weight_format: expected dense, mxfp4, fp8_e4m3:per_channel or fp8_e4m3:per_tensor, got {fmt!r}")
+
+
+def _upcast_weights(w: MoEWeights) -> MoEWeights:
+    """Dense bf16/fp16 weights in fp32 (the reference then sees exact values); quantized ones as they are."""
+    f = lambda t: None if t is None else t.float()
+    if w.format in ("bf16", "fp16"):
+        return MoEWeights(
+            w13=w.w13.float(), w2=w.w2.float(), format="fp32", w13_bias=f(w.w13_bias), w2_bias=f(w.w2_bias),
+            gate_up_interleaved=w.gate_up_interleaved,
+        )  # fmt: skip
+    return MoEWeights(
+        w13=w.w13, w2=w.w2, format=w.format, w13_bias=f(w.w13_bias), w2_bias=f(w.w2_bias), w13_scale=w.w13_scale,
+        w2_scale=w.w2_scale, gate_up_interleaved=w.gate_up_interleaved,
+    )  # fmt: skip
+
+
+def _upcast_moe(x_name: str):
+    def up(case: Case, call: dict[str, Any]) -> dict[str, Any]:
+        out = upcast(call, (x_name,))
+        out["weights"] = _upcast_weights(call["weights"])
+        return out
+
+    return up
+
+
+def _for_kernel(x_name: str, op: str):
+    """Kernels with their own weight layout get weights converted by their preprocessor
+    (``moe_plan`` + ``moe_process_weights``); ``moe_apply`` then runs through the plan."""
+
+    def adapt(call: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+        if spec.weight_preprocessor is None:
+            return None
+        import tokenspeed_kernel as tk
+        from tokenspeed_kernel.ops.moe import MoEPlan
+
+        w, act, x = call["weights"], call["activation"], call[x_name]
+        if op == "moe_apply":
+            plan = tk.moe_plan(w, act, dtype=x.dtype, device=x.device, override=spec.name)
+            return {**call, "weights": tk.moe_process_weights(plan, w), "plan": plan}
+        plan = MoEPlan(kernel=spec.name, layout=spec.name, format=w.format, activation=act)
+        return {**call, "weights": tk.moe_process_weights(plan, w), "override": spec.name}
+
+    return adapt
+
+
+def _weights_from_capture(c: CapturedCall, where: int) -> dict[str, Any] | None:
+    w = c.obj(where)
+    if w is None or "moe_weights" not in w:
+        return None
+    w = w["moe_weights"]
+    w13 = tuple(w["w13"]["tensor"])
+    fmt = w["format"]
+    hidden = tuple(w["w2"]["tensor"])[1]
+    return {
+        "experts": w13[0],
+        "hidden": hidden,
+        "inter": w13[1] // 2,
+        "weight_format": "dense" if fmt in _DENSE_FORMATS else fmt,
+        "bias": w.get("w13_bias") is not None or w.get("w2_bias") is not None,
+        "interleaved": bool(w.get("gate_up_interleaved", True)),
+    }
+
+
+def _activation_from_capture(c: CapturedCall, where: int) -> dict[str, Any]:
+    a = (c.obj(where) or {}).get("moe_activation", {})
+    return {"activation": a.get("kind", "swiglu"), "limit": a.get("limit", 7.0)}
+
+
+_MOE_DEFAULTS = {
+    "tokens": 6,
+    "top_k": 2,
+    "experts": 8,
+    "hidden": 64,
+    "inter": 64,
+    "weight_format": "dense",
+    "bias": True,
+    "interleaved": True,
+    "activation": "swiglu",
+    "limit": 7.0,
+}
+_OSS20 = {"experts": 32, "top_k": 4, "hidden": 2880, "inter": 2880}
+_OSS120 = {"experts": 128, "top_k": 4, "hidden": 2880, "inter": 2880}
+_MOE_CPU = [
+    {},
+    {"weight_format": "mxfp4"},
+    {"weight_format": "fp8_e4m3:per_channel", "tokens": 3},
+    {"weight_format": "fp8_e4m3:per_tensor", "bias": False},
+    {"activation": "silu", "limit": None, "interleaved": False, "bias": False},
+    {"tokens": 1, "top_k": 4, "experts": 16, "weight_format": "mxfp4", "label": "decode, most experts idle"},
+]
+_MOE_GPU = [
+    {"tokens": 1, "weight_format": "mxfp4", **_OSS20},
+    {"tokens": 64, "weight_format": "mxfp4", **_OSS20},
+    {"tokens": 1024, "weight_format": "mxfp4", **_OSS20},
+    {"tokens": 64, "weight_format": "dense", **_OSS20},
+    {"tokens": 64, "weight_format": "fp8_e4m3:per_channel", **_OSS20},
+    {"tokens": 64, "weight_format": "mxfp4", **_OSS120},
+]
+
+
+def _moe_shrink() -> list:
+    def step(c: Case) -> int:
+        return 32 if c["weight_format"] == "mxfp4" else 1
+
+    def hidden_move(c: Case) -> list[Case]:
+        return dim("hidden", lo=step(c), step=step(c))(c)
+
+    def inter_move(c: Case) -> list[Case]:
+        return dim("inter", lo=step(c), step=step(c))(c)
+
+    return [
+        dim("tokens"),
+        dim("experts", keep=lambda c, v: v >= c["top_k"]),
+        dim("top_k"),
+        hidden_move,
+        inter_move,
+    ]
+
+
+# ---------------------------------------------------------------------------
+
+
+def _make_route(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    logits = randn((case["tokens"], case["experts"]), torch_dtype(case.dtype), gen, scale=2.0)
+    return {"router_logits": logits, "top_k": case["top_k"], "renormalize": case["renormalize"]}
+
+
+def _route_from_capture(c: CapturedCall) -> Case | None:
+    s = c.shape(0)
+    if s is None:
+        return None
+    return Case.make(
+        "moe_route",
+        c.dtype(0),
+        {
+            "tokens": s[0],
+            "experts": s[1],
+            "top_k": int(c.value(1, 4)),
+            "renormalize": bool(c.value("renormalize", True)),
+        },
+    )
+
+
+register_op_cases(
+    OpCases(
+        op="moe_route",
+        defaults={"tokens": 8, "experts": 32, "top_k": 4, "renormalize": True},
+        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
+        sets={
+            "cpu": [
+                {"tokens": 8},
+                {"tokens": 5, "experts": 128, "renormalize": False},
+                {"tokens": 3, "experts": 4, "top_k": 4},
+            ],
+            "gpu": [{"tokens": 1, "experts": 128}, {"tokens": 4096, "experts": 128}, {"tokens": 777, "experts": 32}],
+            "bench-cpu": [{"tokens": 256, "experts": 128}],
+            "bench-gpu": [{"tokens": t, "experts": 128, "dtype": "bf16"} for t in (1, 64, 4096, 16384)],
+        },
+        make=_make_route,
+        outputs=named("weights", "ids"),
+        compare=compare_by({"weights": close("softmax"), "ids": exact()}),
+        shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k")],
+        from_capture=_route_from_capture,
+        always_show=("tokens", "experts", "top_k"),
+    )
+)
+
+
+def _make_dispatch(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    t = case["tokens"]
+    return {
+        "x": randn((t, case["hidden"]), torch_dtype(case.dtype), gen),
+        "topk_ids": random_topk_ids(t, case["experts"], case["top_k"], gen),
+        "num_experts": case["experts"],
+    }
+
+
+def _dispatch_from_capture(c: CapturedCall) -> Case | None:
+    x, ids = c.shape(0), c.shape(1)
+    if x is None or ids is None:
+        return None
+    return Case.make(
+        "moe_dispatch", c.dtype(0), {"tokens": x[0], "hidden": x[1], "top_k": ids[1], "experts": int(c.value(2, 1))}
+    )
+
+
+register_op_cases(
+    OpCases(
+        op="moe_dispatch",
+        defaults={"tokens": 8, "hidden": 64, "experts": 8, "top_k": 2},
+        dtypes={"cpu": ("bf16",), "cuda": ("bf16",)},
+        sets={
+            "cpu": [{"tokens": 8}, {"tokens": 3, "experts": 16, "top_k": 4}, {"tokens": 1, "experts": 4, "top_k": 1}],
+            "gpu": [
+                {"tokens": 1, "hidden": 2880, "experts": 128, "top_k": 4},
+                {"tokens": 4096, "hidden": 2880, "experts": 128, "top_k": 4},
+            ],
+            "bench-cpu": [{"tokens": 256, "hidden": 256, "experts": 32, "top_k": 4}],
+            "bench-gpu": [{"tokens": t, "hidden": 2880, "experts": 128, "top_k": 4} for t in (1, 64, 4096, 16384)],
+        },
+        make=_make_dispatch,
+        outputs=lambda call, r: {"hidden": r.hidden, "expert_offsets": r.expert_offsets, "permutation": r.permutation},
+        compare=compare_by({"hidden": exact(), "expert_offsets": exact(), "permutation": exact()}),
+        shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k"), dim("hidden")],
+        from_capture=_dispatch_from_capture,
+        always_show=("tokens", "experts", "top_k"),
+    )
+)
+
+
+def _make_experts(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    t, k, e = case["tokens"], case["top_k"], case["experts"]
+    ids = random_topk_ids(t, e, k, gen)
+    counts = torch.bincount(ids.flatten().long(), minlength=e)
+    offsets = torch.zeros(e + 1, dtype=torch.int32, device=device)
+    offsets[1:] = counts.cumsum(0).to(torch.int32)
+    return {
+        "hidden": randn((t * k, case["hidden"]), torch_dtype(case.dtype), gen),
+        "expert_offsets": offsets,
+        "weights": moe_weights(case, device, gen),
+        "activation": _activation(case),
+    }
+
+
+def _experts_from_capture(c: CapturedCall) -> Case | None:
+    x = c.shape(0)
+    w = _weights_from_capture(c, 2)
+    if x is None or w is None:
+        return None
+    return Case.make("moe_experts", c.dtype(0), {"tokens": x[0], "top_k": 1, **w, **_activation_from_capture(c, 3)})
+
+
+register_op_cases(
+    OpCases(
+        op="moe_experts",
+        defaults=dict(_MOE_DEFAULTS),
+        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+        sets={
+            "cpu": _MOE_CPU,
+            "gpu": _MOE_GPU,
+            "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
+            "bench-gpu": [
+                {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
+                for f in ("mxfp4", "dense")
+                for t in (1, 64, 4096)
+            ],
+        },
+        make=_make_experts,
+        reference_call=_upcast_moe("hidden"),
+        outputs=named("out"),
+        compare=compare_by({"out": close("matmul")}),
+        shrink=_moe_shrink(),
+        from_capture=_experts_from_capture,
+        for_kernel=_for_kernel("hidden", "moe_experts"),
+        always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
+    )
+)
+
+
+def _make_combine(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    t, k = case["tokens"], case["top_k"]
+    return {
+        "expert_out": randn((t * k, case["hidden"]), torch_dtype(case.dtype), gen),
+        "permutation": torch.randperm(t * k, generator=gen, device=device).to(torch.int32),
+        "topk_weights": random_topk_weights(t, k, gen),
+    }
+
+
+def _combine_from_capture(c: CapturedCall) -> Case | None:
+    y, w = c.shape(0), c.shape(2)
+    if y is None or w is None:
+        return None
+    return Case.make("moe_combine", c.dtype(0), {"tokens": w[0], "top_k": w[1], "hidden": y[1]})
+
+
+register_op_cases(
+    OpCases(
+        op="moe_combine",
+        defaults={"tokens": 8, "top_k": 4, "hidden": 64},
+        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+        sets={
+            "cpu": [{"tokens": 8}, {"tokens": 1, "top_k": 1, "hidden": 33}],
+            "gpu": [{"tokens": 1, "hidden": 2880}, {"tokens": 4096, "hidden": 2880}],
+            "bench-cpu": [{"tokens": 256, "hidden": 256}],
+            "bench-gpu": [{"tokens": t, "hidden": 2880} for t in (1, 64, 4096, 16384)],
+        },
+        make=_make_combine,
+        reference_call=lambda case, call: upcast(call, ("expert_out",)),
+        outputs=named("out"),
+        compare=compare_by({"out": close("elementwise")}),
+        shrink=[dim("tokens"), dim("top_k"), dim("hidden")],
+        from_capture=_combine_from_capture,
+        always_show=("tokens", "top_k", "hidden"),
+    )
+)
+
+
+def _make_apply(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    t, k, e = case["tokens"], case["top_k"], case["experts"]
+    return {
+        "x": randn((t, case["hidden"]), torch_dtype(case.dtype), gen),
+        "topk_weights": random_topk_weights(t, k, gen),
+        "topk_ids": random_topk_ids(t, e, k, gen),
+        "weights": moe_weights(case, device, gen),
+        "activation": _activation(case),
+    }
+
+
+def _apply_from_capture(c: CapturedCall) -> Case | None:
+    x, ids = c.shape(0), c.shape(2)
+    w = _weights_from_capture(c, 3)
+    if x is None or ids is None or w is None:
+        return None
+    return Case.make("moe_apply", c.dtype(0), {"tokens": x[0], "top_k": ids[1], **w, **_activation_from_capture(c, 4)})
+
+
+register_op_cases(
+    OpCases(
+        op="moe_apply",
+        defaults=dict(_MOE_DEFAULTS),
+        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+        sets={
+            "cpu": _MOE_CPU,
+            "gpu": _MOE_GPU,
+            "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
+            "bench-gpu": [
+                {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
+                for f in ("mxfp4", "dense")
+                for t in (1, 8, 64, 512, 4096, 16384)
+            ],
+        },
+        make=_make_apply,
+        reference_call=_upcast_moe("x"),
+        outputs=named("out"),
+        compare=compare_by({"out": close("matmul")}),
+        shrink=_moe_shrink(),
+        from_capture=_apply_from_capture,
+        for_kernel=_for_kernel("x", "moe_apply"),
+        always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
+    )
+)
