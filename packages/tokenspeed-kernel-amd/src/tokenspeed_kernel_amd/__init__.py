@@ -1,0 +1,3 @@
+"""AMD kernels for TokenSpeed-kernel."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Kernels for CDNA3 (gfx942: MI300X / MI325X): plain functions on torch tensors, callable without selection."""
