@@ -262,6 +262,23 @@ def test_mxfp4_decoders_agree_and_tiles_cover_every_shape() -> None:
     _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS, path="tiny", configs=(swapped, swapped)), expected)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_e4m3:per_channel"])
+def test_tiny_path_gemv_variant(fmt: str) -> None:
+    """use_dot=False: one token row at a time on the vector units (decode at batch 1);
+    tokens 0 and 1 share expert 3, so the row loop runs more than once."""
+    weights = _weights(fmt, seed=20)
+    t = 3
+    w, ids = _routing(t, seed=21)
+    ids[:2, 0] = 3
+    ids[:2, 1] = torch.tensor([0, 1], dtype=torch.int32)
+    x = _x(t, scale=3.0)
+    gemv = GemmConfig(block_n=32, block_k=32, use_dot=False, num_stages=1)
+    out = experts.moe_apply(x, w, ids, weights, GPT_OSS, path="tiny", configs=(gemv, gemv))
+    _assert_close_to(out, ref.moe_apply(x, w, ids, weights, GPT_OSS))
+    with pytest.raises(ValueError, match="tiny path"):
+        experts.moe_apply(x, w, ids, weights, GPT_OSS, path="grouped", configs=(gemv, gemv))
+
+
 def _per_token_loop(
     x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, weights: MoEWeights, act: MoEActivation
 ) -> torch.Tensor:

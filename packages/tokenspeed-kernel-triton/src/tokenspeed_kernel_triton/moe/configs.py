@@ -46,7 +46,9 @@ class GemmConfig:
     rather than padding M to 16 or 64). ``decode``: MXFP4 decoding: ``"bits"``
     (E2M1 codes placed into fp16 bit patterns), ``"shared"``
     (:func:`tokenspeed_kernel_triton._mxfp4.unpack_mxfp4`) or ``"dot_scaled"``
-    (``tl.dot_scaled``; GPU only, the interpreter lacks it).
+    (``tl.dot_scaled``; GPU only, the interpreter lacks it). ``use_dot``: False makes
+    the tiny path a GEMV (one token row at a time on the vector units, no MMA and no
+    shared-memory staging: for one token per expert, i.e. decode at batch 1).
     """
 
     block_m: int = 64
@@ -55,6 +57,7 @@ class GemmConfig:
     group_m: int = 8
     swap_ab: bool = False
     decode: str = "bits"
+    use_dot: bool = True
     num_warps: int = 4
     num_stages: int = 3
 
@@ -87,28 +90,33 @@ SORT_SINGLE_PROGRAM_MAX_PAIRS: dict[str, int] = {"nvidia": 1024, "amd": 1024, "i
 SORT_BLOCK: dict[str, int] = {"nvidia": 128, "amd": 128, "interpret": 32}
 
 _G = GemmConfig
+# GPT-OSS has H = I = 2880 = 45 * 64: block_k 64 divides every reduction, so the K
+# loop needs no mask and weight rows load as 16-byte vectors; block_k 128 would
+# leave a masked tail whose unknown constancy makes loads narrow. Deeper pipelines
+# (num_stages) then keep enough weight bytes in flight for decode.
 
 #: Tiny path, by weight kind ("mxfp4" or "dense": bf16/fp16/fp8) and GEMM ("gate_up",
-#: "down"); keyed by tokens. block_m is set at launch.
+#: "down"); keyed by tokens. block_m is set at launch (16 or the next power of two
+#: of the token count; 1 for use_dot=False).
 TINY_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
     "nvidia": {
         "mxfp4": {
-            "gate_up": ((None, _G(block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),),
-            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),),
+            "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=5)),),
+            "down": ((None, _G(block_n=32, block_k=64, swap_ab=True, num_warps=4, num_stages=5)),),
         },
         "dense": {
             "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),),
-            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),),
+            "down": ((None, _G(block_n=32, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),),
         },
     },
     "amd": {
         "mxfp4": {
-            "gate_up": ((None, _G(block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),),
-            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),),
+            "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),),
+            "down": ((None, _G(block_n=32, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),),
         },
         "dense": {
             "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),),
-            "down": ((None, _G(block_n=32, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),),
+            "down": ((None, _G(block_n=32, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),),
         },
     },
     "interpret": {
@@ -120,49 +128,30 @@ TINY_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ..
     },
 }
 
-#: Grouped path, keyed by the number of (token, slot) pairs.
+#: Grouped path, keyed by the number of (token, slot) pairs. Up to a few hundred
+#: pairs most experts hold a handful of rows: 16-row tiles with swapped operands;
+#: above, 64 / 128-row tiles make the MMA the bound.
 GROUPED_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
     "nvidia": {
-        "mxfp4": {
-            "gate_up": (
-                (512, _G(block_m=16, block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),
-                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
-                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
-            ),
-            "down": (
-                (512, _G(block_m=16, block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=3)),
-                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),
-                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
-            ),
-        },
-        "dense": {
-            "gate_up": (
+        kind: {
+            gemm: (
                 (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),
                 (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)),
-                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
-            ),
-            "down": (
-                (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),
-                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)),
-                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4)),
-            ),
-        },
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
+            )
+            for gemm in ("gate_up", "down")
+        }
+        for kind in ("mxfp4", "dense")
     },
     "amd": {
-        "mxfp4": {
-            g: (
-                (512, _G(block_m=16, block_n=64, block_k=128, swap_ab=True, num_warps=4, num_stages=2)),
-                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2)),
-            )
-            for g in ("gate_up", "down")
-        },
-        "dense": {
-            g: (
+        kind: {
+            gemm: (
                 (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=2)),
                 (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=2)),
             )
-            for g in ("gate_up", "down")
-        },
+            for gemm in ("gate_up", "down")
+        }
+        for kind in ("mxfp4", "dense")
     },
     "interpret": {
         kind: {

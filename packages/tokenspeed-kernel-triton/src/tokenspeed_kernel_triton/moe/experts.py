@@ -86,6 +86,20 @@ def _grouped_tiles(rows: int, num_experts: int, block_m: int) -> int:
     return min(rows, triton.cdiv(rows, block_m) + min(num_experts, rows))
 
 
+def _pairs_pad(rows_mode: int, num_pairs: int) -> int:
+    # Only the tiny path holds every pair's expert id in registers; elsewhere a
+    # constant keeps one compiled kernel for all token counts.
+    return triton.next_power_of_2(num_pairs) if rows_mode == gemm.ROWS_TINY else 1
+
+
+def _block_m(rows_mode: int, cfg: GemmConfig, block_m: int | None) -> int:
+    if not cfg.use_dot:
+        if rows_mode != gemm.ROWS_TINY:
+            raise ValueError("GemmConfig(use_dot=False) (GEMV) serves only the tiny path")
+        return 1
+    return block_m or cfg.block_m
+
+
 def launch_gate_up(
     a: torch.Tensor,
     row_map: torch.Tensor,
@@ -104,7 +118,7 @@ def launch_gate_up(
 ) -> None:
     """Launch the gate/up GEMM + SwiGLU into ``y [rows, I]`` (see :func:`gemm.moe_gate_up_kernel`)."""
     i = y.shape[1]
-    bm = block_m or cfg.block_m
+    bm = _block_m(rows_mode, cfg, block_m)
     tiles_n = triton.cdiv(i, cfg.block_n // 2)
     if rows_mode == gemm.ROWS_TINY:
         tiles_m, grid = 0, (num_pairs * tiles_n,)
@@ -119,9 +133,9 @@ def launch_gate_up(
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         ROWS=rows_mode, TOPK=top_k, W_KIND=op.w_kind, SCALE=op.scale_kind, HAS_BIAS=op.has_bias,
         INTERLEAVED=interleaved, HAS_LIMIT=limit is not None, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab,
-        MMA_FP32=y.device.type == "cpu",
+        MMA_FP32=y.device.type == "cpu", EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=triton.next_power_of_2(max(num_pairs, 1)),
+        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -142,7 +156,7 @@ def launch_down(
 ) -> None:
     """Launch the down GEMM (+ bias, x routing weight when given) into ``y [rows, H]``."""
     n = y.shape[1]
-    bm = block_m or cfg.block_m
+    bm = _block_m(rows_mode, cfg, block_m)
     tiles_n = triton.cdiv(n, cfg.block_n)
     if rows_mode == gemm.ROWS_TINY:
         tiles_m, grid = 0, (num_pairs * tiles_n,)
@@ -156,8 +170,9 @@ def launch_down(
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], n,
         ROWS=rows_mode, ROUTE_WEIGHT=topk_weights is not None, W_KIND=op.w_kind, SCALE=op.scale_kind,
         HAS_BIAS=op.has_bias, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab, MMA_FP32=y.device.type == "cpu",
+        EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=triton.next_power_of_2(max(num_pairs, 1)),
+        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 

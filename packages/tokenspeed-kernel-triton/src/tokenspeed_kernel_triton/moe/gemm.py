@@ -70,27 +70,36 @@ def _tiny_members(ids, idx, e, chunk, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _decode_mxfp4_bits(packed, scale, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``uint8 [R, K/2]`` codes + ``uint8 [R, K/32]`` E8M0 scales -> float32 ``[R, K]``.
+def _e2m1_times_2m14(packed, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``uint8 [R, K/2]`` E2M1 code pairs -> float32 ``[R, K]`` values times ``2**-14``.
 
-    Each E2M1 code's sign goes to fp16 bit 15 and its 3 exponent/mantissa bits to
-    bits 11..9: that fp16 equals the E2M1 value times 2**-14 exactly (code 1, 0.5,
-    lands on the fp16 subnormal 2**-15). The 2**14 goes into the scale, built
-    straight from its exponent bits, so decoding is a few integer ops, one convert
-    and one multiply a value (no exp2). Valid for scale bytes <= 240 (2**113).
+    Each code's sign goes to fp16 bit 15 and its 3 exponent/mantissa bits to bits
+    11..9: that fp16 is the E2M1 value times 2**-14 exactly (code 1, 0.5, lands on
+    the fp16 subnormal 2**-15, which the fp16 -> fp32 convert keeps). A few integer
+    ops and one convert a value; no exp2, no table.
     """
     p = packed.to(tl.uint16)
     lo = ((p & 0x08) << 12) | ((p & 0x07) << 9)
     hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
-    vals = tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K)).to(tl.float16, bitcast=True).to(tl.float32)
-    mult = ((scale.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
-    vals = tl.reshape(vals, (BLOCK_R, BLOCK_K // 32, 32)) * mult[:, :, None]
-    return tl.reshape(vals, (BLOCK_R, BLOCK_K))
+    return tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e8m0_times_2p14(scale):
+    """E8M0 bytes -> float32 ``2**(s - 127) * 2**14``, built from its exponent bits
+    (undoes :func:`_e2m1_times_2m14`'s rebias; exact for scale bytes <= 240)."""
+    return ((scale.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _decode_mxfp4_bits(packed, scale, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``uint8 [R, K/2]`` codes + ``uint8 [R, K/32]`` E8M0 scales -> float32 ``[R, K]``."""
+    vals = tl.reshape(_e2m1_times_2m14(packed, BLOCK_R, BLOCK_K), (BLOCK_R, BLOCK_K // 32, 32))
+    return tl.reshape(vals * _e8m0_times_2p14(scale)[:, :, None], (BLOCK_R, BLOCK_K))
 
 
 @triton.jit
 def _mma_tile(
-    acc,
     a_ptr,
     stride_am,
     a_rows,
@@ -106,29 +115,63 @@ def _mma_tile(
     DECODE: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MMA_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """``acc += A[a_rows, :K] @ W[w_rows, :K].T`` (``acc`` is ``[N, M]`` when SWAP_AB).
+    """``A[a_rows, :K] @ W[w_rows, :K].T`` as float32 ``[BLOCK_M, BLOCK_N]``.
 
     ``w_ptr``/``s_ptr`` already point at the expert; weight tiles are ``[BLOCK_N,
     BLOCK_K]`` rows of K-contiguous memory, which is also the MMA's preferred
-    K-major operand, so the transposes below are free views.
+    K-major operand, so the transposes below are free views. Without USE_DOT
+    (``BLOCK_M`` = 1, decode) the row is a GEMV on the CUDA/vector cores: any
+    register layout works, so weights load as 16-byte vectors straight into the
+    decode, products accumulate elementwise and reduce once after the loop.
     """
-    a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_am
-    w_base = w_ptr + w_rows[:, None].to(tl.int64) * stride_wn
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a = tl.load(a_base + ks[None, :], mask=a_valid[:, None] & k_ok[None, :], other=0.0)
+    if not USE_DOT:
         if W_KIND == 2:
-            kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            packed = tl.load(w_base + kb[None, :], mask=w_valid[:, None] & (kb < K // 2)[None, :], other=0)
-            kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            s_ok = w_valid[:, None] & (kg < K // 32)[None, :]
-            scale = tl.load(s_ptr + w_rows[:, None].to(tl.int64) * stride_sn + kg[None, :], mask=s_ok, other=127)
-            if DECODE == "dot_scaled":
+            acc = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    elif SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Pointers advance by whole tiles, so the compiler keeps the base alignment and
+    # the K-contiguous runs vectorise (16-byte loads); with EVEN_K no K mask breaks
+    # them either (a runtime K bound makes its constancy along K unknown).
+    offs = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None].to(tl.int64) * stride_am + offs[None, :]
+    w_rows64 = w_rows[:, None].to(tl.int64)
+    if W_KIND == 2:
+        w_ptrs = w_ptr + w_rows64 * stride_wn + tl.arange(0, BLOCK_K // 2)[None, :]
+        s_ptrs = s_ptr + w_rows64 * stride_sn + tl.arange(0, BLOCK_K // 32)[None, :]
+    else:
+        w_ptrs = w_ptr + w_rows64 * stride_wn + offs[None, :]
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=a_valid[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=a_valid[:, None] & (k0 + offs < K)[None, :], other=0.0)
+        if W_KIND == 2:
+            if EVEN_K:
+                packed = tl.load(w_ptrs, mask=w_valid[:, None], other=0)
+                scale = tl.load(s_ptrs, mask=w_valid[:, None], other=127)
+            else:
+                kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+                packed = tl.load(w_ptrs, mask=w_valid[:, None] & (kb < K // 2)[None, :], other=0)
+                scale = tl.load(s_ptrs, mask=w_valid[:, None] & (kg < K // 32)[None, :], other=127)
+            w_ptrs += BLOCK_K // 2
+            s_ptrs += BLOCK_K // 32
+            if not USE_DOT:
+                # Sum each 32-value group unscaled, then apply its scale once.
+                prod = _e2m1_times_2m14(packed, BLOCK_N, BLOCK_K) * a.to(tl.float32)
+                group = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 32, 32)), 2)
+                acc += group * _e8m0_times_2p14(scale)
+            elif DECODE == "dot_scaled":
                 # Triton lowers this to scaled MMA where the hardware has it (gfx950)
                 # and to its own upcast + MMA elsewhere.
                 a_fmt: tl.constexpr = "fp16" if a.dtype == tl.float16 else "bf16"
@@ -143,11 +186,19 @@ def _mma_tile(
                     w = _decode_mxfp4_bits(packed, scale, BLOCK_N, BLOCK_K)
                 w = w.to(a.dtype)
         else:
-            w = tl.load(w_base + ks[None, :], mask=w_valid[:, None] & k_ok[None, :], other=0.0)
-            # FP8 (and a dense dtype unlike x's) converts in registers; the FP8 scale
-            # is per output row or per tensor, so it is applied once, after the sum.
-            w = w.to(a.dtype)
-        if DECODE != "dot_scaled" or W_KIND != 2:
+            if EVEN_K:
+                w = tl.load(w_ptrs, mask=w_valid[:, None], other=0.0)
+            else:
+                w = tl.load(w_ptrs, mask=w_valid[:, None] & (k0 + offs < K)[None, :], other=0.0)
+            w_ptrs += BLOCK_K
+            if USE_DOT:
+                # FP8 (and a dense dtype unlike x's) converts in registers; the FP8 scale
+                # is per output row or per tensor, so it is applied once, after the sum.
+                w = w.to(a.dtype)
+            else:
+                acc += w.to(tl.float32) * a.to(tl.float32)
+        a_ptrs += BLOCK_K
+        if USE_DOT and (DECODE != "dot_scaled" or W_KIND != 2):
             if MMA_FP32:
                 # Interpreter only: Triton 3.6's interpreter multiplies bf16 storage
                 # bits as integers. Both operands hold x-dtype values: fp32 is exact.
@@ -157,7 +208,13 @@ def _mma_tile(
                 acc = tl.dot(w, tl.trans(a), acc)
             else:
                 acc = tl.dot(a, tl.trans(w), acc)
-    return acc
+    if not USE_DOT:
+        out = tl.reshape(tl.sum(acc, 1), (1, BLOCK_N))
+    elif SWAP_AB:
+        out = tl.trans(acc)
+    else:
+        out = acc
+    return out
 
 
 @triton.jit
@@ -207,6 +264,8 @@ def _gate_up_tile(
     DECODE: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MMA_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -226,17 +285,11 @@ def _gate_up_tile(
         a_rows = rows // TOPK
     else:
         a_rows = rows
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = _mma_tile(
-        acc, a_ptr, stride_am, a_rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
+        a_ptr, stride_am, a_rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
         s_ptr + e.to(tl.int64) * stride_se, stride_sn, w_rows, w_valid, K,
-        W_KIND, DECODE, SWAP_AB, MMA_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    if SWAP_AB:
-        acc = tl.trans(acc)
     acc = _epilogue_scale_bias(acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE, HAS_BIAS)
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
     if HAS_LIMIT:
@@ -278,23 +331,19 @@ def _down_tile(
     DECODE: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MMA_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     w_rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_valid = w_rows < N
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc = _mma_tile(
-        acc, a_ptr, stride_am, rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
+        a_ptr, stride_am, rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
         s_ptr + e.to(tl.int64) * stride_se, stride_sn, w_rows, w_valid, K,
-        W_KIND, DECODE, SWAP_AB, MMA_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    if SWAP_AB:
-        acc = tl.trans(acc)
     acc = _epilogue_scale_bias(acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE, HAS_BIAS)
     # The grouped fused path writes each row back at its (token, slot) index, so the
     # combine reads a token's k rows contiguously; the tiny path is already there.
@@ -356,6 +405,8 @@ def moe_gate_up_kernel(
     DECODE: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MMA_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -388,7 +439,7 @@ def moe_gate_up_kernel(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
                     s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
                     ROWS, TOPK, W_KIND, SCALE, HAS_BIAS, INTERLEAVED, HAS_LIMIT, DECODE, SWAP_AB,
-                    MMA_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                    MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
         pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
@@ -398,7 +449,7 @@ def moe_gate_up_kernel(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
                 s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
                 ROWS, TOPK, W_KIND, SCALE, HAS_BIAS, INTERLEAVED, HAS_LIMIT, DECODE, SWAP_AB,
-                MMA_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
 
 
@@ -432,6 +483,8 @@ def moe_down_kernel(
     DECODE: tl.constexpr,
     SWAP_AB: tl.constexpr,
     MMA_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -462,7 +515,7 @@ def moe_down_kernel(
                 _down_tile(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
                     s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, N,
-                    ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                    ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
         pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
@@ -471,5 +524,5 @@ def moe_down_kernel(
             _down_tile(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
                 s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, N,
-                ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, BLOCK_M, BLOCK_N, BLOCK_K,
+                ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
