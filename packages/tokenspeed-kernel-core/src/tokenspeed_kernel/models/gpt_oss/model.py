@@ -1,0 +1,256 @@
+"""The GPT-OSS forward pass on the public ops only (no backend or vendor is named here).
+
+Block (see the project's GPT_OSS.md): ``x = x + attn(rmsnorm(x))``, then
+``x = x + moe(rmsnorm(x))``; final ``rmsnorm``, then the unembedding.
+
+- attention: one ``mm`` for q|k|v with biases, YaRN ``apply_rotary`` (neox),
+  ``kvcache_store`` into the paged cache, then ``mha_prefill`` (new sequences) or
+  ``mha_decode_with_kvcache`` with per-head sinks, ``window_left = 127`` on the
+  sliding layers, softmax scale ``1/sqrt(head_dim)``; ``mm`` for o with bias;
+- MoE: router ``mm`` with bias, ``moe_route`` (top-4, softmax over the four),
+  ``moe_apply`` with the MXFP4 experts, their biases and the clamped SwiGLU,
+  through a kernel picked once by ``moe_plan`` (weights converted once by
+  ``moe_process_weights``);
+- the post-attention norm fuses the residual add (``rmsnorm(..., residual=)``).
+
+The embedding is a row gather (``embed_tokens[ids]``): engine-side indexing, not a
+kernel op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+import tokenspeed_kernel as tk
+
+from .config import GptOssConfig, yarn_cos_sin_cache
+from .kvcache import PagedKVCache
+from .weights import GptOssLayer, GptOssWeights
+
+__all__ = ["GptOssModel", "layer_prefill", "layer_decode", "plan_layer"]
+
+
+def _qkv(
+    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv = tk.mm(h, layer.qkv_weight, layer.qkv_bias)
+    nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+    q = q.reshape(-1, nq, d).contiguous()
+    k = k.reshape(-1, nkv, d).contiguous()
+    v = v.reshape(-1, nkv, d).contiguous()
+    q, k = tk.apply_rotary(q, k, cos_sin, positions, style="neox")
+    return q, k, v
+
+
+def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor) -> torch.Tensor:
+    logits = tk.mm(h, layer.router_weight, layer.router_bias)
+    topk_weights, topk_ids = tk.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
+    return tk.moe_apply(h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan)
+
+
+def plan_layer(cfg: GptOssConfig, layer: GptOssLayer, dtype: torch.dtype, device: torch.device) -> GptOssLayer:
+    """A copy of ``layer`` whose experts are converted for the ``moe_apply`` kernel selected now.
+
+    An override active at the call (context, environment, config file) applies to the plan.
+    The input layer is not modified.
+    """
+    plan = tk.moe_plan(layer.experts, cfg.activation, dtype=dtype, device=device)
+    return replace(layer, moe_plan=plan, experts=tk.moe_process_weights(plan, layer.experts))
+
+
+def layer_prefill(
+    cfg: GptOssConfig,
+    layer: GptOssLayer,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    cos_sin: torch.Tensor,
+    cache: PagedKVCache | None = None,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One layer over a packed batch of new sequences.
+
+    Args:
+        x: ``[T, H]`` hidden states, sequences packed by ``cu_seqlens int32 [B+1]``.
+        positions: ``int64 [T]``, each token's position in its sequence.
+        max_seqlen: host int, the longest sequence.
+        cos_sin: the YaRN table (:func:`yarn_cos_sin_cache`).
+        cache, slots: when given, K/V are written to ``cache`` at ``slots int64 [T]``.
+
+    Returns:
+        ``[T, H]``, the layer's output (residual stream).
+    """
+    h = tk.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+    q, k, v = _qkv(cfg, layer, h, cos_sin, positions)
+    if cache is not None:
+        tk.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
+    attn = tk.mha_prefill(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+        causal=True, window_left=cfg.window_left(layer.index), sinks=layer.sinks,
+    )  # fmt: skip
+    o = tk.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
+    h, x = tk.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
+    return x + _moe(cfg, layer, h)
+
+
+def layer_decode(
+    cfg: GptOssConfig,
+    layer: GptOssLayer,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    cache: PagedKVCache,
+    slots: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor,
+) -> torch.Tensor:
+    """One layer for one new token per sequence over the paged cache.
+
+    Args:
+        x: ``[B, H]``; positions: ``int64 [B]`` (the new token's position).
+        slots: ``int64 [B]``, where the new K/V go.
+        cache_seqlens: ``int32 [B]``, tokens in the cache including the new one.
+        page_table: ``int32 [B, max_pages]``, rows of ``cache.page_table``.
+    """
+    h = tk.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+    q, k, v = _qkv(cfg, layer, h, cos_sin, positions)
+    tk.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
+    attn = tk.mha_decode_with_kvcache(
+        q, cache.k[layer.index], cache.v[layer.index], page_table, cache_seqlens,
+        window_left=cfg.window_left(layer.index), sinks=layer.sinks,
+    )  # fmt: skip
+    o = tk.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
+    h, x = tk.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
+    return x + _moe(cfg, layer, h)
+
+
+class GptOssModel:
+    """GPT-OSS for inference: prefill of a packed batch, decode over a paged cache, logits out.
+
+    Building it plans each layer's ``moe_apply`` kernel (any selection override
+    active at that moment applies) and converts the expert weights once; dense
+    weights are cast to ``dtype`` when it is not bf16. ``weights`` is left as it is,
+    so several models (one per forced solution) can share it.
+
+    Args:
+        cfg: the config; ``weights.layers`` may hold fewer layers (the model then has that many).
+        weights: :class:`GptOssWeights` on the device to run on.
+        dtype: activation dtype (bf16 in production; fp32 for parity tests).
+        max_positions: rows of the YaRN table (the longest sequence supported).
+    """
+
+    def __init__(
+        self,
+        cfg: GptOssConfig,
+        weights: GptOssWeights,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        max_positions: int = 4096,
+    ) -> None:
+        self.device = weights.device
+        self.dtype = dtype
+        self.cfg = cfg if len(weights.layers) == cfg.num_hidden_layers else cfg.with_layers(len(weights.layers))
+        self.max_positions = max_positions
+        self.cos_sin = yarn_cos_sin_cache(self.cfg, max_positions, self.device)
+
+        def cast(t: torch.Tensor) -> torch.Tensor:
+            return t if t.dtype == dtype else t.to(dtype)
+
+        layers = []
+        for layer in weights.layers:
+            dense = replace(
+                layer,
+                input_norm=cast(layer.input_norm),
+                qkv_weight=cast(layer.qkv_weight),
+                qkv_bias=cast(layer.qkv_bias),
+                o_weight=cast(layer.o_weight),
+                o_bias=cast(layer.o_bias),
+                post_norm=cast(layer.post_norm),
+                router_weight=cast(layer.router_weight),
+                router_bias=cast(layer.router_bias),
+            )
+            layers.append(plan_layer(self.cfg, dense, dtype, self.device))
+        self.layers = layers
+        self.embed_tokens = cast(weights.embed_tokens)
+        self.norm = cast(weights.norm)
+        self.lm_head = cast(weights.lm_head)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def kernel_plans(self) -> list[str]:
+        """The ``moe_apply`` kernel planned for each layer."""
+        return [layer.moe_plan.kernel for layer in self.layers if layer.moe_plan is not None]
+
+    def new_cache(self, max_batch: int, max_tokens_per_seq: int, *, page_size: int = 16) -> PagedKVCache:
+        """An empty :class:`PagedKVCache` for this model (activation dtype, every layer)."""
+        return PagedKVCache.for_batch(
+            self.cfg,
+            num_layers=self.num_layers,
+            max_batch=max_batch,
+            max_tokens_per_seq=max_tokens_per_seq,
+            page_size=page_size,
+            device=self.device,
+            dtype=self.dtype,
+        )
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return tk.mm(tk.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+
+    def prefill(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        cache: PagedKVCache | None = None,
+        slots: torch.Tensor | None = None,
+        *,
+        last_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Forward over a packed batch of new sequences.
+
+        Args:
+            tokens: ``int64 [T]`` token ids, sequences packed by ``cu_seqlens int32 [B+1]``.
+            positions: ``int64 [T]``; max_seqlen: host int.
+            cache, slots: K/V are written to ``cache`` at ``slots int64 [T]`` when given.
+            last_index: ``int64 [B]`` rows whose logits are wanted (usually each
+                sequence's last token); None returns the logits of every token.
+
+        Returns:
+            logits ``[B, V]`` (or ``[T, V]``) in the model's dtype.
+        """
+        x = self.embed_tokens[tokens]
+        for layer in self.layers:
+            x = layer_prefill(self.cfg, layer, x, positions, cu_seqlens, max_seqlen, self.cos_sin, cache, slots)
+        if last_index is not None:
+            x = x[last_index]
+        return self._logits(x)
+
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKVCache,
+        slots: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        page_table: torch.Tensor,
+    ) -> torch.Tensor:
+        """One new token per sequence over the paged cache.
+
+        Args:
+            tokens: ``int64 [B]``; positions: ``int64 [B]``; slots: ``int64 [B]``.
+            cache_seqlens: ``int32 [B]`` (the new token included); page_table: ``int32 [B, max_pages]``.
+
+        Returns:
+            logits ``[B, V]`` in the model's dtype.
+        """
+        x = self.embed_tokens[tokens]
+        for layer in self.layers:
+            x = layer_decode(self.cfg, layer, x, positions, self.cos_sin, cache, slots, cache_seqlens, page_table)
+        return self._logits(x)
