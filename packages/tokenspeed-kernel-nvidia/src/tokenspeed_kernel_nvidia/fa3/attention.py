@@ -4,6 +4,10 @@ Each function takes the kernel arguments of the matching public op. The library'
 forward op is called directly (no autograd Function), with ``out=`` passed
 through so the call allocates nothing the caller provided.
 
+Sinks: this FA3 build takes them in bfloat16 only ("sinks must have dtype
+bfloat16"); our contract's float32 sinks are rounded to bf16 (exact for GPT-OSS,
+whose checkpoint stores them in bf16).
+
 Layout notes: FA3's log-sum-exp is ``[Hq, total_q]`` for varlen calls and
 ``[B, Hq, 1]`` for one-token decode; we return ``[total_q, Hq]`` / ``[B, Hq]``
 views of it.
@@ -11,7 +15,12 @@ views of it.
 
 from __future__ import annotations
 
+import torch
 from flash_attn_interface import _flash_attn_forward
+
+
+def _sinks(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    return None if sinks is None else sinks.to(torch.bfloat16)
 
 
 def _window(causal: bool, window_left: int) -> tuple[int, int]:
@@ -28,7 +37,7 @@ def mha_prefill(
         cu_seqlens_q, cu_seqlens_k, None, None, None, max_seqlen_q, max_seqlen_k,
         None, None, None, None, None, None, None, None, None,
         softmax_scale, causal=causal, window_size_left=left, window_size_right=right,
-        softcap=logit_cap, num_splits=1, sinks=sinks,
+        softcap=logit_cap, num_splits=1, sinks=_sinks(sinks),
     )  # fmt: skip
     return (o, lse.t()) if return_lse else o
 
@@ -41,7 +50,7 @@ def _paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seq
         cu_seqlens_q, None, None, None, cache_seqlens, max_seqlen_q, None,
         page_table, None, None, None, None, None, None, None, None,
         softmax_scale, causal=causal, window_size_left=left, window_size_right=right,
-        softcap=logit_cap, num_splits=0, sinks=sinks,
+        softcap=logit_cap, num_splits=0, sinks=_sinks(sinks),
     )  # fmt: skip
     return o, lse
 
