@@ -6,6 +6,10 @@ MMA kernels must lower ``tl.dot`` to tensor-core / matrix-core instructions (wgm
 mma.sync in the PTX, v_mfma in the AMDGCN), and the AMD builds must not spill VGPRs
 (SGPR spills into VGPR lanes are cheap and allowed).
 
+A second pass compiles the MMA kernels for sm90 the way a GPT-OSS launch specialises
+them (pointers and strides divisible by 16, which ``cross_compile`` does not assume):
+the K/V loop must then be software-pipelined (cp.async) and prefill must use wgmma.
+
 The compilation runs in one child process: under ``TRITON_INTERPRET=1`` (set by
 conftest for the numerics tests) ``@triton.jit`` yields interpreter objects that
 cannot be compiled, and the choice is made when the kernel modules are imported.
@@ -117,6 +121,33 @@ def _compile_all() -> dict[str, dict[str, dict]]:
     return results
 
 
+def _compile_as_launched() -> dict[str, dict]:
+    """sm90 builds with the launch-time specialisation: name -> {"cp_async": bool, "wgmma": bool}."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    results = {}
+    for name in ("prefill", "extend", "decode_split"):
+        module, attr, base, table, _ = KERNELS[name]
+        fn = getattr(importlib.import_module(f"tokenspeed_kernel_triton.attention.{module}"), attr)
+        tiles, options = _tile_config(table, "sm90")
+        constexprs = {**base, **tiles}
+        signature = _signature(fn, constexprs)
+        # What Triton's launcher records for 16-byte aligned tensors and strides that are
+        # multiples of 16 (all of GPT-OSS's, except the page table's row stride).
+        aligned = {
+            (i,): [["tt.divisibility", 16]]
+            for i, arg in enumerate(fn.arg_names)
+            if signature[arg].startswith("*") or (arg.startswith("stride") and arg != "stride_pt_seq")
+        }
+        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+        results[name] = {"cp_async": "cp.async" in ptx, "wgmma": "wgmma.mma_async" in ptx}
+    return results
+
+
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict[str, dict]]:
     pytest.importorskip("triton")
@@ -126,6 +157,14 @@ def compiled() -> dict[str, dict[str, dict]]:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["prefill", "extend", "decode_split"])
+def test_attention_kernel_pipelined_as_launched_on_sm90(compiled: dict, name: str) -> None:
+    result = compiled["as_launched"][name]
+    assert result["cp_async"], f"{name}: K/V loads are not software-pipelined (no cp.async)"
+    if name != "decode_split":  # decode's 16-row tiles use mma.sync by design
+        assert result["wgmma"], f"{name}: no wgmma on sm90"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -139,4 +178,4 @@ def test_attention_kernel_cross_compiles(compiled: dict, name: str, target: str)
 
 
 if __name__ == "__main__":
-    print(json.dumps(_compile_all()))
+    print(json.dumps({**_compile_all(), "as_launched": _compile_as_launched()}))
