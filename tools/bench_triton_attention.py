@@ -89,6 +89,17 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
+def _sinks() -> dict[str, torch.Tensor]:
+    """GPT-OSS sinks: float32 for our kernels, the same (bf16-exact) values in bf16 for FA3,
+    whose build takes bf16 only (pre-cast so FA3's timing does not include a cast kernel)."""
+    bf16 = torch.randn(HQ, device=DEVICE).to(torch.bfloat16)
+    return {"sinks": bf16.float(), "sinks_bf16": bf16}
+
+
+def _sinks_for(mod: Any, x: dict[str, Any]) -> torch.Tensor:
+    return x["sinks"] if mod.__name__.startswith("tokenspeed_kernel_triton") else x["sinks_bf16"]
+
+
 def _paged_cache(batch: int, tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     pages_per_seq = -(-tokens // PAGE)
     num_pages = batch * pages_per_seq
@@ -108,15 +119,14 @@ def _prefill_inputs(batch: int, seqlen: int) -> dict[str, Any]:
     k = torch.randn(total, HKV, HEAD_DIM, device=DEVICE, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     cu = torch.arange(0, total + 1, seqlen, device=DEVICE, dtype=torch.int32)
-    sinks = torch.randn(HQ, device=DEVICE, dtype=torch.float32)
-    return {"q": q, "k": k, "v": v, "cu": cu, "sinks": sinks, "seqlen": seqlen}
+    return {"q": q, "k": k, "v": v, "cu": cu, "seqlen": seqlen, **_sinks()}
 
 
 def _prefill_call(mod: Any, x: dict[str, Any], window_left: int, **extra: Any) -> Callable[[], Any]:
     def call() -> Any:
         return mod.mha_prefill(
             x["q"], x["k"], x["v"], x["cu"], x["cu"], x["seqlen"], x["seqlen"],
-            causal=True, window_left=window_left, sinks=x["sinks"], softmax_scale=HEAD_DIM**-0.5,
+            causal=True, window_left=window_left, sinks=_sinks_for(mod, x), softmax_scale=HEAD_DIM**-0.5,
             logit_cap=0.0, return_lse=False, out=None, **extra,
         )  # fmt: skip
 
@@ -167,7 +177,7 @@ def _extend_inputs(batch: int, new: int, cached: int, gen: torch.Generator) -> d
         "seqlens": torch.full((batch,), new + cached, device=DEVICE, dtype=torch.int32),
         "cu": torch.arange(0, batch * new + 1, new, device=DEVICE, dtype=torch.int32),
         "new": new,
-        "sinks": torch.randn(HQ, device=DEVICE, dtype=torch.float32),
+        **_sinks(),
     }
 
 
@@ -175,7 +185,7 @@ def _extend_call(mod: Any, x: dict[str, Any], window_left: int) -> Callable[[], 
     def call() -> Any:
         return mod.mha_extend_with_kvcache(
             x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["seqlens"], x["cu"], x["new"],
-            causal=True, window_left=window_left, sinks=x["sinks"], softmax_scale=HEAD_DIM**-0.5, logit_cap=0.0,
+            causal=True, window_left=window_left, sinks=_sinks_for(mod, x), softmax_scale=HEAD_DIM**-0.5, logit_cap=0.0,
             return_lse=False, out=None,
         )  # fmt: skip
 
@@ -224,7 +234,7 @@ def _decode_inputs(batch: int, context: int, gen: torch.Generator) -> dict[str, 
         "v_cache": v_cache,
         "page_table": page_table,
         "seqlens": torch.full((batch,), context, device=DEVICE, dtype=torch.int32),
-        "sinks": torch.randn(HQ, device=DEVICE, dtype=torch.float32),
+        **_sinks(),
     }
 
 
@@ -232,7 +242,7 @@ def _decode_call(mod: Any, x: dict[str, Any], window_left: int, **extra: Any) ->
     def call() -> Any:
         return mod.mha_decode_with_kvcache(
             x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["seqlens"],
-            window_left=window_left, sinks=x["sinks"], softmax_scale=HEAD_DIM**-0.5, logit_cap=0.0,
+            window_left=window_left, sinks=_sinks_for(mod, x), softmax_scale=HEAD_DIM**-0.5, logit_cap=0.0,
             return_lse=False, out=None, **extra,
         )  # fmt: skip
 
