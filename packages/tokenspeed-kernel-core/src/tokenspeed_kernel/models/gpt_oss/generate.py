@@ -162,6 +162,9 @@ class GenerationResult:
     teacher forcing still what the model sampled). ``prefill_logits``: ``[B, V]``
     for each prompt's last token, or ``[T, V]`` for every prompt token.
     ``decode_logits``: one ``[B, V]`` per decode step when asked for.
+    ``decode_seconds`` covers every decode step, the first (eager warm-up and
+    graph capture) included; ``steady_decode_seconds`` the ``decode_steps - 1``
+    steps after it.
     """
 
     tokens: list[list[int]]
@@ -170,6 +173,7 @@ class GenerationResult:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     decode_steps: int = 0
+    steady_decode_seconds: float = 0.0
     cuda_graph: bool = False
 
 
@@ -266,6 +270,7 @@ def generate(
     )
     runner.set_state(first if teacher_tokens is None else teacher_tokens[:, 0], torch.tensor(lens, device=device))
     decode_logits = []
+    t_steady = t1
     for step in range(1, max_new_tokens):
         step_logits = runner.step()
         if return_logits:
@@ -273,6 +278,9 @@ def generate(
         generated.append(runner.tokens.clone())
         if teacher_tokens is not None:
             runner.tokens.copy_(teacher_tokens[:, step])
+        if step == 1:
+            _sync(device)
+            t_steady = time.perf_counter()
     _sync(device)
     t2 = time.perf_counter()
     return GenerationResult(
@@ -282,5 +290,6 @@ def generate(
         prefill_seconds=t1 - t0,
         decode_seconds=t2 - t1,
         decode_steps=max_new_tokens - 1,
+        steady_decode_seconds=t2 - t_steady if max_new_tokens > 2 else 0.0,
         cuda_graph=runner.graph is not None,
     )
