@@ -7,7 +7,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
+
+from tokenspeed_kernel_triton._interpreter import apply_interpreter_fixes
+
+# Kernels imported directly by tests (not through selection) need the fixes too.
+apply_interpreter_fixes()
 
 
 @pytest.fixture
