@@ -171,3 +171,19 @@ def test_rmsnorm_compiles(recorded_launches, arch, label, dtype, hidden, residua
     assert not stats.mfma
     # x, weight (+ residual) loads; 16-byte vectors whenever a lane owns >= 16 bytes.
     assert stats.buffer_loads >= (3 if residual else 2) * chunks
+
+
+@pytest.mark.parametrize("arch", ["gfx950", "gfx942"])
+def test_prefill_with_unaligned_rows_compiles(recorded_launches, arch):
+    """Rows 65 elements apart cannot be copied 16 bytes per lane: gfx950 falls back to
+    the register-staged path instead of failing to compile the direct-to-LDS copy."""
+    q = torch.randn(50, 16, 65, dtype=torch.bfloat16)[..., :64]
+    k = torch.randn(50, 2, 65, dtype=torch.bfloat16)[..., :64]
+    cu = torch.tensor([0, 50], dtype=torch.int32)
+    with tk.fake_platform(arch):
+        tk.mha_prefill(q, k, k, cu, cu, 50, 50)
+    [launch] = recorded_launches
+    assert launch.kwargs["ASYNC_COPY"] is False
+    [(_, stats, lds)] = _compile_all(recorded_launches, arch)
+    _check_common(stats, lds, arch)
+    assert stats.mfma == {MFMA[arch, "bf16", 32]} and stats.lds_buffer_loads == 0 and stats.buffer_loads > 0

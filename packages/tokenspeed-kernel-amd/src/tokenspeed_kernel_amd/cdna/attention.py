@@ -524,6 +524,19 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _lds_copy_ok(arch: CdnaArch, *tensors: torch.Tensor) -> bool:
+    """Whether the direct-to-LDS copies can be used for tiles of ``tensors``.
+
+    Each lane copies 16 bytes, so the compiler must prove 16-byte alignment: base
+    pointers aligned to 16 bytes and every stride but the last a multiple of 16
+    elements (Triton's launcher only records divisibility by 16). Anything else
+    (e.g. a head dim padded to an odd size) takes the register-staged path.
+    """
+    return arch.async_copy and all(
+        t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1]) for t in tensors
+    )
+
+
 def prefill_launch(
     arch: CdnaArch,
     q: torch.Tensor,
@@ -557,7 +570,8 @@ def prefill_launch(
     kwargs = dict(
         HEAD_DIM=d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), WINDOW=window_left >= 0,
         HAS_SINKS=sinks is not None, SOFTCAP=logit_cap > 0, RETURN_LSE=lse is not None,
-        MFMA_VERSION=arch.mfma_version, MFMA_K=arch.mfma_k32, K_WIDTH=arch.k_width, ASYNC_COPY=arch.async_copy,
+        MFMA_VERSION=arch.mfma_version, MFMA_K=arch.mfma_k32, K_WIDTH=arch.k_width,
+        ASYNC_COPY=_lds_copy_ok(arch, q, k, v),
         NUM_WARPS=warps, num_warps=warps,
     )  # fmt: skip
     return KernelLaunch(_prefill_kernel, (tiles, batch, hkv), args, kwargs)
@@ -671,7 +685,7 @@ def decode_launch(
         HEAD_DIM=d, GROUP=group, BLOCK_M=block_m, BLOCK_N=_DECODE_BLOCK_N, PAGE_SIZE=page_size, KV_MODE=kv_mode,
         NUM_SPLITS=num_splits, WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, SOFTCAP=logit_cap > 0,
         RETURN_LSE=lse is not None, MFMA_VERSION=arch.mfma_version, MFMA_K=arch.mfma_k16, K_WIDTH=arch.k_width,
-        ASYNC_COPY=arch.async_copy, NUM_WARPS=_DECODE_WARPS, num_warps=_DECODE_WARPS,
+        ASYNC_COPY=_lds_copy_ok(arch, k_cache, v_cache), NUM_WARPS=_DECODE_WARPS, num_warps=_DECODE_WARPS,
     )  # fmt: skip
     launches = [KernelLaunch(_decode_kernel, (batch, hkv, num_splits), args, kwargs)]
     if num_splits > 1:
