@@ -1,0 +1,229 @@
+"""Tile configurations of the dense Triton kernels, as data: per op, per arch family.
+
+Families: ``"nvidia"`` (CUDA devices), ``"amd"`` (ROCm devices) and ``"interpret"``
+(CPU tensors under ``TRITON_INTERPRET=1``, sized for test speed, not performance).
+Every table carries a note saying where its numbers were measured; a kernel reads
+its config through :func:`arch_family` and the op's table, never from constants
+scattered in the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FAMILIES",
+    "MEASURED",
+    "MMConfig",
+    "RowConfig",
+    "SampleConfig",
+    "MM_CONFIGS",
+    "ROW_CONFIGS",
+    "SAMPLE_CONFIGS",
+    "arch_family",
+    "mm_config",
+    "row_config",
+    "sample_config",
+]
+
+FAMILIES = ("nvidia", "amd", "interpret")
+
+#: Where each family's numbers come from. Update the line when a table is tuned.
+MEASURED: dict[str, str] = {
+    "nvidia": "not yet measured on hardware (starting points from Hopper Triton practice)",
+    "amd": "not yet measured on hardware (starting points from CDNA3 Triton practice)",
+    "interpret": "sized for TRITON_INTERPRET test speed on CPU; not a performance config",
+}
+
+
+def arch_family(device: torch.device) -> str:
+    """``"interpret"`` for CPU tensors, else ``"amd"`` on ROCm builds of torch, else ``"nvidia"``."""
+    if device.type == "cpu":
+        return "interpret"
+    return "amd" if torch.version.hip else "nvidia"
+
+
+@dataclass(frozen=True)
+class MMConfig:
+    """One GEMM tile: ``BLOCK_M x BLOCK_N`` outputs per program, ``BLOCK_K`` per step.
+
+    ``group_m``: programs are walked in column groups of this many row tiles so
+    that neighbouring programs share B tiles in L2. ``dot_in_fp32``: upcast both
+    operands to fp32 before ``tl.dot`` (the interpreter multiplies bf16 storage as
+    raw integers, so its config needs this; GPUs never do). ``fp8_imprecise_acc``:
+    how many K elements Hopper's fp8 wgmma may sum in its reduced-precision
+    accumulator before promoting to fp32 (None = Triton's default, i.e. never).
+    ``launch``: extra backend launch options (e.g. AMD ``waves_per_eu``).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    dot_in_fp32: bool = False
+    fp8_imprecise_acc: int | None = None
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """A row-wise kernel: ``block`` elements of the row per step, ``rows`` rows per program."""
+
+    block: int
+    num_warps: int = 4
+    rows: int = 1
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """Sampler: ``block`` vocabulary entries per step; ``probes`` (a power of two) thresholds
+    tested per pass of the multi-way threshold search (each pass shrinks the range ``probes + 1`` times)."""
+
+    block: int
+    probes: int
+    num_warps: int = 8
+
+
+# mm: per family, per operand kind, (largest M, config) rows tried in order; the
+# last row has M = None (any). Kinds: "16bit" (bf16/fp16), "fp32", "fp8"
+# (per-tensor/row scales), "fp8_block128" (BLOCK_K must divide 128), "mxfp4"
+# (BLOCK_K a multiple of 32). Small M is weight-streaming bound: narrow N tiles
+# give more programs to cover every SM.
+_NV_FP8_ACC = 128
+MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
+    "nvidia": {
+        "16bit": (
+            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=4)),
+            (256, MMConfig(128, 128, 64, num_warps=8, num_stages=3)),
+            (None, MMConfig(128, 256, 64, num_warps=8, num_stages=3)),
+        ),
+        "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=3)),),
+        "fp8": (
+            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (None, MMConfig(128, 256, 128, num_warps=8, num_stages=3, fp8_imprecise_acc=_NV_FP8_ACC)),
+        ),
+        "fp8_block128": (
+            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+            (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
+        ),
+        "mxfp4": (
+            (16, MMConfig(16, 32, 256, num_warps=4, num_stages=4)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+            (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
+        ),
+    },
+    # Sized so that neither gfx942 nor gfx950 spills VGPRs (checked by the cross-compile
+    # test); 256-wide tiles spilled 100+ VGPRs on both. gfx942 has no OCP fp8 MFMA, so
+    # its fp8 tiles also pay for the conversion to fp16 in registers.
+    "amd": {
+        "16bit": (
+            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+            (None, MMConfig(128, 128, 64, num_warps=8, num_stages=2)),
+        ),
+        "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=2)),),
+        "fp8": (
+            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+            (None, MMConfig(128, 64, 64, num_warps=4, num_stages=2)),
+        ),
+        "fp8_block128": (
+            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2)),
+            (None, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+        ),
+        "mxfp4": (
+            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+            (None, MMConfig(128, 128, 64, num_warps=8, num_stages=2)),
+        ),
+    },
+    # Small tiles so the tests exercise several programs, K tails and wrap-around rows.
+    "interpret": {
+        kind: ((None, MMConfig(16, 16, 32 if kind != "mxfp4" else 64, group_m=2, dot_in_fp32=True)),)
+        for kind in ("16bit", "fp32", "fp8", "fp8_block128", "mxfp4")
+    },
+}
+
+# Row-wise kernels: "block" is the widest row chunk a program holds at once.
+ROW_CONFIGS: dict[str, dict[str, RowConfig]] = {
+    # One row per program; the whole row (H <= block) stays in registers between the
+    # sum of squares and the scaling. 2880 -> 4096 lanes, 16 per thread at 8 warps.
+    "rmsnorm": {
+        "nvidia": RowConfig(block=4096, num_warps=8),
+        "amd": RowConfig(block=4096, num_warps=8),
+        "interpret": RowConfig(block=64, rows=2),
+    },
+    "swiglu": {
+        "nvidia": RowConfig(block=1024, num_warps=4),
+        "amd": RowConfig(block=1024, num_warps=4),
+        "interpret": RowConfig(block=16),
+    },
+    # rows = heads per program; block = head_dim rounded up (set per call).
+    "apply_rotary": {
+        "nvidia": RowConfig(block=0, rows=16, num_warps=4),
+        "amd": RowConfig(block=0, rows=16, num_warps=4),
+        "interpret": RowConfig(block=0, rows=2),
+    },
+    # quantize_fp8 per-token / per-tensor: block = K chunk; rows = rows per program.
+    "quantize_fp8": {
+        "nvidia": RowConfig(block=4096, num_warps=8),
+        "amd": RowConfig(block=4096, num_warps=8),
+        "interpret": RowConfig(block=32, rows=2),
+    },
+    # quantize_fp8 block128: rows = 128-blocks per program (of one row).
+    "quantize_fp8_block128": {
+        "nvidia": RowConfig(block=128, rows=8, num_warps=4),
+        "amd": RowConfig(block=128, rows=8, num_warps=4),
+        "interpret": RowConfig(block=128, rows=2),
+    },
+    # MXFP4: rows = 32-value groups per program.
+    "quantize_mxfp4": {
+        "nvidia": RowConfig(block=32, rows=64, num_warps=4),
+        "amd": RowConfig(block=32, rows=64, num_warps=4),
+        "interpret": RowConfig(block=32, rows=2),
+    },
+    "dequantize_mxfp4": {
+        "nvidia": RowConfig(block=1024, rows=4, num_warps=4),
+        "amd": RowConfig(block=1024, rows=4, num_warps=4),
+        "interpret": RowConfig(block=64, rows=2),
+    },
+    # argmax: block = elements per step; rows = steps per chunk of stage one (a
+    # chunk is block * rows logits; 201088 / 4096 -> 50 chunks per row).
+    "argmax": {
+        "nvidia": RowConfig(block=1024, rows=4, num_warps=4),
+        "amd": RowConfig(block=1024, rows=4, num_warps=4),
+        "interpret": RowConfig(block=128, rows=2),
+    },
+}
+
+SAMPLE_CONFIGS: dict[str, SampleConfig] = {
+    "nvidia": SampleConfig(block=1024, probes=16, num_warps=8),
+    "amd": SampleConfig(block=1024, probes=16, num_warps=8),
+    "interpret": SampleConfig(block=512, probes=64),
+}
+
+
+def mm_config(kind: str, m: int, device: torch.device) -> MMConfig:
+    """The GEMM tile for operand ``kind`` at ``m`` rows on ``device``'s family."""
+    for max_m, cfg in MM_CONFIGS[arch_family(device)][kind]:
+        if max_m is None or m <= max_m:
+            return cfg
+    raise AssertionError(f"mm config table for {kind!r} has no catch-all row")
+
+
+def row_config(op: str, device: torch.device) -> RowConfig:
+    return ROW_CONFIGS[op][arch_family(device)]
+
+
+def sample_config(device: torch.device) -> SampleConfig:
+    return SAMPLE_CONFIGS[arch_family(device)]

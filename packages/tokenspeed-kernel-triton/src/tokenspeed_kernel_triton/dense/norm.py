@@ -1,0 +1,144 @@
+"""Portable Triton RMSNorm with an optional fused residual add (GPT-OSS numerics).
+
+``s = x + residual`` is rounded to ``x``'s dtype (and returned), then normalised in
+fp32, multiplied by the weight in fp32, and cast once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import RowsOut, as_rows
+from ._configs import RowConfig, row_config
+
+__all__ = ["rmsnorm", "rmsnorm_with_config", "TRITON_KERNELS"]
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    y_ptr,
+    s_ptr,
+    n_rows,
+    H,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_s,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    rows = rows.to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    if ONE_PASS:
+        # The whole row fits in registers: read once, reduce, scale, write.
+        mask = row_ok[:, None] & (cols < H)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = (x + r).to(s_ptr.dtype.element_ty)
+            tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+            x = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+        w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Long rows: one pass for the sum of squares, a second (from L2) to scale.
+        acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+        for h0 in range(0, H, BLOCK):
+            c = h0 + cols
+            mask = row_ok[:, None] & (c < H)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r = tl.load(res_ptr + rows[:, None] * stride_r + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                s = (x + r).to(s_ptr.dtype.element_ty)
+                tl.store(s_ptr + rows[:, None] * stride_s + c[None, :], s, mask=mask)
+                x = s.to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=1) / H + eps)
+        for h0 in range(0, H, BLOCK):
+            c = h0 + cols
+            mask = row_ok[:, None] & (c < H)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                # Recomputed rather than re-read from s: another thread may have
+                # stored that element, and nothing orders the two passes' memory.
+                r = tl.load(res_ptr + rows[:, None] * stride_r + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                x = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32)
+            w = tl.load(w_ptr + c, mask=c < H, other=0.0).to(tl.float32)
+            y = x * rstd[:, None] * w[None, :]
+            tl.store(y_ptr + rows[:, None] * stride_y + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+TRITON_KERNELS = {"rmsnorm": _rmsnorm_kernel}
+
+
+def rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``y = x * rsqrt(mean(x^2) + eps) * weight`` over the last dim (fp32 math, one cast).
+
+    Args:
+        x: ``[..., H]`` bf16/fp16/fp32, last dim contiguous.
+        weight: ``[H]`` any float dtype (used in fp32).
+        eps: added to the mean square.
+        residual: optional, like ``x``: ``s = x + residual`` (rounded to ``x``'s
+            dtype) is normalised instead, and ``(y, s)`` is returned.
+        out: optional ``[..., H]`` like ``x`` for ``y``.
+
+    Returns:
+        ``y`` like ``x``, or ``(y, s)`` with a residual.
+    """
+    return rmsnorm_with_config(x, weight, eps, residual=residual, out=out, config=None)
+
+
+def rmsnorm_with_config(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    residual: torch.Tensor | None,
+    out: torch.Tensor | None,
+    config: RowConfig | None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rmsnorm` with an explicit config (None = the table's); benchmarks and sweeps use it."""
+    h = x.shape[-1]
+    x2 = as_rows(x)
+    n_rows = x2.shape[0]
+    y = RowsOut(out, tuple(x.shape), x.dtype, x.device)
+    s = RowsOut(None, tuple(x.shape), x.dtype, x.device) if residual is not None else None
+    r2 = as_rows(residual) if residual is not None else None
+    if n_rows and h:
+        cfg = config if config is not None else row_config("rmsnorm", x.device)
+        one_pass = h <= cfg.block
+        block = triton.next_power_of_2(h) if one_pass else cfg.block
+        _rmsnorm_kernel[(triton.cdiv(n_rows, cfg.rows),)](
+            x2, r2, weight, y.rows, s.rows if s is not None else None,
+            n_rows, h,
+            x2.stride(0), r2.stride(0) if r2 is not None else 0, y.rows.stride(0), s.rows.stride(0) if s else 0,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            ONE_PASS=one_pass,
+            BLOCK=block,
+            ROWS=cfg.rows,
+            num_warps=cfg.num_warps,
+            **cfg.launch,
+        )  # fmt: skip
+    if s is not None:
+        return y.finish(), s.finish()
+    return y.finish()

@@ -1,0 +1,126 @@
+"""Portable Triton rotary embedding (neox / gpt-j pairing, partial rotary), q and k in one launch.
+
+Each element ``i < R`` of a head becomes ``x[i] * cos[f(i)] + sign(i) * x[p(i)] * sin[f(i)]``
+with its pair partner ``p(i)`` and angle index ``f(i)``; elements past ``R`` pass
+through. Math in fp32, one cast; the results are new tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._configs import row_config
+
+__all__ = ["apply_rotary", "TRITON_KERNELS"]
+
+
+@triton.jit
+def _rotate_heads(src, dst, h, H, stride_src_h, stride_dst_h, d, partner, D, rotated, cos, sin, sign):
+    mask = (h < H)[:, None] & (d < D)[None, :]
+    row_src = src + h[:, None] * stride_src_h
+    x = tl.load(row_src + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    # The partner element is a gather within the same head row, already in L1.
+    xp = tl.load(row_src + partner[None, :], mask=mask & rotated[None, :], other=0.0).to(tl.float32)
+    y = tl.where(rotated[None, :], x * cos[None, :] + sign[None, :] * xp * sin[None, :], x)
+    tl.store(dst + h[:, None] * stride_dst_h + d[None, :], y.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    cache_ptr,
+    pos_ptr,
+    Hq,
+    Hk,
+    D,
+    R,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    stride_cache,
+    GPTJ: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    half = R // 2
+    if GPTJ:
+        # pairs (2j, 2j+1) share angle j
+        freq = d // 2
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    else:
+        # pairs (j, j + R/2) share angle j
+        first = d < half
+        freq = tl.where(first, d, d - half)
+        partner = tl.where(first, d + half, d - half)
+        sign = tl.where(first, -1.0, 1.0)
+    rotated = d < R
+    # One cos/sin row per token, shared by every head of q and k.
+    cache_row = cache_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cache
+    cos = tl.load(cache_row + freq, mask=rotated, other=1.0)
+    sin = tl.load(cache_row + half + freq, mask=rotated, other=0.0)
+    _rotate_heads(
+        q_ptr + t * stride_qt, q_out_ptr + t * stride_qot, h, Hq, stride_qh, stride_qoh,
+        d, partner, D, rotated, cos, sin, sign,
+    )  # fmt: skip
+    _rotate_heads(
+        k_ptr + t * stride_kt, k_out_ptr + t * stride_kot, h, Hk, stride_kh, stride_koh,
+        d, partner, D, rotated, cos, sin, sign,
+    )  # fmt: skip
+
+
+TRITON_KERNELS = {"apply_rotary": _rotary_kernel}
+
+
+def apply_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    style: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first ``R`` dims of every head of ``q`` and ``k``; returns new ``(q, k)``.
+
+    Args:
+        q: ``[T, Hq, D]`` bf16/fp16/fp32, last dim contiguous.
+        k: ``[T, Hk, D]`` like ``q``.
+        cos_sin_cache: ``float32 [max_position, R]``, contiguous: cos in
+            ``[:, :R/2]``, sin in ``[:, R/2:]``.
+        positions: ``int32/int64 [T]``, each token's cache row.
+        style: ``"neox"`` pairs ``(x[i], x[i + R/2])``; ``"gptj"`` pairs ``(x[2i], x[2i+1])``.
+    """
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
+    if t == 0 or d == 0 or max(hq, hk) == 0:
+        return q_out, k_out
+    cfg = row_config("apply_rotary", q.device)
+    block_h = min(cfg.rows, triton.next_power_of_2(max(hq, hk)))
+    _rotary_kernel[(t, triton.cdiv(max(hq, hk), block_h))](
+        q, k, q_out, k_out, cos_sin_cache, positions,
+        hq, hk, d, cos_sin_cache.shape[1],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        cos_sin_cache.stride(0),
+        GPTJ=style == "gptj",
+        BLOCK_H=block_h,
+        BLOCK_D=triton.next_power_of_2(d),
+        num_warps=cfg.num_warps,
+        **cfg.launch,
+    )  # fmt: skip
+    return q_out, k_out

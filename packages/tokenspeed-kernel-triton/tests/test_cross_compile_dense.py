@@ -1,0 +1,348 @@
+"""Every dense Triton kernel compiles for sm90, gfx942 and gfx950 with no GPU, at GPT-OSS shapes.
+
+The GEMM must land on the matrix units (``mma``/``wgmma`` in the PTX, ``v_mfma`` in
+the AMDGCN); no kernel may spill: no local memory in the PTX, no VGPR spilled to
+scratch on AMD (SGPR spills go to VGPR lanes, not memory, and are tolerated). Each
+case uses the tile its config table gives for that arch family, so what compiles
+here is what runs there.
+
+Compilation runs in child processes, one per target, started once for the file:
+under ``TRITON_INTERPRET=1`` (set by conftest for the numerics tests) ``@triton.jit``
+yields interpreter objects that cannot be compiled. ``python
+test_cross_compile_dense.py sm90 [--slow]`` prints one target's raw results.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+pytest.importorskip("triton")
+
+from tokenspeed_kernel_triton._common import cross_compile
+from tokenspeed_kernel_triton.dense import activation, gemm, norm, quantization, rope, sampling
+from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS, ROW_CONFIGS, SAMPLE_CONFIGS
+
+TARGETS = {"sm90": "nvidia", "gfx942": "amd", "gfx950": "amd"}
+HIDDEN = 2880  # GPT-OSS hidden size (and MoE intermediate size)
+VOCAB = 201088
+MODULES = (gemm, norm, activation, rope, quantization, sampling)
+
+
+@dataclass
+class Case:
+    kernel: Any
+    types: dict[str, str]  # runtime argument -> Triton type
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 2
+    checks: dict[str, str] = field(default_factory=dict)  # target prefix -> regex the asm must contain
+
+
+def _signature(case: Case) -> dict[str, str]:
+    params = inspect.signature(case.kernel.fn).parameters
+    missing = set(params) - set(case.types) - set(case.constexprs)
+    assert not missing, f"{case.kernel.fn.__name__}: no type for {sorted(missing)}"
+    return {p: "constexpr" if p in case.constexprs else case.types[p] for p in params}
+
+
+def _compile(case: Case, target: str) -> str:
+    kernel = cross_compile(
+        case.kernel, _signature(case), case.constexprs, target, num_warps=case.num_warps, num_stages=case.num_stages
+    )
+    return kernel.asm["ptx"] if target.startswith("sm") else kernel.asm["amdgcn"]
+
+
+def _ints(*names: str) -> dict[str, str]:
+    return dict.fromkeys(names, "i32")
+
+
+# -- GEMM ------------------------------------------------------------------------
+
+_MM_OPERANDS = {  # kind -> (a type, b type, A_SCALE, B_SCALE)
+    "16bit": ("*bf16", "*bf16", gemm.SCALE_NONE, gemm.SCALE_NONE),
+    "fp32": ("*fp32", "*fp32", gemm.SCALE_NONE, gemm.SCALE_NONE),
+    "fp8": ("*fp8e4nv", "*fp8e4nv", gemm.SCALE_ROW, gemm.SCALE_ROW),
+    "fp8_block128": ("*fp8e4nv", "*fp8e4nv", gemm.SCALE_BLOCK128, gemm.SCALE_BLOCK128),
+    "mxfp4": ("*bf16", "*u8", gemm.SCALE_NONE, gemm.SCALE_MXFP4),
+}
+
+
+def _mm_case(kind: str, family: str, row: int) -> Case:
+    a_type, b_type, a_mode, b_mode = _MM_OPERANDS[kind]
+    cfg = MM_CONFIGS[family][kind][row][1]
+    types = {
+        "a_ptr": a_type,
+        "b_ptr": b_type,
+        "c_ptr": "*bf16",
+        "bias_ptr": "*bf16",
+        "a_scale_ptr": "*fp32",
+        "b_scale_ptr": "*u8" if b_mode == gemm.SCALE_MXFP4 else "*fp32",
+        **_ints("M", "N", "K", "stride_am", "stride_ak", "stride_bn", "stride_bk", "stride_cm", "stride_cn"),
+        **_ints("stride_asm", "stride_ask", "stride_bsn", "stride_bsk"),
+    }
+    constexprs: dict[str, Any] = {
+        "A_SCALE": a_mode,
+        "B_SCALE": b_mode,
+        "HAS_BIAS": True,  # GPT-OSS's attention projections have biases
+        "EVEN_K": HIDDEN % cfg.block_k == 0,
+        "DOT_IN_FP32": cfg.dot_in_fp32,
+        "INPUT_PRECISION": "ieee" if kind == "fp32" else None,
+        "IMPRECISE_ACC": cfg.fp8_imprecise_acc if kind == "fp8" else None,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "GROUP_M": cfg.group_m,
+    }
+    if a_mode == gemm.SCALE_NONE:
+        constexprs["a_scale_ptr"] = None
+    if b_mode == gemm.SCALE_NONE:
+        constexprs["b_scale_ptr"] = None
+    # fp32 with IEEE precision is FMA work on NVIDIA (no fp32 tensor-core path); every
+    # other kind must use the MMA units.
+    checks = {"gfx": r"v_mfma_"}
+    if kind != "fp32":
+        checks["sm"] = r"\b(wgmma\.mma_async|mma\.sync)\b"
+    return Case(gemm._mm_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, checks)
+
+
+# By default the decode (M <= 16, first row) and prefill (last row) tiles GPT-OSS
+# runs: bf16 and MXFP4 weights for both, FP8 for prefill. The slow sweep compiles
+# every row of every table (fp32 included).
+_MM_DEFAULT = {
+    "16bit": ("decode", "prefill"),
+    "fp8": ("prefill",),
+    "fp8_block128": ("prefill",),
+    "mxfp4": ("decode", "prefill"),
+}
+
+
+def _mm_cases(family: str, every_row: bool) -> dict[str, Case]:
+    cases = {}
+    for kind in _MM_OPERANDS:
+        rows = len(MM_CONFIGS[family][kind])
+        if every_row:
+            cases.update({f"mm-{kind}-row{row}": _mm_case(kind, family, row) for row in range(rows)})
+        for phase in _MM_DEFAULT.get(kind, ()) if not every_row else ():
+            cases[f"mm-{kind}-{phase}"] = _mm_case(kind, family, 0 if phase == "decode" else rows - 1)
+    return cases
+
+
+# -- Row-wise kernels at GPT-OSS shapes ---------------------------------------------
+
+
+def _row_cases(family: str) -> dict[str, Case]:
+    rms = ROW_CONFIGS["rmsnorm"][family]
+    act = ROW_CONFIGS["swiglu"][family]
+    rot = ROW_CONFIGS["apply_rotary"][family]
+    q8 = ROW_CONFIGS["quantize_fp8"][family]
+    q8b = ROW_CONFIGS["quantize_fp8_block128"][family]
+    mxq = ROW_CONFIGS["quantize_mxfp4"][family]
+    mxd = ROW_CONFIGS["dequantize_mxfp4"][family]
+    am = ROW_CONFIGS["argmax"][family]
+    smp = SAMPLE_CONFIGS[family]
+    rms_types = {
+        **dict.fromkeys(("x_ptr", "res_ptr", "w_ptr", "y_ptr", "s_ptr"), "*bf16"),
+        **_ints("n_rows", "H", "stride_x", "stride_r", "stride_y", "stride_s"),
+        "eps": "fp32",
+    }
+    fp8_rows_types = {
+        "x_ptr": "*bf16",
+        "q_ptr": "*fp8e4nv",
+        "scale_ptr": "*fp32",
+        "partial_ptr": "*fp32",
+        **_ints("n_partials", "M", "K", "stride_xm", "stride_qm"),
+    }
+    fp8_rows = {"BLOCK_M": q8.rows, "BLOCK_K": min(q8.block, 4096), "BLOCK_P": 512}
+    return {
+        "rmsnorm-residual": Case(
+            norm._rmsnorm_kernel,
+            rms_types,
+            {"HAS_RESIDUAL": True, "ONE_PASS": HIDDEN <= rms.block, "BLOCK": 4096, "ROWS": rms.rows},
+            rms.num_warps,
+        ),
+        "rmsnorm-two-pass": Case(
+            norm._rmsnorm_kernel,
+            rms_types,
+            {"HAS_RESIDUAL": False, "ONE_PASS": False, "BLOCK": 1024, "ROWS": rms.rows},
+            rms.num_warps,
+        ),
+        "swiglu-interleaved-clamp": Case(
+            activation._swiglu_kernel,
+            {
+                "x_ptr": "*bf16",
+                "y_ptr": "*bf16",
+                **_ints("I", "stride_x", "stride_y"),
+                **dict.fromkeys(("alpha", "limit", "up_offset"), "fp32"),
+            },
+            {"INTERLEAVED": True, "CLAMP": True, "BLOCK": act.block},
+            act.num_warps,
+        ),
+        "swiglu-halves": Case(
+            activation._swiglu_kernel,
+            {
+                "x_ptr": "*bf16",
+                "y_ptr": "*bf16",
+                **_ints("I", "stride_x", "stride_y"),
+                **dict.fromkeys(("alpha", "limit", "up_offset"), "fp32"),
+            },
+            {"INTERLEAVED": False, "CLAMP": False, "BLOCK": act.block},
+            act.num_warps,
+        ),
+        "apply_rotary-neox": Case(
+            rope._rotary_kernel,
+            {
+                **dict.fromkeys(("q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr"), "*bf16"),
+                "cache_ptr": "*fp32",
+                "pos_ptr": "*i64",
+                **_ints("Hq", "Hk", "D", "R", "stride_qt", "stride_qh", "stride_kt", "stride_kh"),
+                **_ints("stride_qot", "stride_qoh", "stride_kot", "stride_koh", "stride_cache"),
+            },
+            {"GPTJ": False, "BLOCK_H": rot.rows, "BLOCK_D": 64},  # GPT-OSS: 64 q heads, head_dim 64
+            rot.num_warps,
+        ),
+        "quantize_fp8-amax_partial": Case(
+            quantization._amax_partial_kernel,
+            {"x_ptr": "*bf16", "partial_ptr": "*fp32", **_ints("M", "K", "stride_xm", "rows_per_program")},
+            {"BLOCK_M": q8.rows, "BLOCK_K": 4096},
+            q8.num_warps,
+        ),
+        "quantize_fp8-per_token": Case(quantization._fp8_rows_kernel, fp8_rows_types, {"MODE": 0, **fp8_rows}),
+        "quantize_fp8-static": Case(quantization._fp8_rows_kernel, fp8_rows_types, {"MODE": 1, **fp8_rows}),
+        "quantize_fp8-per_tensor": Case(quantization._fp8_rows_kernel, fp8_rows_types, {"MODE": 2, **fp8_rows}),
+        "quantize_fp8-block128": Case(
+            quantization._fp8_block128_kernel,
+            {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}
+            | _ints("K", "n_blocks", "stride_xm", "stride_qm", "stride_sm"),
+            {"BLOCKS": q8b.rows},
+            q8b.num_warps,
+        ),
+        "quantize_mxfp4": Case(
+            quantization._mxfp4_quantize_kernel,
+            {"x_ptr": "*bf16", "blocks_ptr": "*u8", "scales_ptr": "*u8"}
+            | _ints("n_groups", "stride_xm", "stride_bm", "stride_sm"),
+            {"GROUPS": mxq.rows},
+            mxq.num_warps,
+        ),
+        "dequantize_mxfp4": Case(
+            quantization._mxfp4_dequantize_kernel,
+            {"blocks_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16"}
+            | _ints("n_rows", "K", "stride_bm", "stride_sm", "stride_om"),
+            {"BLOCK_R": mxd.rows, "BLOCK_K": mxd.block},
+            mxd.num_warps,
+        ),
+        "argmax-chunk": Case(
+            sampling._argmax_chunk_kernel,
+            {"x_ptr": "*bf16", "val_ptr": "*fp32", "idx_ptr": "*i32", **_ints("V", "stride_x", "n_chunks")},
+            {"BLOCK": am.block, "STEPS": am.rows},
+            am.num_warps,
+        ),
+        "argmax-reduce": Case(
+            sampling._argmax_reduce_kernel,
+            {"val_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64", "n_chunks": "i32"},
+            # the number of chunks of one GPT-OSS vocabulary row, rounded up to a power of two
+            {"BLOCK_C": 1 << (-(-VOCAB // (am.block * am.rows)) - 1).bit_length()},
+        ),
+        "top_k_top_p_sample": Case(
+            sampling._sample_kernel,
+            {
+                "logits_ptr": "*bf16",
+                "top_k_ptr": "*i32",
+                "top_p_ptr": "*fp32",
+                "temperature_ptr": "*fp32",
+                "uniform_ptr": "*fp32",
+                "out_ptr": "*i64",
+                **_ints("V", "stride_row"),
+            },
+            {"BLOCK": smp.block, "PROBES": smp.probes},
+            smp.num_warps,
+        ),
+    }
+
+
+def _cases(family: str, every_row: bool = False) -> dict[str, Case]:
+    return {**_mm_cases(family, every_row), **_row_cases(family)}
+
+
+def _asm_problems(case: Case, target: str, asm: str) -> list[str]:
+    problems = []
+    for prefix, pattern in case.checks.items():
+        if target.startswith(prefix) and not re.search(pattern, asm):
+            problems.append(f"expected /{pattern}/ in the assembly")
+    if target.startswith("gfx"):
+        spills = re.search(r"\.vgpr_spill_count:\s*(\d+)", asm)
+        if spills is None:
+            problems.append("no .vgpr_spill_count in the AMDGCN metadata")
+        elif int(spills.group(1)):
+            problems.append(f"{spills.group(1)} VGPRs spilled")
+    elif ".local" in asm:
+        problems.append("local-memory spills in the PTX")
+    return problems
+
+
+def compile_all(target: str, every_row: bool) -> dict[str, list[str]]:
+    """Child-process entry: compile every case for ``target``; name -> problems (empty = fine)."""
+    results = {}
+    for name, case in _cases(TARGETS[target], every_row).items():
+        try:
+            results[name] = _asm_problems(case, target, _compile(case, target))
+        except Exception as exc:  # reported per case by the parent
+            results[name] = [f"compile failed: {type(exc).__name__}: {str(exc)[:2000]}"]
+    return results
+
+
+def _run_children(every_row: bool) -> dict[str, dict[str, list[str]]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--slow"] if every_row else []
+    children = {
+        t: subprocess.Popen(
+            [sys.executable, __file__, t, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for t in TARGETS
+    }
+    results = {}
+    for target, child in children.items():
+        out, err = child.communicate(timeout=900)
+        assert child.returncode == 0, f"{target} compile child failed:\n{err[-4000:]}"
+        results[target] = json.loads(out.strip().splitlines()[-1])
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict[str, list[str]]]:
+    return _run_children(every_row=False)
+
+
+def test_every_dense_kernel_has_a_cross_compile_case() -> None:
+    declared = {k for module in MODULES for k in module.TRITON_KERNELS.values()}
+    covered = {case.kernel for case in _cases("nvidia").values()}
+    assert set(_cases("nvidia")) == set(_cases("amd"))
+    assert declared == covered, f"kernels without a cross-compile case: {declared - covered}"
+
+
+_NAMES = list(_cases("nvidia"))
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("name", _NAMES)
+def test_kernel_compiles(compiled: dict, target: str, name: str) -> None:
+    assert compiled[target][name] == [], f"{name} on {target}: {compiled[target][name]}"
+
+
+@pytest.mark.slow
+def test_every_mm_config_row_compiles() -> None:
+    for target, results in _run_children(every_row=True).items():
+        bad = {name: problems for name, problems in results.items() if problems}
+        assert not bad, f"{target}: {bad}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_all(sys.argv[1], every_row="--slow" in sys.argv[2:])))

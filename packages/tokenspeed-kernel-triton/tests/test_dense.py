@@ -1,0 +1,394 @@
+"""Dense Triton kernels (mm, rmsnorm, swiglu, silu_and_mul, apply_rotary) through the public API.
+
+Every call goes through ``tokenspeed_kernel``'s public op; selection must pick the
+Triton kernel (asserted with ``select_spec``). Results are checked against an
+independent float64 formula written here and against ``tokenspeed_kernel.reference``.
+On CPU the kernels run under ``TRITON_INTERPRET=1`` at tiny shapes chosen to hit
+the edges of the interpreter tiles (K tails, odd N, wrap-around rows, M = 1); the
+``gpu``-marked tests repeat them at GPT-OSS shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.formats import DTYPE_NAMES
+from tokenspeed_kernel.reference import activation as ref_activation
+from tokenspeed_kernel.reference import gemm as ref_gemm
+from tokenspeed_kernel.reference import norm as ref_norm
+from tokenspeed_kernel.reference import quantization as ref_quant
+from tokenspeed_kernel.reference import rope as ref_rope
+from tokenspeed_kernel.selection import select_spec
+
+# Output rounding of one element: bf16 keeps 8 significant bits, fp16 11. The
+# interpreter truncates fp32 -> bf16 instead of rounding, hence a full ulp for bf16.
+_ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-20}
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def _assert_triton(op: str, signature: tuple[str, ...], traits: dict, device: torch.device) -> None:
+    from tokenspeed_kernel.platform import platform_for_device
+
+    spec = select_spec(op, signature, traits, platform=platform_for_device(device)).spec
+    assert spec.name == f"triton.{op}", f"selection picked {spec.name} for {op}"
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale: float | None = None) -> None:
+    """|actual - expected| <= a few output ulps of the largest |expected| (or ``scale``)."""
+    expected = expected.to(torch.float64)
+    bound = (scale if scale is not None else expected.abs().max().item()) * 2 * _ULP[dtype] + 1e-30
+    err = (actual.to(torch.float64) - expected).abs().max().item()
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
+
+
+# -- mm --------------------------------------------------------------------------
+
+
+def _mm64(a, b, bias=None, a_scale=None, b_scale=None) -> torch.Tensor:
+    """Independent float64 GEMM: dequantise with explicit loops over scale blocks."""
+    a64 = a.to(torch.float64)
+    m, k = a.shape
+    if a_scale is not None:
+        a64 = a64 * _expand64(a_scale, m, k, weight=False)
+    if b.dtype == torch.uint8:
+        b64 = _mxfp4_64(b, b_scale)
+    else:
+        b64 = b.to(torch.float64)
+        if b_scale is not None:
+            b64 = b64 * _expand64(b_scale, b.shape[0], k, weight=True)
+    y = a64 @ b64.T
+    return y + bias.to(torch.float64) if bias is not None else y
+
+
+def _expand64(scale: torch.Tensor, rows: int, cols: int, *, weight: bool) -> torch.Tensor:
+    s = scale.to(torch.float64)
+    if s.numel() == 1:
+        return s.reshape(1, 1).expand(rows, cols)
+    if s.shape == (rows, 1):
+        return s.expand(rows, cols)
+    out = torch.empty(rows, cols, dtype=torch.float64)
+    for r in range(rows):
+        for c in range(cols):
+            out[r, c] = s[r // 128 if weight else r, c // 128]
+    return out
+
+
+def _mxfp4_64(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n, half = blocks.shape
+    codes = torch.stack((blocks & 15, blocks >> 4), dim=-1).reshape(n, 2 * half).long()
+    values = _E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).to(torch.float64)
+    return values * torch.pow(2.0, scales.to(torch.float64) - 127).repeat_interleave(32, dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 33, 40), (37, 50, 96)])
+def test_mm_dense(device, dtype, m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    a = torch.randn(m, k, generator=g).to(dtype).to(device)
+    b = torch.randn(n, k, generator=g).to(dtype).to(device)
+    bias = torch.randn(n, generator=g).to(device) if m == 37 else None
+    _assert_triton("mm", (DTYPE_NAMES[dtype],) * 3, {"bias": bias is not None}, a.device)
+    y = tk.mm(a, b, bias)
+    assert y.dtype == dtype and y.shape == (m, n)
+    expected = _mm64(a.cpu(), b.cpu(), None if bias is None else bias.cpu())
+    _close(y.cpu(), expected, dtype)
+    _close(y.cpu(), ref_gemm.mm(a, b, bias, a_scale=None, b_scale=None, out_dtype=dtype, out=None).cpu(), dtype)
+
+
+def test_mm_out_and_out_dtype(device):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(20, 64, generator=g).to(torch.bfloat16).to(device)
+    b = torch.randn(17, 64, generator=g).to(torch.bfloat16).to(device)
+    # a strided [20, 17] window of a wider buffer: the kernel must honour out's strides
+    buffer = torch.full((20, 40), 7.0, device=device)
+    out = buffer[:, 3:20]
+    _assert_triton("mm", ("bf16", "bf16", "fp32"), {"bias": False}, a.device)
+    y = tk.mm(a, b, out_dtype=torch.float32, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    _close(out.cpu(), _mm64(a.cpu(), b.cpu()), torch.float32)
+    assert bool((buffer[:, :3] == 7).all()) and bool((buffer[:, 20:] == 7).all())
+
+
+_FP8_CASES = [
+    ("per_tensor", "per_tensor"),
+    ("per_token", "per_channel"),
+    ("block128", "block128"),
+    ("per_token", "block128"),
+]
+
+
+@pytest.mark.parametrize(("ga", "gb"), _FP8_CASES)
+def test_mm_fp8(device, ga, gb):
+    # K = 200: two 128-blocks, the last partial; N = 130: two weight row-blocks.
+    m, n, k = 3, 130, 200
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(m, k, generator=g).to(device)
+    b = torch.randn(n, k, generator=g).to(device)
+    # operands quantised by the reference (the Triton quantizers have their own tests)
+    qa, sa = tk.quantize_fp8(a, granularity=ga, solution="reference")
+    if gb == "block128":
+        qb, _ = tk.quantize_fp8(b, granularity="per_tensor", solution="reference")
+        sb = (torch.rand(2, 2, generator=g) + 0.5).to(device)  # [ceil(N/128), ceil(K/128)]
+    else:
+        weight_granularity = "per_tensor" if gb == "per_tensor" else "per_token"  # [N, 1] = per channel
+        qb, sb = tk.quantize_fp8(b, granularity=weight_granularity, solution="reference")
+    sig = (f"fp8_e4m3:{ga}", f"fp8_e4m3:{gb}", "bf16")
+    _assert_triton("mm", sig, {"bias": True}, a.device)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16).to(device)
+    y = tk.mm(qa, qb, bias, a_scale=sa, b_scale=sb)
+    assert y.dtype == torch.bfloat16
+    expected = _mm64(qa.cpu(), qb.cpu(), bias.cpu(), sa.cpu(), sb.cpu())
+    _close(y.cpu(), expected, torch.bfloat16)
+    ref = ref_gemm.mm(qa, qb, bias, a_scale=sa, b_scale=sb, out_dtype=torch.float32, out=None)
+    _close(y.cpu(), ref.cpu(), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("m", "dtype"), [(1, torch.bfloat16), (20, torch.float16)])
+def test_mm_mxfp4(device, m, dtype):
+    # K = 96 is not a multiple of the interpreter's BLOCK_K (64): the last step is a tail.
+    n, k = 33, 96
+    g = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=g) * torch.logspace(-2, 1, k)
+    blocks, scales = ref_quant.quantize_mxfp4(w)
+    a = torch.randn(m, k, generator=g).to(dtype).to(device)
+    bias = torch.randn(n, generator=g).to(device)
+    _assert_triton("mm", (DTYPE_NAMES[dtype], "mxfp4", "fp32"), {"bias": True}, a.device)
+    y = tk.mm(a, blocks.to(device), bias, b_scale=scales.to(device), out_dtype=torch.float32)
+    expected = _mm64(a.cpu(), blocks, bias.cpu(), None, scales)
+    # Decoded weights are exact in a's dtype, so only fp32 accumulation rounding remains.
+    scale = (a.double().abs().cpu() @ _mxfp4_64(blocks, scales).abs().T).max().item()
+    _close(y.cpu(), expected, torch.float32, scale=scale * 16)
+    ref = ref_gemm.mm(
+        a, blocks.to(device), bias, a_scale=None, b_scale=scales.to(device), out_dtype=torch.float32, out=None
+    )
+    _close(y.cpu(), ref.cpu(), torch.float32, scale=scale * 16)
+
+
+# -- rmsnorm ---------------------------------------------------------------------
+
+
+def _rmsnorm64(x, weight, eps):
+    x64 = x.to(torch.float64)
+    return x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.to(torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(3, 5, 48), (4, 200)], ids=["one-pass", "two-pass"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm(device, dtype, shape, residual):
+    g = torch.Generator().manual_seed(len(shape) + residual)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype).to(device)
+    weight = torch.randn(shape[-1], generator=g).to(device)  # fp32 weight, multiplied in fp32
+    res = torch.randn(shape, generator=g).to(dtype).to(device) if residual else None
+    _assert_triton("rmsnorm", (DTYPE_NAMES[dtype],), {"fused_residual": residual}, x.device)
+    got = tk.rmsnorm(x, weight, 1e-5, residual=res)
+    if residual:
+        y, s = got
+        s_exact = x.double() + res.double()
+        # s is rounded once to x's dtype
+        assert ((s.double() - s_exact).abs() <= s_exact.abs() * _ULP[dtype] + 1e-30).all()
+        if not (x.device.type == "cpu" and dtype == torch.bfloat16):  # the interpreter truncates to bf16
+            assert torch.equal(s, ref_norm.rmsnorm(x, weight, 1e-5, residual=res)[1])
+        base = s
+    else:
+        y = got
+        base = x
+    assert y.dtype == dtype and y.shape == x.shape
+    expected = _rmsnorm64(base.cpu(), weight.cpu(), 1e-5)
+    _close(y.cpu(), expected, dtype)
+    ref = ref_norm.rmsnorm(base, weight, 1e-5)
+    _close(y.cpu(), ref.cpu(), dtype)
+
+
+def test_rmsnorm_out_strided(device):
+    x = torch.randn(6, 40).to(device)
+    weight = torch.rand(40).to(device) + 0.5
+    buffer = torch.zeros(6, 50, device=device)
+    out = buffer[:, 5:45]
+    y = tk.rmsnorm(x, weight, 1e-6, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    _close(out.cpu(), _rmsnorm64(x.cpu(), weight.cpu(), 1e-6), torch.float32)
+    assert bool((buffer[:, :5] == 0).all()) and bool((buffer[:, 45:] == 0).all())
+
+
+# -- swiglu / silu_and_mul -------------------------------------------------------------
+
+
+def _swiglu64(x, alpha, limit, up_offset, interleaved):
+    x64 = x.to(torch.float64)
+    gate, up = (x64[..., 0::2], x64[..., 1::2]) if interleaved else x64.chunk(2, dim=-1)
+    if limit is not None:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(-limit, limit)
+    return (up + up_offset) * gate / (1 + torch.exp(-alpha * gate))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize(("alpha", "limit", "up_offset"), [(1.702, 7.0, 1.0), (1.0, None, 0.0)])
+def test_swiglu(device, dtype, interleaved, alpha, limit, up_offset):
+    # I = 40 spans several interpreter blocks (16) with a tail; values up to ~12 hit the clamp.
+    g = torch.Generator().manual_seed(int(interleaved) + 2 * (limit is None))
+    x = (torch.randn(2, 3, 80, generator=g) * 4).to(dtype).to(device)
+    _assert_triton("swiglu", (DTYPE_NAMES[dtype],), {"interleaved": interleaved, "clamp": limit is not None}, x.device)
+    y = tk.swiglu(x, alpha=alpha, limit=limit, up_offset=up_offset, interleaved=interleaved)
+    assert y.shape == (2, 3, 40) and y.dtype == dtype
+    expected = _swiglu64(x.cpu(), alpha, limit, up_offset, interleaved)
+    _close(y.cpu(), expected, dtype)
+    ref = ref_activation.swiglu(x, alpha=alpha, limit=limit, up_offset=up_offset, interleaved=interleaved, out=None)
+    _close(y.cpu(), ref.cpu(), dtype)
+
+
+def test_silu_and_mul(device):
+    x = (torch.randn(5, 2 * 24, generator=torch.Generator().manual_seed(3)) * 3).to(torch.bfloat16).to(device)
+    _assert_triton("silu_and_mul", ("bf16",), {}, x.device)
+    out = torch.empty(5, 24, dtype=torch.bfloat16, device=device)
+    y = tk.silu_and_mul(x, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    gate, up = x.cpu().double().chunk(2, dim=-1)
+    _close(y.cpu(), gate * torch.sigmoid(gate) * up, torch.bfloat16)
+    _close(y.cpu(), ref_activation.silu_and_mul(x, out=None).cpu(), torch.bfloat16)
+
+
+# -- apply_rotary ------------------------------------------------------------------
+
+
+def _rotary64(x, cos_sin, positions, style):
+    rot = cos_sin.shape[1]
+    half = rot // 2
+    angles = cos_sin.to(torch.float64)[positions.long()]
+    cos, sin = angles[:, None, :half], angles[:, None, half:]
+    y = x.to(torch.float64).clone()
+    if style == "neox":
+        i1, i2 = torch.arange(half), torch.arange(half) + half
+    else:
+        i1, i2 = torch.arange(half) * 2, torch.arange(half) * 2 + 1
+    x1, x2 = y[..., i1].clone(), y[..., i2].clone()
+    y[..., i1] = x1 * cos - x2 * sin
+    y[..., i2] = x2 * cos + x1 * sin
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("rot", [24, 16], ids=["full", "partial"])
+def test_apply_rotary(device, dtype, style, rot):
+    # head_dim 24 (not a power of two), 4 q heads and 2 kv heads; q and k are views
+    # into one packed qkv projection, as an engine passes them.
+    t, hq, hk, d = 5, 4, 2, 24
+    g = torch.Generator().manual_seed(rot + (style == "gptj"))
+    qkv = torch.randn(t, (hq + 2 * hk) * d, generator=g).to(dtype).to(device)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+    theta = torch.rand(64, rot // 2, generator=g) * 6.3
+    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=1).mul(1.1).to(device)  # YaRN-like scaled table
+    positions = torch.randint(0, 64, (t,), generator=g, dtype=torch.int32).to(device)
+    q_before, k_before = q.clone(), k.clone()
+    _assert_triton("apply_rotary", (DTYPE_NAMES[dtype],), {"style": style, "partial": rot < d}, q.device)
+    q2, k2 = tk.apply_rotary(q, k, cos_sin, positions, style=style)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before), "inputs must not change"
+    for got, src in ((q2, q), (k2, k)):
+        assert got.shape == src.shape and got.dtype == dtype
+        _close(got.cpu(), _rotary64(src.cpu(), cos_sin.cpu(), positions.cpu(), style), dtype)
+        assert torch.equal(got[..., rot:].cpu(), src[..., rot:].cpu()), "dims past R pass through"
+    rq, rk = ref_rope.apply_rotary(q, k, cos_sin, positions.long(), style=style)
+    _close(q2.cpu(), rq.cpu(), dtype)
+    _close(k2.cpu(), rk.cpu(), dtype)
+
+
+# -- GPU, GPT-OSS shapes -------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+_QKV_N = 64 * 64 + 2 * 8 * 64  # 5120
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, _QKV_N, 2880), (64, _QKV_N, 2880), (4096, 2880, 4096), (4096, _QKV_N, 2880)]
+)
+def test_mm_bf16_gpt_oss_gpu(m, n, k):
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    _assert_triton("mm", ("bf16",) * 3, {"bias": True}, a.device)
+    y = tk.mm(a, b, bias)
+    expected = a.float() @ b.float().T + bias.float()
+    torch.testing.assert_close(y.float(), expected, atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 64, 4096])
+@pytest.mark.parametrize(("ga", "gb"), _FP8_CASES)
+def test_mm_fp8_gpt_oss_gpu(m, ga, gb):
+    n, k = _QKV_N, 2880
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda")
+    b = torch.randn(n, k, device="cuda") / k**0.5
+    qa, sa = tk.quantize_fp8(a, granularity=ga)
+    if gb == "block128":
+        qb, _ = tk.quantize_fp8(b, granularity="per_tensor")
+        sb = torch.rand(-(-n // 128), -(-k // 128), device="cuda") + 0.5
+    else:
+        qb, sb = tk.quantize_fp8(b, granularity="per_tensor" if gb == "per_tensor" else "per_token")
+    _assert_triton("mm", (f"fp8_e4m3:{ga}", f"fp8_e4m3:{gb}", "bf16"), {"bias": False}, a.device)
+    y = tk.mm(qa, qb, a_scale=sa, b_scale=sb)
+    ref = ref_gemm.mm(qa, qb, None, a_scale=sa, b_scale=sb, out_dtype=torch.float32, out=None)
+    torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 64, 4096])
+def test_mm_mxfp4_gpt_oss_gpu(m):
+    n, k = 5760, 2880
+    torch.manual_seed(0)
+    w = torch.randn(n, k, device="cuda") / k**0.5
+    blocks, scales = tk.quantize_mxfp4(w)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    _assert_triton("mm", ("bf16", "mxfp4", "bf16"), {"bias": False}, a.device)
+    y = tk.mm(a, blocks, b_scale=scales)
+    ref = ref_gemm.mm(a, blocks, None, a_scale=None, b_scale=scales, out_dtype=torch.float32, out=None)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("tokens", [1, 4096, 16384])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_gpt_oss_gpu(tokens, residual):
+    torch.manual_seed(0)
+    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(2880, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn_like(x) if residual else None
+    _assert_triton("rmsnorm", ("bf16",), {"fused_residual": residual}, x.device)
+    got = tk.rmsnorm(x, weight, 1e-5, residual=res)
+    want = ref_norm.rmsnorm(x, weight, 1e-5, residual=res)
+    if residual:
+        assert torch.equal(got[1], want[1])
+        got, want = got[0], want[0]
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_swiglu_and_rotary_gpt_oss_gpu(interleaved):
+    torch.manual_seed(0)
+    x = torch.randn(256, 2 * 2880, device="cuda", dtype=torch.bfloat16) * 4
+    y = tk.swiglu(x, interleaved=interleaved)
+    ref = ref_activation.swiglu(x, alpha=1.702, limit=7.0, up_offset=1.0, interleaved=interleaved, out=None)
+    torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=1e-2)
+    q = torch.randn(300, 64, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(300, 8, 64, device="cuda", dtype=torch.bfloat16)
+    theta = torch.rand(4096, 32, device="cuda") * 6.3
+    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=1)
+    pos = torch.randint(0, 4096, (300,), device="cuda")
+    q2, k2 = tk.apply_rotary(q, k, cos_sin, pos)
+    rq, rk = ref_rope.apply_rotary(q, k, cos_sin, pos, style="neox")
+    torch.testing.assert_close(q2.float(), rq.float(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(k2.float(), rk.float(), atol=2e-2, rtol=1e-2)

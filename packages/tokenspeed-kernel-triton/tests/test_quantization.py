@@ -1,0 +1,196 @@
+"""Triton quantization kernels through the public API: bit-exact with the reference.
+
+FP8 and MXFP4 outputs are compared as raw bytes with
+``tokenspeed_kernel.reference.quantization`` and checked against independent
+formulations written here (torch's own e4m3 conversion, a brute-force nearest
+E2M1 search); representable values must round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.formats import DTYPE_NAMES
+from tokenspeed_kernel.platform import platform_for_device
+from tokenspeed_kernel.reference import quantization as ref
+from tokenspeed_kernel.selection import select_spec
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+_ALL_E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+_ALL_E4M3 = _ALL_E4M3[~_ALL_E4M3.isnan()]  # 254 finite codes, +-0 included
+
+
+def _assert_triton(op: str, signature: tuple[str, ...], traits: dict, device: torch.device) -> None:
+    spec = select_spec(op, signature, traits, platform=platform_for_device(device)).spec
+    assert spec.name == f"triton.{op}", f"selection picked {spec.name} for {op}"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8).cpu()
+
+
+# -- FP8 --------------------------------------------------------------------------
+
+
+def test_fp8_static_scale_1_matches_torch_on_the_grid_and_its_midpoints(device):
+    # Every e4m3 value, every midpoint between neighbours (ties to even), +-0 and values
+    # that round to -0: bytes must equal torch's own RNE conversion and the reference.
+    grid = _ALL_E4M3.unique().sort().values
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = torch.cat((_ALL_E4M3, mids, -mids, torch.tensor([-0.0, -1e-9, 1e-9, 1000.0, -1000.0])))
+    x = x.reshape(1, -1).to(device)
+    one = torch.ones(1, device=device)
+    _assert_triton("quantize_fp8", ("fp32",), {"granularity": "per_tensor", "static": True}, x.device)
+    q, s = tk.quantize_fp8(x, granularity="per_tensor", scale=one)
+    assert s is one
+    expected = x.cpu().clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(_bytes(q), _bytes(expected))
+    assert torch.equal(_bytes(q), _bytes(ref.quantize_fp8(x, granularity="per_tensor", scale=one)[0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_token", "block128"])
+def test_fp8_dynamic_bit_exact(device, dtype, granularity):
+    # K = 300: three 1x128 blocks, the last partial; row 2 is all zero (scale 1); M = 5
+    # rows over several per-tensor partial programs.
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(5, 300, generator=g) * torch.logspace(-3, 2, 300)).to(dtype)
+    x[2] = 0
+    x = x.to(device)
+    _assert_triton("quantize_fp8", (DTYPE_NAMES[dtype],), {"granularity": granularity, "static": False}, x.device)
+    q, s = tk.quantize_fp8(x, granularity=granularity)
+    rq, rs = ref.quantize_fp8(x, granularity=granularity, scale=None)
+    assert s.shape == rs.shape and s.dtype == torch.float32
+    assert torch.equal(s, rs)
+    assert torch.equal(_bytes(q), _bytes(rq))
+    # independent check of the scales: amax / 448 per group, 1 for zero groups
+    xf = x.cpu().float().abs()
+    groups = {"per_tensor": xf.reshape(1, 1, -1), "per_token": xf.reshape(5, 1, -1)}.get(granularity)
+    if groups is None:
+        groups = torch.nn.functional.pad(xf, (0, 84)).reshape(5, 3, 128)
+    amax = groups.amax(-1).reshape(s.shape)
+    assert torch.equal(s.cpu(), torch.where(amax > 0, amax / 448.0, torch.ones_like(amax)))
+
+
+def test_fp8_round_trip_exact_on_representable_values(device):
+    # Rows of e4m3 values times a power of two, each row holding +-448 * 2^j: the
+    # per-token scale is exactly 2^j, so dequantising gives the input back bit for bit.
+    g = torch.Generator().manual_seed(11)
+    codes = _ALL_E4M3[torch.randint(0, _ALL_E4M3.numel(), (4, 64), generator=g)]
+    codes[:, 0] = torch.tensor([448.0, -448.0, 448.0, -448.0])
+    x = (codes * torch.tensor([[2.0**-10], [1.0], [2.0**5], [2.0**-3]])).to(device)
+    q, s = tk.quantize_fp8(x, granularity="per_token")
+    assert torch.equal(s.cpu().flatten(), torch.tensor([2.0**-10, 1.0, 2.0**5, 2.0**-3]))
+    assert torch.equal(q.float() * s, x)
+
+
+# -- MXFP4 ---------------------------------------------------------------------------
+
+
+def _nearest_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """Brute force: the E2M1 magnitude nearest |v| (ties to the even code, 6 saturating),
+    with v's sign bit."""
+    a = v.abs().to(torch.float64).unsqueeze(-1)
+    dist = (a - _E2M1).abs()
+    best = dist.min(-1, keepdim=True).values
+    # among equally near codes prefer the even one
+    tie_break = torch.where(dist == best, torch.arange(8) % 2, 9)
+    mag = tie_break.argmin(-1)
+    return mag | (torch.signbit(v).long() << 3)
+
+
+def _decode(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int64 [..., K], scale float64 [..., K/32])."""
+    codes = torch.stack((blocks & 15, blocks >> 4), dim=-1).flatten(-2).long()
+    return codes, torch.pow(2.0, scales.to(torch.float64) - 127)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mxfp4_quantize_bit_exact(device, dtype):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 128, generator=g) * torch.logspace(-3, 3, 128)
+    x[0, 0, :32] = 0.0  # all-zero group: scale byte 127, zero codes
+    x[0, 1, :32] = -0.0  # -0 -> code 8
+    x[0, 2, 32:64] = torch.tensor([4.0, 5.0, 3.5, 2.5, 1.75, 1.25, 0.75, 0.25] * 4)  # exact E2M1 midpoints
+    x[1, 0, 64:96] = -x[1, 0, 64:96].abs() * 1e-3  # tiny negatives next to a large one -> -0
+    x[1, 0, 64] = -7.0
+    if dtype == torch.float32:
+        x[1, 1, :32] = torch.randn(32, generator=g) * 1e-40  # subnormal amax: scale byte clamps to 0
+    x = x.to(dtype).to(device)
+    _assert_triton("quantize_mxfp4", (DTYPE_NAMES[dtype],), {}, x.device)
+    blocks, scales = tk.quantize_mxfp4(x)
+    rb, rs = ref.quantize_mxfp4(x)
+    assert blocks.shape == (2, 3, 64) and scales.shape == (2, 3, 4)
+    assert torch.equal(blocks.cpu(), rb.cpu()) and torch.equal(scales.cpu(), rs.cpu())
+    assert int(scales[0, 0, 0]) == 127 and bool((blocks[0, 1, :16] == 0x88).all())
+    # independent: floor(log2(amax)) - 2 + 127 from float64, nearest E2M1 by brute force
+    xf = x.cpu().to(torch.float64).reshape(2, 3, 4, 32)
+    amax = xf.abs().amax(-1)
+    want_scale = (torch.floor(torch.log2(amax)) - 2 + 127).clamp(0, 254).nan_to_num(127.0)
+    want_scale = torch.where(amax == 0, 127.0, want_scale)
+    assert torch.equal(scales.cpu().to(torch.float64), want_scale)
+    codes, scale = _decode(blocks.cpu(), scales.cpu())
+    want = _nearest_e2m1_codes((xf / scale.unsqueeze(-1)).reshape(2, 3, 128))
+    assert torch.equal(codes, want)
+
+
+def test_mxfp4_round_trip_exact(device):
+    # Random codes and scales, each group holding a magnitude-4 or -6 code: the
+    # quantizer recovers the same scale, so dequantize -> quantize returns the bytes.
+    g = torch.Generator().manual_seed(9)
+    blocks = torch.randint(0, 256, (6, 48), generator=g, dtype=torch.uint8)
+    blocks[:, ::16] = (blocks[:, ::16] & 0xF0) | torch.where(torch.rand(6, 3, generator=g) < 0.5, 7, 14).to(torch.uint8)
+    # No -0 codes (8): the shared in-register decoder returns +0.0 for them, the same
+    # value, which re-quantizes to code 0.
+    lo, hi = blocks & 15, blocks >> 4
+    blocks = torch.where(lo == 8, 0, lo) | (torch.where(hi == 8, 0, hi) << 4)
+    scales = torch.randint(100, 150, (6, 3), generator=g, dtype=torch.uint8)
+    blocks, scales = blocks.to(device), scales.to(device)
+    _assert_triton("dequantize_mxfp4", ("mxfp4", "fp32"), {}, blocks.device)
+    x = tk.dequantize_mxfp4(blocks, scales, dtype=torch.float32)
+    b2, s2 = tk.quantize_mxfp4(x)
+    assert torch.equal(b2, blocks) and torch.equal(s2, scales)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mxfp4_dequantize(device, dtype):
+    g = torch.Generator().manual_seed(4)
+    blocks = torch.randint(0, 256, (3, 2, 80), generator=g, dtype=torch.uint8)  # K = 160: 5 groups
+    scales = torch.randint(115, 135, (3, 2, 5), generator=g, dtype=torch.uint8)
+    _assert_triton("dequantize_mxfp4", ("mxfp4", DTYPE_NAMES[dtype]), {}, torch.device(device))
+    y = tk.dequantize_mxfp4(blocks.to(device), scales.to(device), dtype=dtype)
+    assert y.shape == (3, 2, 160) and y.dtype == dtype
+    codes, scale = _decode(blocks, scales)
+    want = _E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double() * scale.repeat_interleave(32, -1)
+    assert torch.equal(y.cpu().to(torch.float64), want)  # exact in every output dtype at these scales
+    assert torch.equal(y.cpu(), ref.dequantize_mxfp4(blocks, scales, dtype=dtype))
+
+
+# -- GPU -------------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_token", "block128"])
+def test_fp8_gpt_oss_gpu(granularity):
+    torch.manual_seed(0)
+    x = torch.randn(4096, 2880, device="cuda", dtype=torch.bfloat16) * 3
+    q, s = tk.quantize_fp8(x, granularity=granularity)
+    rq, rs = ref.quantize_fp8(x, granularity=granularity, scale=None)
+    assert torch.equal(s, rs)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
+def test_mxfp4_gpt_oss_gpu():
+    torch.manual_seed(0)
+    w = torch.randn(5760, 2880, device="cuda", dtype=torch.bfloat16) * 0.02
+    blocks, scales = tk.quantize_mxfp4(w)
+    rb, rs = ref.quantize_mxfp4(w)
+    assert torch.equal(blocks, rb) and torch.equal(scales, rs)
+    assert torch.equal(tk.dequantize_mxfp4(blocks, scales), ref.dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16))

@@ -1,0 +1,159 @@
+"""Triton argmax and top-k/top-p sampling through the public API.
+
+The sampler must draw exactly the reference's token for the same uniform (up to
+fp ties, which the inputs here avoid by spacing the logits); it is also checked
+against a float64 transcription of the definition in ``ops/sampling.py`` written
+here without sorting.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.formats import DTYPE_NAMES
+from tokenspeed_kernel.platform import platform_for_device
+from tokenspeed_kernel.reference import sampling as ref
+from tokenspeed_kernel.selection import select_spec
+
+
+def _assert_triton(op: str, dtype: torch.dtype, device: torch.device) -> None:
+    spec = select_spec(op, (DTYPE_NAMES[dtype],), {}, platform=platform_for_device(device)).spec
+    assert spec.name == f"triton.{op}", f"selection picked {spec.name} for {op}"
+
+
+# -- argmax ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [100, 700], ids=["one-chunk", "two-stage"])
+def test_argmax(device, dtype, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(5, vocab, generator=g)
+    x[1, 10] = x[1, vocab - 5] = 50.0  # tie across chunks: the first wins
+    x[2, vocab // 2] = float("nan")  # NaN counts as the largest, like torch.argmax
+    x[2, 3] = 1e4
+    x[3] = float("-inf")  # all -inf: index 0
+    x[4] = torch.randint(0, 3, (vocab,), generator=g).float()  # many exact ties at the max
+    x = x.to(dtype).to(device)
+    _assert_triton("argmax", dtype, x.device)
+    got = tk.argmax(x)
+    assert got.dtype == torch.int64
+    expected = [
+        int(torch.argmax(x[0].float().cpu())),
+        10,
+        vocab // 2,
+        0,
+        int((x[4].cpu() == x[4].cpu().max()).nonzero()[0]),
+    ]
+    assert got.cpu().tolist() == expected
+    assert torch.equal(got.cpu(), ref.argmax(x).cpu())
+
+
+# -- top-k / top-p -------------------------------------------------------------------
+
+
+def _sample64(logits, top_k, top_p, temperature, uniform) -> list[int]:
+    """The definition, step by step, in float64, without a sort."""
+    out = []
+    for row in range(logits.shape[0]):
+        p = torch.softmax(logits[row].to(torch.float64) / float(temperature[row]), dim=-1)
+        k = int(top_k[row])
+        keep = p >= torch.topk(p, k).values[-1] if k > 0 else torch.ones_like(p, dtype=torch.bool)
+        if float(top_p[row]) < 1.0:
+            need = float(top_p[row]) * p[keep].sum()
+            values = p[keep].unique()
+            mass_at = (p[None, :] * (keep & (p[None, :] >= values[:, None]))).sum(-1)
+            keep &= p >= values[mass_at >= need].max()
+        cdf = torch.cumsum(torch.where(keep, p, 0.0), dim=0)
+        out.append(int((cdf > float(uniform[row]) * cdf[-1]).nonzero()[0]))
+    return out
+
+
+def _spaced_logits(batch: int, vocab: int, seed: int) -> torch.Tensor:
+    # Distinct logits 0.02 apart in random order: no two probabilities are within
+    # fp rounding of each other, so thresholds and CDF cuts are unambiguous.
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(vocab, generator=g).float() * 0.02 for _ in range(batch)])
+
+
+def test_top_k_top_p_matches_reference_and_definition(device):
+    # V = 700 spans two interpreter blocks (512); rows cover top-k only, top-p only,
+    # both, neither, top_k = 1 and top_k = V, under several temperatures.
+    logits = _spaced_logits(6, 700, seed=1).to(device)
+    top_k = torch.tensor([0, 1, 5, 50, 0, 700], dtype=torch.int32, device=device)
+    top_p = torch.tensor([1.0, 1.0, 0.5, 0.9, 0.3, 0.999], device=device)
+    temperature = torch.tensor([1.0, 0.5, 1.0, 2.0, 0.7, 3.0], device=device)
+    _assert_triton("top_k_top_p_sample", torch.float32, logits.device)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(2):
+        u = torch.rand(6, generator=g).to(device)
+        got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
+        assert got.dtype == torch.int64
+        assert got.cpu().tolist() == ref.top_k_top_p_sample(logits, top_k, top_p, temperature, u).cpu().tolist()
+        assert got.cpu().tolist() == _sample64(logits.cpu(), top_k.cpu(), top_p.cpu(), temperature.cpu(), u.cpu())
+    # top_k = 1 is greedy whatever the uniform
+    assert int(got[1]) == int(logits[1].argmax())
+
+
+def test_top_k_keeps_ties_and_the_uniform_walks_index_order(device):
+    # Row: logits 5 at indices 3, 40, 90 (tied for first), 4 at 7; the rest low. top_k = 2
+    # keeps all three tied tokens (the 2nd largest value is 5), so u sweeps them in
+    # index order: u < 1/3 -> 3, < 2/3 -> 40, else 90.
+    x = torch.full((3, 200), -2.0)
+    x[:, [3, 40, 90]] = 5.0
+    x[:, 7] = 4.0
+    x = x.to(torch.bfloat16).to(device)
+    u = torch.tensor([0.1, 0.5, 0.9], device=device)
+    top_k = torch.full((3,), 2, dtype=torch.int32, device=device)
+    top_p = torch.ones(3, device=device)
+    temperature = torch.ones(3, device=device)
+    got = tk.top_k_top_p_sample(x, top_k, top_p, temperature=temperature, uniform=u)
+    assert got.cpu().tolist() == [3, 40, 90]
+    assert got.cpu().tolist() == ref.top_k_top_p_sample(x, top_k, top_p, temperature, u).cpu().tolist()
+
+
+def test_uniform_extremes_pick_the_first_and_last_kept_token(device):
+    logits = _spaced_logits(2, 300, seed=5).to(device)
+    top_k = torch.tensor([20, 20], dtype=torch.int32, device=device)
+    top_p = torch.ones(2, device=device)
+    temperature = torch.full((2,), 0.3, device=device)
+    u = torch.tensor([0.0, 1.0 - 2**-24], device=device)
+    got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
+    kept = torch.topk(logits[0].cpu(), 20).indices
+    assert int(got[0]) == int(kept.min())
+    assert int(got[1]) == int(torch.topk(logits[1].cpu(), 20).indices.max())
+
+
+# -- GPU, GPT-OSS vocabulary -------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("batch", [1, 64])
+def test_argmax_gpt_oss_vocab_gpu(batch):
+    torch.manual_seed(0)
+    x = torch.randn(batch, 201088, device="cuda", dtype=torch.bfloat16)
+    x[0, 200000] = 100.0
+    got = tk.argmax(x)
+    assert torch.equal(got, ref.argmax(x))
+    assert int(got[0]) == 200000
+
+
+@pytest.mark.gpu
+@gpu
+def test_sample_gpt_oss_vocab_gpu():
+    torch.manual_seed(0)
+    batch = 64
+    logits = torch.randn(batch, 201088, device="cuda") * 3
+    top_k = torch.randint(0, 100, (batch,), device="cuda", dtype=torch.int32)
+    top_p = torch.rand(batch, device="cuda") * 0.5 + 0.5
+    temperature = torch.rand(batch, device="cuda") + 0.5
+    u = torch.rand(batch, device="cuda")
+    got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
+    want = ref.top_k_top_p_sample(logits, top_k, top_p, temperature, u)
+    # the GPU's exp differs from torch's in the last bit: allow a rare near-tie flip
+    assert int((got != want).sum()) <= 1

@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Benchmark the portable Triton dense kernels at GPT-OSS shapes, next to their PyTorch anchors.
+
+    python tools/bench_triton_dense.py --out OUT [--quick] [--sweep] [--budget-min 8]
+
+Rows (docs: shared/design/PERFORMANCE.md, GPT_OSS.md; hidden 2880, 64 q / 8 kv heads
+of 64, vocab 201088):
+
+- ``rmsnorm`` (+ residual), 4096 and 16384 tokens x 2880, bf16: TB/s of the bytes
+  that must move (x and y; plus residual and the sum with a residual); target
+  >= 3.6 TB/s; anchor: the same math in eager PyTorch.
+- ``mm`` bf16 with bias: QKV 2880 -> 5120 (64*64 + 2*8*64) and O 4096 -> 2880, M in
+  1, 64, 4096; anchor ``torch.mm`` (+ bias; cuBLAS); target >= 0.97x of the anchor
+  for the best kernel selection picks (the portable path is reported, not judged).
+- ``mm`` fp8 e4m3, per-token ``a`` / per-channel ``b`` scales, bf16 out, same shapes;
+  anchor ``torch._scaled_mm`` with row-wise scales.
+- ``mm`` MXFP4 weights (bf16 ``a``), QKV and O shapes at M = 1 and 64: weight TB/s
+  (codes + scales streamed once); anchor ``torch.mm`` on the same weights
+  dequantised to bf16 (what running without MXFP4 support costs).
+- ``argmax`` and ``top_k_top_p_sample`` at 64 x 201088 (no anchor: reported).
+
+Timing: ``triton.testing.do_bench`` median (L2 flushed before each call); the kernel
+functions are called directly (no selection/dispatch). Every row also checks the
+result against the anchor (max relative difference) so a fast wrong kernel shows.
+``--sweep`` times a small grid of tile configs for bf16/MXFP4 ``mm`` and ``rmsnorm``
+and prints the best per shape, ready to paste into
+``tokenspeed_kernel_triton/dense/_configs.py``.
+
+Writes ``OUT/triton_dense.json`` and ``OUT/triton_dense.md`` (``OUT/triton_dense_sweep.json``
+with ``--sweep``) and prints the compact table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+HIDDEN = 2880
+QKV_N = 64 * 64 + 2 * 8 * 64  # 5120
+O_K = 64 * 64  # 4096
+VOCAB = 201088
+MM_SHAPES = {"qkv": (QKV_N, HIDDEN), "o": (HIDDEN, O_K)}  # name -> (N, K)
+MM_TOKENS = (1, 64, 4096)
+MXFP4_TOKENS = (1, 64)
+NORM_TOKENS = (4096, 16384)
+TARGET_RMSNORM_TBS = 3.6
+TARGET_MM_RATIO = {"bf16": 0.97, "fp8": 0.95}
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _bench_ms(fn: Callable[[], Any]) -> float:
+    """Median milliseconds of ``fn`` with the L2 flushed before each call."""
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+
+def _rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+
+
+def _row(op: str, shape: str, variant: str, ms: float, anchor: str | None, anchor_ms: float | None, **extra) -> dict:
+    r = {"op": op, "shape": shape, "variant": variant, "us": ms * 1e3, **extra}
+    if anchor is not None and anchor_ms is not None:
+        r |= {"anchor": anchor, "anchor_us": anchor_ms * 1e3, "speedup_vs_anchor": anchor_ms / ms}
+    return r
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def bench_rmsnorm(gen: torch.Generator) -> list[dict]:
+    from tokenspeed_kernel_triton.dense import norm
+
+    rows = []
+    for tokens, residual in itertools.product(NORM_TOKENS, (False, True)):
+        x = torch.randn(tokens, HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+        r = torch.randn(tokens, HIDDEN, generator=gen).to("cuda", torch.bfloat16) if residual else None
+        w = torch.randn(HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+
+        def ours(x=x, w=w, r=r):
+            return norm.rmsnorm(x, w, 1e-5, residual=r)
+
+        def anchor(x=x, w=w, r=r):
+            s = x + r if r is not None else x
+            sf = s.float()
+            y = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-5) * w.float()).to(s.dtype)
+            return (y, s) if r is not None else y
+
+        got, want = ours(), anchor()
+        diff = _rel_diff(got[0], want[0]) if residual else _rel_diff(got, want)
+        ms, anchor_ms = _bench_ms(ours), _bench_ms(anchor)
+        moved = (4 if residual else 2) * tokens * HIDDEN * 2
+        rows.append(
+            _row(
+                "rmsnorm", f"{tokens}x{HIDDEN}", "+residual" if residual else "plain", ms, "torch eager", anchor_ms,
+                tbs=moved / ms / 1e9, max_rel_diff=diff,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def bench_mm_bf16(gen: torch.Generator, tokens: tuple[int, ...]) -> list[dict]:
+    from tokenspeed_kernel_triton.dense import gemm
+
+    rows = []
+    for (name, (n, k)), m in itertools.product(MM_SHAPES.items(), tokens):
+        a = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+        b = (torch.randn(n, k, generator=gen) / k**0.5).to("cuda", torch.bfloat16)
+        bias = torch.randn(n, generator=gen).to("cuda", torch.bfloat16)
+
+        def ours(a=a, b=b, bias=bias):
+            return gemm.mm(a, b, bias, a_scale=None, b_scale=None, out_dtype=torch.bfloat16, out=None)
+
+        def anchor(a=a, b=b, bias=bias):
+            return torch.addmm(bias, a, b.T)
+
+        diff = _rel_diff(ours(), anchor())
+        ms, anchor_ms = _bench_ms(ours), _bench_ms(anchor)
+        rows.append(
+            _row(
+                "mm", f"{name} M={m} N={n} K={k}", "bf16+bias", ms, "torch.addmm (cuBLAS)", anchor_ms,
+                tflops=2 * m * n * k / ms / 1e9, max_rel_diff=diff,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def bench_mm_fp8(gen: torch.Generator, tokens: tuple[int, ...]) -> list[dict]:
+    from tokenspeed_kernel_triton.dense import gemm, quantization
+
+    rows = []
+    for (name, (n, k)), m in itertools.product(MM_SHAPES.items(), tokens):
+        a = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+        b = (torch.randn(n, k, generator=gen) / k**0.5).to("cuda", torch.bfloat16)
+        qa, sa = quantization.quantize_fp8(a, granularity="per_token", scale=None)  # [M, 1]
+        qb, sb = quantization.quantize_fp8(b, granularity="per_token", scale=None)  # [N, 1]: per channel
+
+        def ours(qa=qa, qb=qb, sa=sa, sb=sb):
+            return gemm.mm(qa, qb, None, a_scale=sa, b_scale=sb, out_dtype=torch.bfloat16, out=None)
+
+        def anchor(qa=qa, qb=qb, sa=sa, sb=sb):
+            # row-wise scaling: scale_a [M, 1], scale_b [1, N]; b column-major
+            return torch._scaled_mm(qa, qb.T, scale_a=sa, scale_b=sb.T, out_dtype=torch.bfloat16)
+
+        try:
+            want = anchor()
+            anchor_ms = _bench_ms(anchor)
+            anchor_name = "torch._scaled_mm rowwise"
+        except Exception as exc:  # the anchor's own limits (e.g. M not a multiple of 16 on some builds)
+            want = (qa.float() * sa) @ (qb.float() * sb).T
+            anchor_ms, anchor_name = None, f"unavailable ({type(exc).__name__})"
+        diff = _rel_diff(ours(), want)
+        ms = _bench_ms(ours)
+        rows.append(
+            _row(
+                "mm", f"{name} M={m} N={n} K={k}", "fp8 token/channel", ms, anchor_name, anchor_ms,
+                tflops=2 * m * n * k / ms / 1e9, max_rel_diff=diff,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def bench_mm_mxfp4(gen: torch.Generator, tokens: tuple[int, ...]) -> list[dict]:
+    from tokenspeed_kernel_triton.dense import gemm, quantization
+
+    rows = []
+    for (name, (n, k)), m in itertools.product(MM_SHAPES.items(), tokens):
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to("cuda", torch.bfloat16)
+        blocks, scales = quantization.quantize_mxfp4(w)
+        w_deq = quantization.dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16)
+        a = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+
+        def ours(a=a, blocks=blocks, scales=scales):
+            return gemm.mm(a, blocks, None, a_scale=None, b_scale=scales, out_dtype=torch.bfloat16, out=None)
+
+        def anchor(a=a, w_deq=w_deq):
+            return torch.mm(a, w_deq.T)
+
+        diff = _rel_diff(ours(), anchor())
+        ms, anchor_ms = _bench_ms(ours), _bench_ms(anchor)
+        weight_bytes = n * k // 2 + n * k // 32
+        rows.append(
+            _row(
+                "mm", f"{name} M={m} N={n} K={k}", "mxfp4 weights", ms, "torch.mm bf16 dequantised", anchor_ms,
+                weight_tbs=weight_bytes / ms / 1e9, tflops=2 * m * n * k / ms / 1e9, max_rel_diff=diff,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def bench_sampling(gen: torch.Generator) -> list[dict]:
+    from tokenspeed_kernel_triton.dense import sampling
+
+    batch = 64
+    logits = (torch.randn(batch, VOCAB, generator=gen) * 3).to("cuda", torch.bfloat16)
+    top_k = torch.full((batch,), 50, dtype=torch.int32, device="cuda")
+    top_p = torch.full((batch,), 0.9, device="cuda")
+    temperature = torch.full((batch,), 0.8, device="cuda")
+    uniform = torch.rand(batch, generator=gen).to("cuda")
+    got = sampling.argmax(logits)
+    ok = bool(torch.equal(got, logits.float().argmax(-1)))
+    rows = [
+        _row("argmax", f"{batch}x{VOCAB}", "bf16", _bench_ms(lambda: sampling.argmax(logits)), "torch.argmax",
+             _bench_ms(lambda: logits.argmax(-1)), matches_anchor=ok)
+    ]  # fmt: skip
+    ms = _bench_ms(lambda: sampling.top_k_top_p_sample(logits, top_k, top_p, temperature, uniform))
+    rows.append(_row("top_k_top_p_sample", f"{batch}x{VOCAB}", "k=50 p=0.9 t=0.8", ms, None, None))
+    return rows
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def _mm_grid(m: int, quick: bool) -> list[Any]:
+    from tokenspeed_kernel_triton.dense._configs import MMConfig
+
+    if m <= 64:
+        shapes = [(16, 32), (16, 64), (32, 64), (64, 64)] if m <= 16 else [(64, 64), (64, 128), (32, 64)]
+        ks, stages, warps = (128, 256), (3, 4, 5), (4,)
+    else:
+        shapes = [(128, 128), (128, 256), (256, 128), (64, 256)]
+        ks, stages, warps = (64,), (3, 4), (4, 8)
+    grid = [
+        MMConfig(bm, bn, bk, num_warps=w, num_stages=s)
+        for (bm, bn), bk, s, w in itertools.product(shapes, ks, stages, warps)
+    ]
+    return grid[:: 3 if quick else 1]
+
+
+def sweep(gen: torch.Generator, quick: bool, deadline: float) -> dict[str, Any]:
+    from tokenspeed_kernel_triton.dense import gemm, norm, quantization
+    from tokenspeed_kernel_triton.dense._configs import RowConfig
+
+    results: list[dict[str, Any]] = []
+    for kind, (name, (n, k)), m in itertools.product(("16bit", "mxfp4"), MM_SHAPES.items(), MM_TOKENS):
+        if kind == "mxfp4" and m > 64:
+            continue
+        a = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+        w = (torch.randn(n, k, generator=gen) / k**0.5).to("cuda", torch.bfloat16)
+        if kind == "mxfp4":
+            b, b_scale = quantization.quantize_mxfp4(w)
+        else:
+            b, b_scale = w, None
+        want = gemm.mm(a, b, None, a_scale=None, b_scale=b_scale, out_dtype=torch.bfloat16, out=None)
+        for cfg in _mm_grid(m, quick):
+            if time.monotonic() > deadline:
+                _log("sweep: time budget spent, stopping")
+                return {"results": results, "best": _best(results)}
+            if kind == "mxfp4" and cfg.block_k % 32:
+                continue
+
+            def fn(cfg=cfg, a=a, b=b, b_scale=b_scale):
+                return gemm.mm_with_config(
+                    a, b, None, a_scale=None, b_scale=b_scale, out_dtype=torch.bfloat16, out=None, config=cfg
+                )
+
+            try:
+                diff = _rel_diff(fn(), want)
+                us = _bench_ms(fn) * 1e3
+                results.append(
+                    {
+                        "kernel": f"mm {kind}",
+                        "shape": f"{name} M={m}",
+                        "us": us,
+                        "config": dataclasses.asdict(cfg),
+                        "max_rel_diff": diff,
+                    }
+                )
+            except Exception as exc:  # out of shared memory and the like
+                results.append(
+                    {
+                        "kernel": f"mm {kind}",
+                        "shape": f"{name} M={m}",
+                        "config": dataclasses.asdict(cfg),
+                        "error": str(exc)[:200],
+                    }
+                )
+    for tokens, residual in itertools.product(NORM_TOKENS, (False, True)):
+        x = torch.randn(tokens, HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+        r = torch.randn_like(x) if residual else None
+        wt = torch.randn(HIDDEN, generator=gen).to("cuda", torch.bfloat16)
+        for warps, rows_ in itertools.product((2, 4, 8, 16), (1, 2, 4)):
+            cfg = RowConfig(block=4096, num_warps=warps, rows=rows_)
+
+            def fn(cfg=cfg, x=x, r=r, wt=wt):
+                return norm.rmsnorm_with_config(x, wt, 1e-5, residual=r, out=None, config=cfg)
+
+            us = _bench_ms(fn) * 1e3
+            moved = (4 if residual else 2) * tokens * HIDDEN * 2
+            results.append(
+                {
+                    "kernel": "rmsnorm",
+                    "shape": f"{tokens}{' +res' if residual else ''}",
+                    "us": us,
+                    "tbs": moved / us / 1e6,
+                    "config": dataclasses.asdict(cfg),
+                }
+            )
+    return {"results": results, "best": _best(results)}
+
+
+def _best(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        if "us" in r and r.get("max_rel_diff", 0.0) < 2e-2:
+            key = (r["kernel"], r["shape"])
+            if key not in best or r["us"] < best[key]["us"]:
+                best[key] = r
+    return list(best.values())  # fmt: skip
+
+
+# --------------------------------------------------------------------------- report
+
+
+_COLUMNS = (
+    ("op", "op", "s", 18), ("shape", "shape", "s", 26), ("variant", "variant", "s", 18), ("us", "us", ".1f", 9),
+    ("anchor_us", "anchor us", ".1f", 10), ("speedup_vs_anchor", "vs anchor", ".2f", 9), ("tbs", "TB/s", ".2f", 6),
+    ("weight_tbs", "w TB/s", ".2f", 7), ("tflops", "TFLOP/s", ".1f", 8), ("max_rel_diff", "rel diff", ".1e", 8),
+)  # fmt: skip
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [" ".join(title.rjust(w) if fmt != "s" else title.ljust(w) for _, title, fmt, w in _COLUMNS)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['op']:<18} {r.get('shape', ''):<26} error: {r['error'][:120]}")
+            continue
+        cells = []
+        for key, _, fmt, w in _COLUMNS:
+            v = r.get(key)
+            cells.append(
+                "-".rjust(w) if v is None else (format(v, fmt).ljust(w) if fmt == "s" else format(v, fmt).rjust(w))
+            )
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def _targets(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rows:
+        if r.get("op") == "rmsnorm" and "tbs" in r:
+            ok = r["tbs"] >= TARGET_RMSNORM_TBS
+            lines.append(
+                f"rmsnorm {r['shape']} {r['variant']}: {r['tbs']:.2f} TB/s (target >= {TARGET_RMSNORM_TBS}) {'ok' if ok else 'MISS'}"
+            )
+        if r.get("op") == "mm" and "speedup_vs_anchor" in r and r["variant"] != "mxfp4 weights":
+            kind = "fp8" if r["variant"].startswith("fp8") else "bf16"
+            ratio = r["speedup_vs_anchor"]
+            lines.append(
+                f"mm {kind} {r['shape']}: {ratio:.2f}x anchor (selected-kernel target >= {TARGET_MM_RATIO[kind]}x)"
+            )
+    return lines  # fmt: skip
+
+
+def _environment() -> dict[str, Any]:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "command": " ".join(sys.argv),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="out", help="output directory")
+    parser.add_argument("--quick", action="store_true", help="M = 1 and 4096 only; a third of the sweep grid")
+    parser.add_argument("--sweep", action="store_true", help="also sweep tile configs of mm and rmsnorm")
+    parser.add_argument("--sweep-only", action="store_true", help="only the config sweep")
+    parser.add_argument("--budget-min", type=float, default=8.0, help="stop sweeping after this many minutes")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA/ROCm device", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    os.makedirs(args.out, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    env = _environment()
+    _log(f"{env['device']} torch {env['torch']} triton {env['triton']}")
+    tokens = (1, 4096) if args.quick else MM_TOKENS
+    report: dict[str, Any] = {"environment": env, "rows": []}
+    if not args.sweep_only:
+        for name, fn in (
+            ("rmsnorm", lambda: bench_rmsnorm(gen)),
+            ("mm bf16", lambda: bench_mm_bf16(gen, tokens)),
+            ("mm fp8", lambda: bench_mm_fp8(gen, tokens)),
+            ("mm mxfp4", lambda: bench_mm_mxfp4(gen, MXFP4_TOKENS)),
+            ("sampling", lambda: bench_sampling(gen)),
+        ):
+            try:
+                report["rows"] += fn()
+            except Exception as exc:  # keep the other sections' numbers
+                traceback.print_exc()
+                report["rows"].append({"op": name, "error": f"{type(exc).__name__}: {exc}"})
+            torch.cuda.empty_cache()
+        table = _table(report["rows"])
+        report["targets"] = _targets(report["rows"])
+        _log(table)
+        for line in report["targets"]:
+            _log(line)
+        with open(os.path.join(args.out, "triton_dense.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        with open(os.path.join(args.out, "triton_dense.md"), "w") as f:
+            f.write(f"# Triton dense kernels, {env['device']}, {env['date']}\n\n`{env['command']}`\n\n")
+            f.write("```\n" + table + "\n```\n\n" + "\n".join(f"- {t}" for t in report["targets"]) + "\n")
+    if args.sweep or args.sweep_only:
+        result = sweep(gen, args.quick, start + args.budget_min * 60)
+        _log("best per (kernel, shape):")
+        for b in result["best"]:
+            extra = f" {b['tbs']:.2f} TB/s" if "tbs" in b else ""
+            _log(f"  {b['kernel']:<10} {b['shape']:<16} {b['us']:8.1f} us{extra}  {b['config']}")
+        with open(os.path.join(args.out, "triton_dense_sweep.json"), "w") as f:
+            json.dump({"environment": env, **result}, f, indent=1)
+    _log(f"done in {time.monotonic() - start:.0f} s; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
