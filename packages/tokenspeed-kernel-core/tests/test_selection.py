@@ -111,9 +111,10 @@ def test_undeclared_trait_means_default_only(scratch):
 
 
 def test_rank_by_priority_and_capability(scratch):
-    scratch("mha_prefill", "nv.prefill", traits=_attn_traits(), priority=Priority.PERFORMANT,
+    # SPECIALIZED bands keep kernels of installed plugins (triton, amd, nvidia) out of the way.
+    scratch("mha_prefill", "nv.prefill", traits=_attn_traits(), priority=Priority.SPECIALIZED + 10,
             capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90"))  # fmt: skip
-    scratch("mha_prefill", "port.prefill", traits=_attn_traits(), priority=Priority.PORTABLE)
+    scratch("mha_prefill", "port.prefill", traits=_attn_traits(), priority=Priority.SPECIALIZED)
     on = lambda arch: tk.select_spec("mha_prefill", PREFILL_SIG, GPT_OSS_PREFILL, platform=tk.make_platform(arch))
     assert on("sm90").spec.name == "nv.prefill"
     assert on("sm100").spec.name == "nv.prefill"
