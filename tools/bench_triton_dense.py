@@ -230,7 +230,8 @@ def _mm_grid(m: int, quick: bool) -> list[Any]:
     from tokenspeed_kernel_triton.dense._configs import MMConfig
 
     if m <= 64:
-        shapes = [(16, 32), (16, 64), (32, 64), (64, 64)] if m <= 16 else [(64, 64), (64, 128), (32, 64)]
+        # decode: narrow N tiles put more programs on the SMs (N = 2880 / 32 is only 90)
+        shapes = [(16, 16), (16, 32), (16, 64), (32, 64)] if m <= 16 else [(64, 64), (64, 128), (32, 64), (64, 32)]
         ks, stages, warps = (128, 256), (3, 4, 5), (4,)
     else:
         shapes = [(128, 128), (128, 256), (256, 128), (64, 256)]
