@@ -352,3 +352,45 @@ def test_kernel_whose_library_fails_to_load_is_skipped(scratch):
     with pytest.raises(tk.OverrideError, match="implementation failed to load"):
         tk.rmsnorm(x, w, override="gone.rmsnorm")
     selection._broken.pop("gone.rmsnorm")
+
+
+def _tiny_moe_weights():
+    e, h, i = 4, 32, 32
+    g = torch.Generator().manual_seed(0)
+    w13, s13 = tk.quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g), solution="reference")
+    w2, s2 = tk.quantize_mxfp4(torch.randn(e, h, i, generator=g), solution="reference")
+    return tk.MoEWeights(w13=w13, w2=w2, format="mxfp4", w13_scale=s13, w2_scale=s2, gate_up_interleaved=True)
+
+
+def test_prepacked_moe_kernel_needs_a_plan(scratch):
+    """A kernel with its own weight layout serves planned calls only; canonical calls go elsewhere."""
+    calls = []
+
+    def packed_apply(x, topk_weights, topk_ids, weights, activation, *, out=None):
+        calls.append(weights.extra)
+        return tk.moe_apply(x, topk_weights, topk_ids, weights.extra[0], activation, solution="reference")
+
+    def pack(weights):
+        from dataclasses import replace
+
+        return replace(weights, extra=(weights,))
+
+    moe_traits = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY}
+    scratch("moe_apply", "packed.moe_apply", formats=[{"x": ("bf16", "fp32"), "w": "mxfp4"}], traits=moe_traits,
+            priority=Priority.SPECIALIZED, impl=packed_apply, weight_preprocessor=pack)  # fmt: skip
+    w = _tiny_moe_weights()
+    act = tk.MoEActivation()
+    x = torch.randn(5, 32)
+    topk_w, topk_ids = tk.moe_route(torch.randn(5, 4), 2)
+    canonical = tk.moe_apply(x, topk_w, topk_ids, w, act)  # not the packed kernel: it needs converted weights
+    assert calls == []
+    plan = tk.moe_plan(w, act, dtype=torch.float32, device="cpu")
+    assert plan.kernel == "packed.moe_apply" and plan.layout == "packed.moe_apply"
+    packed = tk.moe_process_weights(plan, w)
+    assert packed.layout == "packed.moe_apply" and w.layout == "canonical"
+    planned = tk.moe_apply(x, topk_w, topk_ids, packed, act, plan=plan)
+    assert len(calls) == 1
+    torch.testing.assert_close(planned, canonical)
+    with pytest.raises(ValueError, match="implies prepacked=True"):
+        register_kernel("moe_apply", name="bad.moe", solution="bad", formats=[{"x": "bf16", "w": "mxfp4"}],
+                        traits={"prepacked": False}, weight_preprocessor=pack, impl=packed_apply)  # fmt: skip

@@ -265,6 +265,14 @@ def register_kernel(
 
     def _do(fn: Callable[..., Any] | str) -> KernelSpec:
         contract = get_contract(op)
+        declared = dict(traits or {})
+        if weight_preprocessor is not None:
+            # A kernel with its own weight layout takes converted weights only.
+            if "prepacked" not in contract.traits:
+                raise ValueError(f"weight_preprocessor: op {op!r} takes no preprocessed weights")
+            if declared.get("prepacked", True) is not True:
+                raise ValueError(f"kernel {name!r}: a weight preprocessor implies prepacked=True")
+            declared["prepacked"] = True
         if not name or not isinstance(name, str):
             raise ValueError("name: a kernel needs a non-empty string name")
         if not solution or not isinstance(solution, str):
@@ -282,7 +290,7 @@ def register_kernel(
             solution=solution,
             capability=capability or Capability(),
             formats=contract.build_formats(formats, kernel=name),
-            traits=contract.build_matchers(traits or {}, kernel=name),
+            traits=contract.build_matchers(declared, kernel=name),
             priority=int(priority),
             tags=frozenset(tags),
             impl=fn,

@@ -57,7 +57,8 @@ def register_fa3() -> None:
             formats=formats,
             traits=traits,
             capability=HOPPER,
-            priority=Priority.PERFORMANT,
+            # Above FlashInfer's wrappers (PERFORMANT): FA3 needs no host sync per call.
+            priority=Priority.PERFORMANT + 10,
             tags=("cuda_graph_safe",),
             impl=f"{module}:{op}",
             doc=f"FlashAttention-3 {op}",
@@ -65,4 +66,7 @@ def register_fa3() -> None:
 
 
 def register() -> None:
+    from .flashinfer._register import register as register_flashinfer
+
     register_fa3()
+    register_flashinfer()

@@ -37,7 +37,7 @@ from ..contracts import TraitSpec, define_op
 from ..formats import DTYPE_NAMES
 from ..platform import platform_for_device
 from ..registry import KernelSpec, registry
-from ..selection import Target, select_spec
+from ..selection import NoKernelFoundError, Target, select_spec
 from ..validation import check_same_device, check_tensor
 
 __all__ = [
@@ -226,6 +226,9 @@ _MOE_TRAITS = {
     "clamp": TraitSpec(bool, default=False, doc="activation limit set"),
     "bias": TraitSpec(bool, default=False, doc="expert biases"),
     "gate_up_interleaved": TraitSpec(bool, default=False, doc="gate/up rows alternate"),
+    # Set by the registry for kernels with a weight preprocessor: they take only
+    # weights that moe_process_weights converted, never canonical ones.
+    "prepacked": TraitSpec(bool, default=False, doc="weights converted by moe_process_weights"),
 }
 
 ROUTE = define_op(
@@ -314,6 +317,7 @@ def _weight_traits(weights: MoEWeights, activation: MoEActivation) -> dict[str, 
         "clamp": activation.limit is not None,
         "bias": weights.w13_bias is not None or weights.w2_bias is not None,
         "gate_up_interleaved": weights.gate_up_interleaved,
+        "prepacked": weights.layout != "canonical",
     }
 
 
@@ -478,14 +482,19 @@ def moe_plan(
         raise TypeError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
     dev = torch.device(device) if device is not None else weights.w13.device
     sig = (DTYPE_NAMES[dtype], weights.format)
-    sel = select_spec(
-        "moe_apply",
-        sig,
-        _weight_traits(weights, activation),
-        platform=platform_for_device(dev),
-        solution=solution,
-        override=override,
-    )
+    platform = platform_for_device(dev)
+    # Kernels that take canonical weights and kernels that take converted ones
+    # (prepacked) are two pools; the plan takes the better-ranked pick of the two.
+    picks, errors = [], []
+    for prepacked in (False, True):
+        traits = {**_weight_traits(weights, activation), "prepacked": prepacked}
+        try:
+            picks.append(select_spec("moe_apply", sig, traits, platform=platform, solution=solution, override=override))
+        except NoKernelFoundError as exc:
+            errors.append(exc)
+    if not picks:
+        raise errors[0]
+    sel = max(picks, key=lambda p: p.spec.priority)
     layout = sel.spec.name if sel.spec.weight_preprocessor is not None else "canonical"
     return MoEPlan(kernel=sel.spec.name, layout=layout, format=weights.format, activation=activation)
 
