@@ -95,19 +95,20 @@ class SampleConfig:
 # last row has M = None (any). Kinds: "16bit" (bf16/fp16), "fp32", "fp8"
 # (per-tensor/row scales), "fp8_block128" (BLOCK_K must divide 128), "mxfp4"
 # (BLOCK_K a multiple of 32). Small M is weight-streaming bound: narrow N tiles
-# give more programs to cover every SM.
+# give more programs (GPT-OSS's O projection, N = 2880, is only 90 tiles of 32)
+# and long K steps keep enough weight bytes in flight per program.
 _NV_FP8_ACC = 128
 MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
     "nvidia": {
         "16bit": (
-            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4)),
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4)),
             (64, MMConfig(64, 64, 64, num_warps=4, num_stages=4)),
             (256, MMConfig(128, 128, 64, num_warps=8, num_stages=3)),
             (None, MMConfig(128, 256, 64, num_warps=8, num_stages=3)),
         ),
         "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=3)),),
         "fp8": (
-            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
             (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
             (None, MMConfig(128, 256, 128, num_warps=8, num_stages=3, fp8_imprecise_acc=_NV_FP8_ACC)),
         ),
