@@ -29,7 +29,8 @@ EXPECTED = {f"flashinfer.{op}{tail}" for op in ATTN_OPS for tail in ("", "_sink"
 }
 BF16 = ("bf16", "bf16")
 GPT_OSS = {"head_dim": 64, "gqa_group": 8, "window": True, "sinks": True}
-GPT_OSS_MOE = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True}
+# Planned calls: flashinfer.moe_apply has a weight preprocessor, so it takes converted weights only.
+GPT_OSS_MOE = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "prepacked": True}
 
 
 def _traits(op: str, **kw) -> dict:
