@@ -171,7 +171,10 @@ def test_rmsnorm_plain_only(with_flashinfer):
 
 
 def test_moe_apply_takes_gpt_oss_mxfp4_and_nothing_else(with_flashinfer):
-    _ranks_above_portable(_candidates("moe_apply", ("bf16", "mxfp4"), GPT_OSS_MOE), "flashinfer.moe_apply", "moe_apply")
+    planned = _candidates("moe_apply", ("bf16", "mxfp4"), GPT_OSS_MOE)
+    assert planned["flashinfer.moe_apply"].eligible and planned["flashinfer.moe_apply"].rank == 1
+    canonical = _candidates("moe_apply", ("bf16", "mxfp4"), {**GPT_OSS_MOE, "prepacked": False})
+    assert canonical["flashinfer.moe_apply"].reason == "trait prepacked=False (supports True)"
     assert _candidates("moe_apply", ("bf16", "mxfp4"), {**GPT_OSS_MOE, "activation": "silu", "clamp": False})[
         "flashinfer.moe_apply"
     ].eligible
