@@ -225,8 +225,8 @@ def _sweep_grid(path: str, gemm: str, quick: bool) -> list[Any]:
     out = []
     if path == "tiny":
         decodes = ("bits",) if quick else ("bits", "dot_scaled")
-        for bn, stages, decode in itertools.product((32, 64, 128), (3, 5), decodes):
-            out.append(GemmConfig(block_n=bn, block_k=64, swap_ab=True, decode=decode, num_stages=stages))
+        for bn, stages, swap, decode in itertools.product((32, 64, 128), (3, 5), (False, True), decodes):
+            out.append(GemmConfig(block_n=bn, block_k=64, swap_ab=swap, decode=decode, num_stages=stages))
         for bn, warps in itertools.product((16, 32, 64), (4,) if quick else (4, 8)):
             out.append(GemmConfig(block_n=bn, block_k=64, use_dot=False, num_warps=warps, num_stages=3))
         return out

@@ -30,7 +30,7 @@ _FP32_POINTERS = {"topk_w_ptr"}
 _FLOAT_ARGS = {"alpha", "limit", "up_offset"}
 
 
-def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, decode: str | None = None) -> tuple:
+def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, **overrides: object) -> tuple:
     """(module, kernel, constexpr builder, pointer dtypes, uses tl.dot) for one GEMM variant."""
 
     def build(family: str) -> tuple[dict, dict]:
@@ -41,8 +41,7 @@ def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, dec
 
         kind = "mxfp4" if weight == "mxfp4" else "dense"
         cfg = configs.gemm_config(family, path, kind, gemm, size)
-        if decode is not None:
-            cfg = dataclasses.replace(cfg, decode=decode)
+        cfg = dataclasses.replace(cfg, **overrides)
         w_kind = {"mxfp4": g.W_MXFP4, "fp8": g.W_FP8, "bf16": g.W_DENSE}[weight]
         constexprs = {
             "ROWS": g.ROWS_TINY if path == "tiny" else g.ROWS_GATHER,
@@ -54,6 +53,7 @@ def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, dec
             "MMA_FP32": False,
             "EVEN_K": _K % cfg.block_k == 0,
             "USE_DOT": cfg.use_dot,
+            "STAGES": cfg.num_stages,
             "BLOCK_M": (16 if cfg.use_dot else 1) if path == "tiny" else cfg.block_m,
             "BLOCK_N": cfg.block_n,
             "BLOCK_K": cfg.block_k,
@@ -71,7 +71,8 @@ def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, dec
         }
         return constexprs, {"options": {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, "pointers": pointers}
 
-    return ("gemm", kernel, build, True)
+    # The GEMV variant (use_dot=False) runs on the vector units by design.
+    return ("gemm", kernel, build, bool(overrides.get("use_dot", True)))
 
 
 def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = None) -> tuple:
@@ -92,7 +93,7 @@ KERNELS: dict[str, tuple] = {
     ),
     "sort_single": _fixed("dispatch", "_sort_single_kernel", {"BLOCK": 128, "E_PAD": 128}),
     "sort_count": _fixed("dispatch", "_count_kernel", {"BLOCK": 128, "E_PAD": 128}),
-    "sort_scan": _fixed("dispatch", "_scan_kernel", {"E_PAD": 128}),
+    "sort_scan": _fixed("dispatch", "_scan_kernel", {"CHUNK": 32, "E_PAD": 128}),
     "sort_place": _fixed("dispatch", "_place_kernel", {"BLOCK": 128, "E_PAD": 128}),
     "gather_rows": _fixed("dispatch", "_gather_rows_kernel", {"TOPK": 4, "BLOCK_R": 16, "BLOCK_H": 512}),
     "invert": _fixed("combine", "_invert_kernel", {"BLOCK": 1024}),
@@ -107,8 +108,15 @@ KERNELS: dict[str, tuple] = {
 #: Further variants, compiled only with --slow (pytest -m slow).
 SLOW_KERNELS: dict[str, tuple] = {
     "gate_up_mxfp4_grouped_small": _gemm_variant("moe_gate_up_kernel", "gate_up", "grouped", "mxfp4", 256),
-    "gate_up_mxfp4_tiny_dot_scaled": _gemm_variant("moe_gate_up_kernel", "gate_up", "tiny", "mxfp4", 1, "dot_scaled"),
-    "down_mxfp4_grouped_dot_scaled": _gemm_variant("moe_down_kernel", "down", "grouped", "mxfp4", 65536, "dot_scaled"),
+    "gate_up_mxfp4_tiny_dot_scaled": _gemm_variant(
+        "moe_gate_up_kernel", "gate_up", "tiny", "mxfp4", 1, decode="dot_scaled", swap_ab=True
+    ),
+    "down_mxfp4_grouped_dot_scaled": _gemm_variant(
+        "moe_down_kernel", "down", "grouped", "mxfp4", 65536, decode="dot_scaled"
+    ),
+    "gate_up_mxfp4_tiny_swapped": _gemm_variant("moe_gate_up_kernel", "gate_up", "tiny", "mxfp4", 1, swap_ab=True),
+    "down_mxfp4_tiny_gemv": _gemm_variant("moe_down_kernel", "down", "tiny", "mxfp4", 1, use_dot=False),
+    "gate_up_mxfp4_tiny_gemv": _gemm_variant("moe_gate_up_kernel", "gate_up", "tiny", "mxfp4", 1, use_dot=False),
     "gate_up_fp8_grouped": _gemm_variant("moe_gate_up_kernel", "gate_up", "grouped", "fp8", 65536),
     "down_fp8_tiny": _gemm_variant("moe_down_kernel", "down", "tiny", "fp8", 1),
     "gate_up_bf16_tiny": _gemm_variant("moe_gate_up_kernel", "gate_up", "tiny", "bf16", 1),

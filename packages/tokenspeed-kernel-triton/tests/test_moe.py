@@ -7,8 +7,6 @@ H=I=2880, MXFP4 + biases + clamped SwiGLU) on a CUDA device.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -81,9 +79,9 @@ def _routing(t: int, k: int = K, e: int = E, seed: int = 1, device: str = "cpu")
 
 
 def _x(
-    t: int, seed: int = 2, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+    t: int, seed: int = 2, scale: float = 1.0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", h: int = H
 ) -> torch.Tensor:
-    return (torch.randn(t, H, generator=_gen(seed)) * scale).to(dtype).to(device)
+    return (torch.randn(t, h, generator=_gen(seed)) * scale).to(dtype).to(device)
 
 
 def _assert_close_to(out: torch.Tensor, expected: torch.Tensor, rel: float = 1.5e-2) -> None:
@@ -279,6 +277,18 @@ def test_tiny_path_gemv_variant(fmt: str) -> None:
         experts.moe_apply(x, w, ids, weights, GPT_OSS, path="grouped", configs=(gemv, gemv))
 
 
+@pytest.mark.parametrize(("fmt", "path"), [("mxfp4", "grouped"), ("fp8_e4m3:per_tensor", "tiny")])
+def test_reduction_not_a_multiple_of_block_k(fmt: str, path: str) -> None:
+    """H = 96 and I = 160 leave a masked tail after 64-wide K steps in both GEMMs."""
+    weights = _weights(fmt, seed=22, h=96, i=160)
+    t = 5
+    w, ids = _routing(t, seed=23)
+    x = _x(t, h=96)
+    _assert_close_to(
+        experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path), ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    )
+
+
 def _per_token_loop(
     x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, weights: MoEWeights, act: MoEActivation
 ) -> torch.Tensor:
@@ -394,19 +404,36 @@ def test_gpu_gpt_oss_120b_mxfp4(t: int, path: str) -> None:
     _assert_close_to(out, ref.moe_apply(x, rw, rids, weights, GPT_OSS))
 
 
+_GPU_VARIANTS = {
+    "tiny": [
+        GemmConfig(block_n=64, block_k=64),
+        GemmConfig(block_n=64, block_k=64, swap_ab=True),
+        GemmConfig(block_n=64, block_k=64, decode="shared"),
+        GemmConfig(block_n=64, block_k=64, swap_ab=True, decode="dot_scaled"),
+        GemmConfig(block_n=32, block_k=64, decode="dot_scaled"),
+        GemmConfig(block_n=32, block_k=64, use_dot=False),
+    ],
+    "grouped": [
+        GemmConfig(block_m=16, block_n=64, block_k=64, swap_ab=True),
+        GemmConfig(block_m=64, block_n=128, block_k=64, decode="shared"),
+        GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, decode="dot_scaled"),
+        GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    ],
+}
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("decode", ["shared", "dot_scaled"])
-def test_gpu_mxfp4_decoders(decode: str) -> None:
-    weights, logits, x = _gpt_oss_layer(64, seed=3)
+@pytest.mark.parametrize("path", ["tiny", "grouped"])
+def test_gpu_mxfp4_tile_and_decoder_variants(path: str) -> None:
+    """Every variant the bench sweep may put in the tables, at GPT-OSS-120B shapes."""
+    t = 8 if path == "tiny" else 300
+    weights, logits, x = _gpt_oss_layer(t, seed=3)
     w, ids = route.moe_route(logits, 4)
     expected = ref.moe_apply(x, w, ids, weights, GPT_OSS)
-    for path, fam_table in (("tiny", configs.TINY_GEMM), ("grouped", configs.GROUPED_GEMM)):
-        cfgs = tuple(
-            dataclasses.replace(configs.lookup(fam_table["nvidia"]["mxfp4"][g], 64), decode=decode)
-            for g in ("gate_up", "down")
-        )
-        _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path, configs=cfgs), expected)
+    for cfg in _GPU_VARIANTS[path]:
+        out = experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path, configs=(cfg, cfg))
+        _assert_close_to(out, expected)
 
 
 @pytest.mark.gpu
@@ -428,10 +455,11 @@ def test_gpu_dispatch_and_staged_path_at_prefill_size() -> None:
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_e4m3:per_channel", "fp8_e4m3:per_tensor"])
 @pytest.mark.parametrize("t", [4, 300])
 def test_gpu_dense_and_fp8_formats(fmt: str, t: int) -> None:
-    weights = _weights(fmt, seed=6, e=16, h=512, i=768, device="cuda")
+    # 544 = 8.5 * 64 and 736 = 11.5 * 64: both GEMMs run their masked K tail.
+    weights = _weights(fmt, seed=6, e=16, h=544, i=736, device="cuda")
     g = _gen(7)
     w, ids = route.moe_route(torch.randn(t, 16, generator=g).cuda(), 4)
-    x = torch.randn(t, 512, generator=g).to(torch.bfloat16).cuda()
+    x = torch.randn(t, 544, generator=g).to(torch.bfloat16).cuda()
     _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS), ref.moe_apply(x, w, ids, weights, GPT_OSS))
 
 

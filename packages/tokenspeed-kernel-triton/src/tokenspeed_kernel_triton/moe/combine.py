@@ -6,9 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import COMBINE_BLOCK_H, family_of
+
 __all__ = ["moe_combine", "sum_slots"]
 
-_BLOCK_H = 1024
 _INVERT_BLOCK = 1024
 
 
@@ -53,9 +54,10 @@ def sum_slots(src: torch.Tensor, top_k: int, out: torch.Tensor) -> torch.Tensor:
     """
     t, h = out.shape
     if t and h:
-        _combine_kernel[(t, triton.cdiv(h, _BLOCK_H))](
+        block_h = COMBINE_BLOCK_H[family_of(out.device)]
+        _combine_kernel[(t, triton.cdiv(h, block_h))](
             src, src.stride(0), src, src, out, out.stride(0), h,
-            TOPK=top_k, GATHER=False, WEIGHTED=False, BLOCK_H=_BLOCK_H,
+            TOPK=top_k, GATHER=False, WEIGHTED=False, BLOCK_H=block_h,
         )  # fmt: skip
     return out
 
@@ -87,11 +89,12 @@ def moe_combine(
         else torch.empty((t, h), dtype=expert_out.dtype, device=expert_out.device)
     )
     if t and h:
+        block_h = COMBINE_BLOCK_H[family_of(expert_out.device)]
         row_of = torch.empty_like(permutation)
         _invert_kernel[(triton.cdiv(t * k, _INVERT_BLOCK),)](permutation, row_of, t * k, BLOCK=_INVERT_BLOCK)
-        _combine_kernel[(t, triton.cdiv(h, _BLOCK_H))](
+        _combine_kernel[(t, triton.cdiv(h, block_h))](
             expert_out, expert_out.stride(0), row_of, topk_weights, result, result.stride(0), h,
-            TOPK=k, GATHER=True, WEIGHTED=True, BLOCK_H=_BLOCK_H,
+            TOPK=k, GATHER=True, WEIGHTED=True, BLOCK_H=block_h,
         )  # fmt: skip
     if out is not None and result is not out:
         out.copy_(result)

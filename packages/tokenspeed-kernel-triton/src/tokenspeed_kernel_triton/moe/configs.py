@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from tokenspeed_kernel.platform import platform_for_device
+
 __all__ = [
     "GemmConfig",
     "APPLY_PATH",
@@ -26,6 +30,11 @@ __all__ = [
     "GROUPED_GEMM",
     "SORT_SINGLE_PROGRAM_MAX_PAIRS",
     "SORT_BLOCK",
+    "SORT_SCAN_TILE",
+    "ROUTE_BLOCK_T",
+    "GATHER_BLOCK",
+    "COMBINE_BLOCK_H",
+    "family_of",
     "arch_family",
     "lookup",
     "apply_path",
@@ -88,6 +97,13 @@ APPLY_PATH: dict[str, tuple[tuple[int | None, str], ...]] = {
 SORT_SINGLE_PROGRAM_MAX_PAIRS: dict[str, int] = {"nvidia": 1024, "amd": 1024, "interpret": 64}
 #: Pairs per program of the multi-program sort (a [block, E] one-hot lives in registers).
 SORT_BLOCK: dict[str, int] = {"nvidia": 128, "amd": 128, "interpret": 32}
+#: Elements of the [blocks, E] count tile the one-program scan reads per step.
+SORT_SCAN_TILE: dict[str, int] = {"nvidia": 4096, "amd": 4096, "interpret": 8}
+#: Memory-bound helpers: tokens per routing program (a [tokens, E] tile of logits),
+#: (rows, hidden columns) per row-gather program, hidden columns per combine program.
+ROUTE_BLOCK_T: dict[str, int] = {"nvidia": 16, "amd": 16, "interpret": 16}
+GATHER_BLOCK: dict[str, tuple[int, int]] = {"nvidia": (16, 512), "amd": (16, 512), "interpret": (16, 512)}
+COMBINE_BLOCK_H: dict[str, int] = {"nvidia": 1024, "amd": 1024, "interpret": 1024}
 
 _G = GemmConfig
 # GPT-OSS has H = I = 2880 = 45 * 64: block_k 64 divides every reduction, so the K
@@ -99,14 +115,18 @@ _G = GemmConfig
 #: "down"); keyed by tokens. block_m is set at launch (16 or the next power of two
 #: of the token count; 1 for use_dot=False).
 TINY_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
+    # Hopper: with 16 token rows tl.dot lowers to mma.sync (wgmma wants 64), so the
+    # operands need no swap; of the variants compiled for sm90 this one has the
+    # fewest instructions per weight value in its K loop (PTX: 250 for 2048 values
+    # per 128 threads, vs 281-293 swapped / dot_scaled and 276 for the GEMV).
     "nvidia": {
         "mxfp4": {
-            "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=5)),),
-            "down": ((None, _G(block_n=32, block_k=64, swap_ab=True, num_warps=4, num_stages=5)),),
+            "gate_up": ((None, _G(block_n=64, block_k=64, num_warps=4, num_stages=4)),),
+            "down": ((None, _G(block_n=32, block_k=64, num_warps=4, num_stages=4)),),
         },
         "dense": {
-            "gate_up": ((None, _G(block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),),
-            "down": ((None, _G(block_n=32, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),),
+            "gate_up": ((None, _G(block_n=64, block_k=64, num_warps=4, num_stages=4)),),
+            "down": ((None, _G(block_n=32, block_k=64, num_warps=4, num_stages=4)),),
         },
     },
     "amd": {
@@ -168,6 +188,11 @@ def arch_family(device_type: str, vendor: str) -> str:
     if device_type == "cpu":
         return "interpret"
     return "amd" if vendor == "amd" else "nvidia"
+
+
+def family_of(device: torch.device) -> str:
+    """The arch family of a torch device (platform detection is cached by the core)."""
+    return arch_family(device.type, platform_for_device(device).vendor)
 
 
 def lookup(rows: tuple[tuple[int | None, object], ...], size: int) -> object:

@@ -16,14 +16,10 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernel.ops.moe import MoEDispatchResult
-from tokenspeed_kernel.platform import platform_for_device
 
-from .configs import SORT_BLOCK, SORT_SINGLE_PROGRAM_MAX_PAIRS, arch_family
+from .configs import GATHER_BLOCK, SORT_BLOCK, SORT_SCAN_TILE, SORT_SINGLE_PROGRAM_MAX_PAIRS, family_of
 
 __all__ = ["moe_dispatch", "sort_pairs"]
-
-_GATHER_BLOCK_ROWS = 16
-_GATHER_BLOCK_H = 512
 
 
 @triton.jit
@@ -69,19 +65,27 @@ def _count_kernel(ids_ptr, counts_ptr, num_pairs, BLOCK: tl.constexpr, E_PAD: tl
 
 
 @triton.jit
-def _scan_kernel(counts_ptr, offsets_ptr, num_blocks, num_pairs, E, E_PAD: tl.constexpr):
-    """One program: expert offsets, then each block's first row per expert (in place)."""
+def _scan_kernel(counts_ptr, offsets_ptr, num_blocks, num_pairs, E, CHUNK: tl.constexpr, E_PAD: tl.constexpr):
+    """One program: expert offsets, then each block's first row per expert (in place).
+
+    Blocks are scanned CHUNK at a time as [CHUNK, E_PAD] tiles, so even 16K tokens
+    (512 blocks) take a few dozen iterations, not one dependent load per block.
+    """
     eids = tl.arange(0, E_PAD)
+    bids = tl.arange(0, CHUNK)
     totals = tl.zeros((E_PAD,), dtype=tl.int32)
-    for b in range(num_blocks):
-        totals += tl.load(counts_ptr + b * E_PAD + eids)
+    for b0 in range(0, num_blocks, CHUNK):
+        ptrs = counts_ptr + (b0 + bids)[:, None] * E_PAD + eids[None, :]
+        totals += tl.sum(tl.load(ptrs, mask=(b0 + bids < num_blocks)[:, None], other=0), 0)
     running = tl.cumsum(totals, 0) - totals
     tl.store(offsets_ptr + eids, running, mask=eids < E)
     tl.store(offsets_ptr + E, num_pairs)
-    for b in range(num_blocks):
-        c = tl.load(counts_ptr + b * E_PAD + eids)
-        tl.store(counts_ptr + b * E_PAD + eids, running)
-        running += c
+    for b0 in range(0, num_blocks, CHUNK):
+        ptrs = counts_ptr + (b0 + bids)[:, None] * E_PAD + eids[None, :]
+        ok = (b0 + bids < num_blocks)[:, None]
+        c = tl.load(ptrs, mask=ok, other=0)
+        tl.store(ptrs, tl.cumsum(c, 0) - c + running[None, :], mask=ok)
+        running += tl.sum(c, 0)
 
 
 @triton.jit
@@ -113,10 +117,6 @@ def _gather_rows_kernel(
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], vals, mask=mask)
 
 
-def _family(device: torch.device) -> str:
-    return arch_family(device.type, platform_for_device(device).vendor)
-
-
 def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Stable sort of the flat (token, slot) pairs by expert.
 
@@ -136,7 +136,7 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
         offsets.zero_()
         return offsets, perm
     e_pad = triton.next_power_of_2(num_experts)
-    family = _family(dev)
+    family = family_of(dev)
     block = SORT_BLOCK[family]
     if num_pairs <= SORT_SINGLE_PROGRAM_MAX_PAIRS[family]:
         _sort_single_kernel[(1,)](topk_ids, offsets, perm, num_pairs, num_experts, BLOCK=block, E_PAD=e_pad)
@@ -144,7 +144,9 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     num_blocks = triton.cdiv(num_pairs, block)
     counts = torch.empty((num_blocks, e_pad), dtype=torch.int32, device=dev)
     _count_kernel[(num_blocks,)](topk_ids, counts, num_pairs, BLOCK=block, E_PAD=e_pad)
-    _scan_kernel[(1,)](counts, offsets, num_blocks, num_pairs, num_experts, E_PAD=e_pad)
+    _scan_kernel[(1,)](
+        counts, offsets, num_blocks, num_pairs, num_experts, CHUNK=max(1, SORT_SCAN_TILE[family] // e_pad), E_PAD=e_pad
+    )
     _place_kernel[(num_blocks,)](topk_ids, counts, perm, num_pairs, BLOCK=block, E_PAD=e_pad)
     return offsets, perm
 
@@ -167,9 +169,10 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> M
     rows, h = perm.numel(), x.shape[1]
     hidden = torch.empty((rows, h), dtype=x.dtype, device=x.device)
     if rows and h:
-        grid = (triton.cdiv(rows, _GATHER_BLOCK_ROWS), triton.cdiv(h, _GATHER_BLOCK_H))
+        block_r, block_h = GATHER_BLOCK[family_of(x.device)]
+        grid = (triton.cdiv(rows, block_r), triton.cdiv(h, block_h))
         _gather_rows_kernel[grid](
             x, x.stride(0), perm, hidden, hidden.stride(0), rows, h,
-            TOPK=topk_ids.shape[1], BLOCK_R=_GATHER_BLOCK_ROWS, BLOCK_H=_GATHER_BLOCK_H,
+            TOPK=topk_ids.shape[1], BLOCK_R=block_r, BLOCK_H=block_h,
         )  # fmt: skip
     return MoEDispatchResult(hidden=hidden, expert_offsets=offsets, permutation=perm)

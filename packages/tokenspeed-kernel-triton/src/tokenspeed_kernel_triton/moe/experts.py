@@ -23,11 +23,10 @@ import torch
 import triton
 
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
-from tokenspeed_kernel.platform import platform_for_device
 
 from . import gemm
 from .combine import sum_slots
-from .configs import GemmConfig, apply_path, arch_family, gemm_config
+from .configs import GemmConfig, apply_path, family_of, gemm_config
 from .dispatch import sort_pairs
 
 __all__ = ["moe_experts", "moe_apply", "launch_gate_up", "launch_down"]
@@ -74,10 +73,6 @@ def _operand(weights: MoEWeights, which: str) -> _Operand:
     if bias is not None:
         bias = bias.contiguous()
     return _Operand(w, scale, bias if bias is not None else w, w_kind, scale_kind, bias is not None, sse, ssn)
-
-
-def _family(device: torch.device) -> str:
-    return arch_family(device.type, platform_for_device(device).vendor)
 
 
 def _grouped_tiles(rows: int, num_experts: int, block_m: int) -> int:
@@ -133,7 +128,7 @@ def launch_gate_up(
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         ROWS=rows_mode, TOPK=top_k, W_KIND=op.w_kind, SCALE=op.scale_kind, HAS_BIAS=op.has_bias,
         INTERLEAVED=interleaved, HAS_LIMIT=limit is not None, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab,
-        MMA_FP32=y.device.type == "cpu", EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot,
+        MMA_FP32=y.device.type == "cpu", EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot, STAGES=cfg.num_stages,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -170,7 +165,7 @@ def launch_down(
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], n,
         ROWS=rows_mode, ROUTE_WEIGHT=topk_weights is not None, W_KIND=op.w_kind, SCALE=op.scale_kind,
         HAS_BIAS=op.has_bias, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab, MMA_FP32=y.device.type == "cpu",
-        EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot,
+        EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot, STAGES=cfg.num_stages,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -206,7 +201,7 @@ def moe_experts(
     result = out if out is not None and out.stride(-1) == 1 else torch.empty_like(hidden)
     if rows and h:
         hidden = _last_contiguous(hidden)
-        family = _family(hidden.device)
+        family = family_of(hidden.device)
         w13, w2 = _operand(weights, "w13"), _operand(weights, "w2")
         cfg13 = configs[0] if configs else gemm_config(family, "grouped", w13.weight_kind, "gate_up", rows)
         cfg2 = configs[1] if configs else gemm_config(family, "grouped", w2.weight_kind, "down", rows)
@@ -260,7 +255,7 @@ def moe_apply(
         x = _last_contiguous(x)
         topk_ids = topk_ids.contiguous()
         topk_weights = topk_weights.contiguous()
-        family = _family(x.device)
+        family = family_of(x.device)
         path = path or apply_path(family, t)
         pairs = t * k
         w13, w2 = _operand(weights, "w13"), _operand(weights, "w2")

@@ -70,18 +70,35 @@ def _tiny_members(ids, idx, e, chunk, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_times_2m14(packed, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``uint8 [R, K/2]`` E2M1 code pairs -> float32 ``[R, K]`` values times ``2**-14``.
+def _fp16_halves(pair):
+    """uint32 holding two fp16 bit patterns -> (low half, high half) as fp16."""
+    lo = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    hi = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _e2m1_times_2m14(words, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``uint32 [R, K/8]`` (four code bytes a word, little-endian) -> float32 ``[R, K]``
+    E2M1 values times ``2**-14``, in K order.
 
     Each code's sign goes to fp16 bit 15 and its 3 exponent/mantissa bits to bits
     11..9: that fp16 is the E2M1 value times 2**-14 exactly (code 1, 0.5, lands on
-    the fp16 subnormal 2**-15, which the fp16 -> fp32 convert keeps). A few integer
-    ops and one convert a value; no exp2, no table.
+    the fp16 subnormal 2**-15, which the fp16 -> fp32 convert keeps). Working on
+    whole words builds two fp16 at a time: codes k and k + 4 of a word sit 16 bits
+    apart, so one mask-and-shift places both (about 2.5 integer ops a value).
     """
-    p = packed.to(tl.uint16)
-    lo = ((p & 0x08) << 12) | ((p & 0x07) << 9)
-    hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
-    return tl.reshape(tl.join(lo, hi), (BLOCK_R, BLOCK_K)).to(tl.float16, bitcast=True).to(tl.float32)
+    p04 = ((words & 0x00070007) << 9) | ((words & 0x00080008) << 12)
+    p15 = ((words & 0x00700070) << 5) | ((words & 0x00800080) << 8)
+    p26 = ((words & 0x07000700) << 1) | ((words & 0x08000800) << 4)
+    p37 = ((words & 0x70007000) >> 3) | (words & 0x80008000)
+    k0, k4 = _fp16_halves(p04)
+    k1, k5 = _fp16_halves(p15)
+    k2, k6 = _fp16_halves(p26)
+    k3, k7 = _fp16_halves(p37)
+    # join adds a minor axis: ((k0 k4)(k2 k6))((k1 k5)(k3 k7)) flattens to k0..k7.
+    vals = tl.join(tl.join(tl.join(k0, k4), tl.join(k2, k6)), tl.join(tl.join(k1, k5), tl.join(k3, k7)))
+    return tl.reshape(vals, (BLOCK_R, BLOCK_K)).to(tl.float32)
 
 
 @triton.jit
@@ -93,7 +110,7 @@ def _e8m0_times_2p14(scale):
 
 @triton.jit
 def _decode_mxfp4_bits(packed, scale, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``uint8 [R, K/2]`` codes + ``uint8 [R, K/32]`` E8M0 scales -> float32 ``[R, K]``."""
+    """``uint32 [R, K/8]`` code words + ``uint8 [R, K/32]`` E8M0 scales -> float32 ``[R, K]``."""
     vals = tl.reshape(_e2m1_times_2m14(packed, BLOCK_R, BLOCK_K), (BLOCK_R, BLOCK_K // 32, 32))
     return tl.reshape(vals * _e8m0_times_2p14(scale)[:, :, None], (BLOCK_R, BLOCK_K))
 
@@ -117,6 +134,7 @@ def _mma_tile(
     MMA_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -145,12 +163,21 @@ def _mma_tile(
     offs = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_rows[:, None].to(tl.int64) * stride_am + offs[None, :]
     w_rows64 = w_rows[:, None].to(tl.int64)
+    # The bit decoder (MMA or GEMV) reads the codes as uint32 words (8 codes each;
+    # rows are H/2 bytes, a multiple of 16); the others take them byte by byte.
+    WORDS: tl.constexpr = W_KIND == 2 and (not USE_DOT or DECODE == "bits")
+    W_STEP: tl.constexpr = BLOCK_K // 8 if WORDS else BLOCK_K // 2
     if W_KIND == 2:
-        w_ptrs = w_ptr + w_rows64 * stride_wn + tl.arange(0, BLOCK_K // 2)[None, :]
+        if WORDS:
+            w_ptrs = w_ptr.to(tl.pointer_type(tl.uint32)) + w_rows64 * (stride_wn // 4)
+        else:
+            w_ptrs = w_ptr + w_rows64 * stride_wn
+        w_ptrs += tl.arange(0, W_STEP)[None, :]
         s_ptrs = s_ptr + w_rows64 * stride_sn + tl.arange(0, BLOCK_K // 32)[None, :]
     else:
         w_ptrs = w_ptr + w_rows64 * stride_wn + offs[None, :]
-    for k0 in range(0, K, BLOCK_K):
+    # An explicit stage count also pipelines the GEMV's loads (no tl.dot to key on).
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=a_valid[:, None], other=0.0)
         else:
@@ -160,11 +187,11 @@ def _mma_tile(
                 packed = tl.load(w_ptrs, mask=w_valid[:, None], other=0)
                 scale = tl.load(s_ptrs, mask=w_valid[:, None], other=127)
             else:
-                kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                kw = k0 // (BLOCK_K // W_STEP) + tl.arange(0, W_STEP)
                 kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-                packed = tl.load(w_ptrs, mask=w_valid[:, None] & (kb < K // 2)[None, :], other=0)
+                packed = tl.load(w_ptrs, mask=w_valid[:, None] & (kw < K // (BLOCK_K // W_STEP))[None, :], other=0)
                 scale = tl.load(s_ptrs, mask=w_valid[:, None] & (kg < K // 32)[None, :], other=127)
-            w_ptrs += BLOCK_K // 2
+            w_ptrs += W_STEP
             s_ptrs += BLOCK_K // 32
             if not USE_DOT:
                 # Sum each 32-value group unscaled, then apply its scale once.
@@ -266,6 +293,7 @@ def _gate_up_tile(
     MMA_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -288,7 +316,7 @@ def _gate_up_tile(
     acc = _mma_tile(
         a_ptr, stride_am, a_rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
         s_ptr + e.to(tl.int64) * stride_se, stride_sn, w_rows, w_valid, K,
-        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     acc = _epilogue_scale_bias(acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE, HAS_BIAS)
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
@@ -333,6 +361,7 @@ def _down_tile(
     MMA_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -342,7 +371,7 @@ def _down_tile(
     acc = _mma_tile(
         a_ptr, stride_am, rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
         s_ptr + e.to(tl.int64) * stride_se, stride_sn, w_rows, w_valid, K,
-        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     acc = _epilogue_scale_bias(acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE, HAS_BIAS)
     # The grouped fused path writes each row back at its (token, slot) index, so the
@@ -407,6 +436,7 @@ def moe_gate_up_kernel(
     MMA_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -439,7 +469,7 @@ def moe_gate_up_kernel(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
                     s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
                     ROWS, TOPK, W_KIND, SCALE, HAS_BIAS, INTERLEAVED, HAS_LIMIT, DECODE, SWAP_AB,
-                    MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                    MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
         pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
@@ -449,7 +479,7 @@ def moe_gate_up_kernel(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
                 s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
                 ROWS, TOPK, W_KIND, SCALE, HAS_BIAS, INTERLEAVED, HAS_LIMIT, DECODE, SWAP_AB,
-                MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
 
 
@@ -485,6 +515,7 @@ def moe_down_kernel(
     MMA_FP32: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -515,7 +546,7 @@ def moe_down_kernel(
                 _down_tile(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
                     s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, N,
-                    ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                    ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
         pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
@@ -524,5 +555,5 @@ def moe_down_kernel(
             _down_tile(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
                 s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, N,
-                ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+                ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip

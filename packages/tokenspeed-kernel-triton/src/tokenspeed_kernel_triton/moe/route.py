@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["moe_route"]
+from .configs import ROUTE_BLOCK_T, family_of
 
-_BLOCK_T = 16
+__all__ = ["moe_route"]
 
 
 @triton.jit
@@ -78,9 +78,10 @@ def moe_route(
     weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     if t:
-        _route_kernel[(triton.cdiv(t, _BLOCK_T),)](
+        block_t = ROUTE_BLOCK_T[family_of(dev)]
+        _route_kernel[(triton.cdiv(t, block_t),)](
             router_logits, router_logits.stride(0), weights, ids, t, e,
-            TOPK=top_k, RENORMALIZE=renormalize, BLOCK_T=_BLOCK_T, E_PAD=triton.next_power_of_2(e),
+            TOPK=top_k, RENORMALIZE=renormalize, BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e),
             TOPK_PAD=triton.next_power_of_2(top_k),
         )  # fmt: skip
     return weights, ids
