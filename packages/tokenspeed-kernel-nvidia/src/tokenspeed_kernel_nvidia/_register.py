@@ -39,7 +39,9 @@ def register_fa3() -> None:
         "window": (False, True),
         "sinks": (False, True),
         "logit_cap": softcap,
-        "return_lse": (False, True),
+        # Not offered: FA3 rounds sinks to the q dtype, which moved its lse by up to
+        # 5e-3 on the H200 (verify, 2026-11-30); calls that need lse go elsewhere.
+        "return_lse": (False,),
     }
     # FA3's paged path takes any page size; powers of two up to 256 are what we verify.
     paged = {**common, "page_size": Range(1, 256, power_of_two=True)}

@@ -4,9 +4,11 @@ Each function takes the kernel arguments of the matching public op. The library'
 forward op is called directly (no autograd Function), with ``out=`` passed
 through so the call allocates nothing the caller provided.
 
-Sinks: this FA3 build takes them in bfloat16 only ("sinks must have dtype
-bfloat16"); our contract's float32 sinks are rounded to bf16 (exact for GPT-OSS,
-whose checkpoint stores them in bf16).
+Sinks: this FA3 build takes them in the dtype of q ("sinks must have dtype
+bfloat16" for a bf16 q); our contract's float32 sinks are rounded to that dtype
+(exact for GPT-OSS, whose checkpoint stores them in bf16). On the H200 the rounded
+sinks moved the log-sum-exp by up to 5e-3 against the reference (the output stayed
+within tolerance), so the registration does not offer ``return_lse``.
 
 Layout notes: FA3's log-sum-exp is ``[Hq, total_q]`` for varlen calls and
 ``[B, Hq, 1]`` for one-token decode; we return ``[total_q, Hq]`` / ``[B, Hq]``
@@ -19,8 +21,8 @@ import torch
 from flash_attn_interface import _flash_attn_forward
 
 
-def _sinks(sinks: torch.Tensor | None) -> torch.Tensor | None:
-    return None if sinks is None else sinks.to(torch.bfloat16)
+def _sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    return None if sinks is None else sinks.to(q.dtype)
 
 
 def _window(causal: bool, window_left: int) -> tuple[int, int]:
@@ -37,7 +39,7 @@ def mha_prefill(
         cu_seqlens_q, cu_seqlens_k, None, None, None, max_seqlen_q, max_seqlen_k,
         None, None, None, None, None, None, None, None, None,
         softmax_scale, causal=causal, window_size_left=left, window_size_right=right,
-        softcap=logit_cap, num_splits=1, sinks=_sinks(sinks),
+        softcap=logit_cap, num_splits=1, sinks=_sinks(sinks, q),
     )  # fmt: skip
     return (o, lse.t()) if return_lse else o
 
@@ -50,7 +52,7 @@ def _paged(q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seq
         cu_seqlens_q, None, None, None, cache_seqlens, max_seqlen_q, None,
         page_table, None, None, None, None, None, None, None, None,
         softmax_scale, causal=causal, window_size_left=left, window_size_right=right,
-        softcap=logit_cap, num_splits=0, sinks=_sinks(sinks),
+        softcap=logit_cap, num_splits=0, sinks=_sinks(sinks, q),
     )  # fmt: skip
     return o, lse
 
