@@ -53,3 +53,18 @@ def test_fa3_declares_only_what_the_build_supports():
     assert reasons["hdim96"].startswith("trait head_dim=96")
     assert reasons["fp32"].startswith("formats q=fp32")
     assert reasons["page24"].startswith("trait page_size=24")
+
+
+def test_cublas_mm_routes_by_format():
+    sm90 = tk.make_platform("sm90")
+
+    def chosen(sig, traits=None):
+        cands = tk.explain_selection("mm", sig, traits or {}, platform=sm90)
+        return next(c.name for c in cands if c.selected)
+
+    assert chosen(("bf16", "bf16", "bf16"), {"bias": True}) == "cublas.mm_bf16"
+    assert chosen(("fp8_e4m3:per_token", "fp8_e4m3:per_channel", "bf16")) == "cublas.mm_fp8"
+    # cuBLASLt has no 1x128 block scales and no MXFP4: those go to another kernel.
+    assert not chosen(("fp8_e4m3:block128", "fp8_e4m3:block128", "bf16")).startswith("cublas")
+    assert not chosen(("bf16", "mxfp4", "bf16")).startswith("cublas")
+    assert not chosen(("bf16", "bf16", "fp32")).startswith("cublas")  # out dtype differs from a

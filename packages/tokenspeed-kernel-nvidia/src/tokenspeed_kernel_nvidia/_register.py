@@ -67,8 +67,42 @@ def register_fa3() -> None:
         )
 
 
+def register_cublas() -> None:
+    """``mm`` through PyTorch's cuBLAS (always present with a CUDA build of torch)."""
+    module = "tokenspeed_kernel_nvidia.cublas.gemm"
+    for fmt in ("bf16", "fp16"):
+        register_kernel(
+            "mm",
+            name=f"cublas.mm_{fmt}",
+            solution="cublas",
+            formats=[{"a": fmt, "b": fmt, "out": fmt}],
+            traits={"bias": (False, True)},
+            capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm80"),
+            priority=Priority.PERFORMANT,
+            tags=("cuda_graph_safe",),
+            impl=f"{module}:mm_dense",
+            doc=f"torch.mm / torch.addmm ({fmt}, cuBLAS)",
+        )
+    register_kernel(
+        "mm",
+        name="cublas.mm_fp8",
+        solution="cublas",
+        formats=[
+            {"a": "fp8_e4m3:per_tensor", "b": "fp8_e4m3:per_tensor", "out": ("bf16", "fp16", "fp32")},
+            {"a": "fp8_e4m3:per_token", "b": "fp8_e4m3:per_channel", "out": "bf16"},
+        ],
+        traits={"bias": (False, True)},
+        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", features=frozenset({"fp8"})),
+        priority=Priority.PERFORMANT,
+        tags=("cuda_graph_safe",),
+        impl=f"{module}:mm_fp8",
+        doc="torch._scaled_mm (cuBLASLt FP8, per-tensor or row-wise scales)",
+    )
+
+
 def register() -> None:
     from .flashinfer._register import register as register_flashinfer
 
+    register_cublas()
     register_fa3()
     register_flashinfer()
