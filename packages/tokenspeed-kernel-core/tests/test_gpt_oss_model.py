@@ -246,7 +246,7 @@ def test_model_code_names_no_backend():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_decode_equals_eager():
-    cfg = m.GptOssConfig.tiny()
+    cfg = m.GptOssConfig.small()
     weights = m.random_weights(cfg, seed=1, device="cuda")
     model = m.GptOssModel(cfg, weights, max_positions=64)
     graph = m.generate(model, PROMPTS, 9, return_logits=True, cuda_graph=True)
@@ -261,7 +261,7 @@ def test_cuda_graph_decode_equals_eager():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_selected_kernels_match_reference_on_gpu():
     """Full selection vs every op forced to the reference, teacher-forced on the same tokens (bf16)."""
-    cfg = m.GptOssConfig.tiny()
+    cfg = m.GptOssConfig.small()
     weights = m.random_weights(cfg, seed=1, device="cuda")
     selected = m.generate(m.GptOssModel(cfg, weights, max_positions=64), PROMPTS, 9, return_logits=True)
     with tk.kernel_override("reference"):

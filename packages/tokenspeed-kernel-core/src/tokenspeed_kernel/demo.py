@@ -31,7 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="run GPT-OSS (one layer, or the whole model) through the public API")
     p.add_argument("--model", choices=("layer", "gpt-oss"), default="layer", help="one decoder layer or the model")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--config", choices=("auto", "tiny", "20b"), default="auto", help="tiny on CPU, 20b on GPU")
+    p.add_argument(
+        "--config", choices=("auto", "tiny", "small", "20b"), default="auto", help="auto: tiny on CPU, 20b on GPU"
+    )
     p.add_argument("--seqlens", default=None, help="comma-separated prompt lengths (default: per mode and config)")
     p.add_argument("--layer", type=int, default=0, help="layer mode: index (even = sliding window, odd = full)")
     p.add_argument("--layers", type=int, default=None, help="gpt-oss mode: layers (default: all tiny / 4 of 20b)")
@@ -66,8 +68,15 @@ def _profile(fn: Callable[[], Any], device: torch.device) -> tuple[Any, dict[str
 def _setup(args: argparse.Namespace) -> tuple[torch.device, bool, model.GptOssConfig]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     big = args.config == "20b" or (args.config == "auto" and device.type == "cuda")
-    cfg = model.GptOssConfig.gpt_oss_20b() if big else model.GptOssConfig.tiny()
+    if big:
+        cfg = model.GptOssConfig.gpt_oss_20b()
+    else:
+        cfg = model.GptOssConfig.small() if args.config == "small" else model.GptOssConfig.tiny()
     return device, big, cfg
+
+
+def _config_name(args: argparse.Namespace, big: bool) -> str:
+    return "20B" if big else ("small" if args.config == "small" else "tiny")
 
 
 def _platform_text(device: torch.device) -> str:
@@ -112,7 +121,7 @@ def _run_layer(args: argparse.Namespace) -> int:
     device, big, cfg = _setup(args)
     seqlens = [int(s) for s in args.seqlens.split(",")] if args.seqlens else ([2048] * 4 if big else [40, 7, 25])
     kind = "sliding window" if cfg.layer_type(args.layer) == "sliding_attention" else "full attention"
-    print(f"GPT-OSS {'20B' if big else 'tiny'} layer {args.layer} ({kind}) on {_platform_text(device)}")
+    print(f"GPT-OSS {_config_name(args, big)} layer {args.layer} ({kind}) on {_platform_text(device)}")
     print(f"prefill of {len(seqlens)} sequences ({','.join(map(str, seqlens))} tokens), then one decode step\n")
 
     canonical = model.random_layer(cfg, args.layer, device=device, seed=args.seed)
@@ -174,7 +183,7 @@ def _run_model(args: argparse.Namespace) -> int:
     seqlens = [int(s) for s in args.seqlens.split(",")] if args.seqlens else default_lens
     sampling = model.SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     how = "greedy" if sampling.greedy else f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}"
-    print(f"GPT-OSS {'20B' if big else 'tiny'} shapes, {layers} layer(s), random weights, on {_platform_text(device)}")
+    print(f"GPT-OSS {_config_name(args, big)} shapes, {layers} layer(s), random weights, on {_platform_text(device)}")
     print(
         f"generation: {len(seqlens)} prompts ({','.join(map(str, seqlens))} tokens) -> {args.new_tokens} new tokens "
         f"each ({how})\n"

@@ -101,6 +101,26 @@ class GptOssConfig:
             sliding_window=8,
         )
 
+    @classmethod
+    def small(cls) -> GptOssConfig:
+        """A GPU-test-sized config with GPT-OSS's attention shapes: head_dim 64, 8 query heads per KV head.
+
+        Vendor attention kernels that only compile GPT-OSS-like head sizes can run
+        it (the tiny config's head_dim 16 is below what most accept).
+        """
+        return cls(
+            hidden_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=64,
+            num_local_experts=8,
+            num_experts_per_tok=4,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            vocab_size=1024,
+            sliding_window=16,
+        )
+
     # ------------------------------------------------------------------ config.json
 
     @classmethod

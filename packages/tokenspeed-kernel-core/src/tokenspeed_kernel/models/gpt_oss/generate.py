@@ -141,6 +141,7 @@ class DecodeRunner:
         with torch.cuda.stream(side):
             logits = self._step()
         torch.cuda.current_stream().wait_stream(side)
+        logits.record_stream(torch.cuda.current_stream())  # the caller reads it on the main stream
         try:
             self._capture()
         except Exception as exc:
