@@ -243,7 +243,7 @@ def sweep(tokens: list[int], w: Any, quick: bool, gen: torch.Generator, deadline
     from tokenspeed_kernel_triton.moe import configs, dispatch, experts, gemm, route
 
     act = MoEActivation()
-    w13, w2 = experts._operand(w, "w13"), experts._operand(w, "w2")
+    w13, w2 = experts.expert_operand(w, "w13"), experts.expert_operand(w, "w2")
     results: list[dict[str, Any]] = []
     for t in tokens:
         path = configs.apply_path("nvidia" if torch.version.hip is None else "amd", t)

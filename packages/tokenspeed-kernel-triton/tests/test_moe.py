@@ -320,6 +320,23 @@ def test_apply_matches_independent_per_token_loop() -> None:
     _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS), _per_token_loop(x, w, ids, weights, GPT_OSS))
 
 
+def test_out_buffers_are_filled_and_returned() -> None:
+    weights = _weights("bf16", seed=24)
+    t = 2
+    w, ids = _routing(t, seed=25)
+    x = _x(t)
+    expected = ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    out = torch.full_like(x, float("nan"))
+    assert experts.moe_apply(x, w, ids, weights, GPT_OSS, out=out) is out
+    _assert_close_to(out, expected)
+    d = ref.moe_dispatch(x, ids, E)
+    rows = torch.full_like(d.hidden, float("nan"))
+    assert experts.moe_experts(d.hidden, d.expert_offsets, weights, GPT_OSS, out=rows) is rows
+    combined = torch.full_like(x, float("nan"))
+    assert combine.moe_combine(rows, d.permutation, w, out=combined) is combined
+    _assert_close_to(combined, expected)
+
+
 def test_apply_path_comes_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     weights = _weights("bf16", seed=17)
     sorted_calls = []

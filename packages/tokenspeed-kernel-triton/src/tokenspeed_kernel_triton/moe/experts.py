@@ -29,11 +29,11 @@ from .combine import sum_slots
 from .configs import GemmConfig, apply_path, family_of, gemm_config
 from .dispatch import sort_pairs
 
-__all__ = ["moe_experts", "moe_apply", "launch_gate_up", "launch_down"]
+__all__ = ["moe_experts", "moe_apply", "ExpertOperand", "expert_operand", "launch_gate_up", "launch_down"]
 
 
 @dataclass(frozen=True)
-class _Operand:
+class ExpertOperand:
     """One projection's tensors and the constexprs that describe them to the kernel."""
 
     w: torch.Tensor
@@ -54,7 +54,8 @@ def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _operand(weights: MoEWeights, which: str) -> _Operand:
+def expert_operand(weights: MoEWeights, which: str) -> ExpertOperand:
+    """The kernel's view of ``weights.w13`` (``which="w13"``) or ``weights.w2``."""
     w = _last_contiguous(getattr(weights, which))
     scale = getattr(weights, f"{which}_scale")
     bias = getattr(weights, f"{which}_bias")
@@ -72,7 +73,7 @@ def _operand(weights: MoEWeights, which: str) -> _Operand:
         scale, w_kind, scale_kind, sse, ssn = w, gemm.W_DENSE, gemm.SCALE_NONE, 0, 0
     if bias is not None:
         bias = bias.contiguous()
-    return _Operand(w, scale, bias if bias is not None else w, w_kind, scale_kind, bias is not None, sse, ssn)
+    return ExpertOperand(w, scale, bias if bias is not None else w, w_kind, scale_kind, bias is not None, sse, ssn)
 
 
 def _grouped_tiles(rows: int, num_experts: int, block_m: int) -> int:
@@ -99,7 +100,7 @@ def launch_gate_up(
     a: torch.Tensor,
     row_map: torch.Tensor,
     permutation: torch.Tensor | None,
-    op: _Operand,
+    op: ExpertOperand,
     activation: MoEActivation,
     interleaved: bool,
     y: torch.Tensor,
@@ -111,7 +112,23 @@ def launch_gate_up(
     cfg: GemmConfig,
     block_m: int | None = None,
 ) -> None:
-    """Launch the gate/up GEMM + SwiGLU into ``y [rows, I]`` (see :func:`gemm.moe_gate_up_kernel`)."""
+    """Launch the gate/up GEMM + bias + activation into ``y``.
+
+    Args:
+        a: ``[rows, H]`` bf16/fp16 A rows: ``x [T, H]`` (tiny path, ``ROWS_GATHER``) or
+            sorted rows (``ROWS_SORTED``).
+        row_map: ``int32 [T, k]`` topk_ids (tiny) or ``int32 [E+1]`` expert_offsets.
+        permutation: ``int32 [T*k]`` sorted row -> flat pair (``ROWS_GATHER``), else None.
+        op: :func:`expert_operand` of ``w13``.
+        activation: :class:`MoEActivation`.
+        interleaved: gate/up rows alternate.
+        y: ``[rows, I]`` of ``a``'s dtype: flat pair order (tiny) or sorted order.
+        rows_mode: ``gemm.ROWS_SORTED`` / ``ROWS_GATHER`` / ``ROWS_TINY``.
+        top_k: ``k`` (1 for sorted rows).
+        num_pairs: ``T * k`` (rows of ``y``).
+        num_experts: ``E``.
+        cfg: tile config; ``block_m`` overrides its row tile (tiny path).
+    """
     i = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
     tiles_n = triton.cdiv(i, cfg.block_n // 2)
@@ -140,7 +157,7 @@ def launch_down(
     row_map: torch.Tensor,
     permutation: torch.Tensor | None,
     topk_weights: torch.Tensor | None,
-    op: _Operand,
+    op: ExpertOperand,
     y: torch.Tensor,
     *,
     rows_mode: int,
@@ -149,7 +166,18 @@ def launch_down(
     cfg: GemmConfig,
     block_m: int | None = None,
 ) -> None:
-    """Launch the down GEMM (+ bias, x routing weight when given) into ``y [rows, H]``."""
+    """Launch the down GEMM + bias (x routing weight when given) into ``y``.
+
+    Args:
+        a: ``[rows, I]`` intermediate rows (flat pair order on the tiny path, else sorted).
+        row_map: ``int32 [T, k]`` topk_ids (tiny) or ``int32 [E+1]`` expert_offsets.
+        permutation: ``int32 [T*k]`` (``ROWS_GATHER``: row ``r`` is written at
+            ``permutation[r]``), else None.
+        topk_weights: ``float32 [T, k]`` routing weights to apply, or None.
+        op: :func:`expert_operand` of ``w2``.
+        y: ``[rows, H]`` of ``a``'s dtype.
+        rows_mode, num_pairs, num_experts, cfg, block_m: as :func:`launch_gate_up`.
+    """
     n = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
     tiles_n = triton.cdiv(n, cfg.block_n)
@@ -202,7 +230,7 @@ def moe_experts(
     if rows and h:
         hidden = _last_contiguous(hidden)
         family = family_of(hidden.device)
-        w13, w2 = _operand(weights, "w13"), _operand(weights, "w2")
+        w13, w2 = expert_operand(weights, "w13"), expert_operand(weights, "w2")
         cfg13 = configs[0] if configs else gemm_config(family, "grouped", w13.weight_kind, "gate_up", rows)
         cfg2 = configs[1] if configs else gemm_config(family, "grouped", w2.weight_kind, "down", rows)
         inter = torch.empty((rows, i), dtype=hidden.dtype, device=hidden.device)
@@ -258,7 +286,7 @@ def moe_apply(
         family = family_of(x.device)
         path = path or apply_path(family, t)
         pairs = t * k
-        w13, w2 = _operand(weights, "w13"), _operand(weights, "w2")
+        w13, w2 = expert_operand(weights, "w13"), expert_operand(weights, "w2")
         size = t if path == "tiny" else pairs
         cfg13 = configs[0] if configs else gemm_config(family, path, w13.weight_kind, "gate_up", size)
         cfg2 = configs[1] if configs else gemm_config(family, path, w2.weight_kind, "down", size)
