@@ -249,12 +249,18 @@ def test_cuda_graph_decode_equals_eager():
     cfg = m.GptOssConfig.small()
     weights = m.random_weights(cfg, seed=1, device="cuda")
     model = m.GptOssModel(cfg, weights, max_positions=64)
-    graph = m.generate(model, PROMPTS, 9, return_logits=True, cuda_graph=True)
-    eager = m.generate(model, PROMPTS, 9, return_logits=True, cuda_graph=False)
+    graph = m.generate(model, PROMPTS, 9, return_logits=True, cuda_graph=True)  # raises if capture fails
+    # Eager, fed the graph run's tokens: kernels with atomics may round differently, so compare logits.
+    eager = m.generate(
+        model, PROMPTS, 9, return_logits=True, cuda_graph=False, teacher_tokens=torch.tensor(graph.tokens)
+    )
     assert graph.cuda_graph and not eager.cuda_graph
-    assert graph.tokens == eager.tokens
-    for x, y in zip(graph.decode_logits, eager.decode_logits):
+    for j, (x, y) in enumerate(zip(graph.decode_logits, eager.decode_logits), start=1):
         torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
+        top2 = y.float().topk(2, dim=-1)
+        clear = (top2.values[:, 0] - top2.values[:, 1]) > 0.1
+        sampled = torch.tensor([toks[j] for toks in graph.tokens], device=y.device)
+        assert (sampled == top2.indices[:, 0])[clear].all()
 
 
 @pytest.mark.gpu
@@ -273,5 +279,6 @@ def test_selected_kernels_match_reference_on_gpu():
     for x, y in zip([selected.prefill_logits, *selected.decode_logits], [ref.prefill_logits, *ref.decode_logits]):
         x, y = x.float(), y.float()
         errors.append((x - y).norm(dim=-1) / y.norm(dim=-1))
-    # bf16 logits through 4 layers: per-position relative error ~0.5 % (see test_gpt_oss_transformers.py).
-    assert torch.cat(errors).median().item() <= 0.02
+    # bf16 logits through 4 layers: ~0.6 % per position from the exact values for our reference path and
+    # 0.8 % for transformers' bf16 model (test_gpt_oss_transformers.py); a wrong kernel is off by > 10 %.
+    assert torch.cat(errors).median().item() <= 0.03
