@@ -359,3 +359,13 @@ def test_apply_rotary_validation_names_the_argument():
         tk.apply_rotary(q, k, cache, pos, style="llama")
     with pytest.raises(TypeError, match="^cos_sin_cache: expected dtype"):
         tk.apply_rotary(q, k, cache.double(), pos)
+
+
+def test_fp8_granularity_of_one_row_scales():
+    from tokenspeed_kernel.formats import fp8_granularity
+
+    one = torch.ones(1, 1)
+    assert fp8_granularity(one, 1, 256, weight=False, name="a_scale") == "per_token"
+    assert fp8_granularity(torch.ones(1), 1, 256, weight=False, name="a_scale") == "per_tensor"
+    assert fp8_granularity(one, 4, 256, weight=False, name="a_scale") == "per_tensor"
+    assert fp8_granularity(torch.ones(1, 1), 1, 256, weight=True, name="b_scale") == "per_channel"

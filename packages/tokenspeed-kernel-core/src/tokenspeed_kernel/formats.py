@@ -65,10 +65,12 @@ def is_known_format(fmt: str) -> bool:
 
 def fp8_granularity(scale: torch.Tensor, rows: int, cols: int, *, weight: bool, name: str) -> str:
     """Scale granularity of an FP8 operand of shape [rows, cols] from its scale's shape."""
-    if scale.numel() == 1:
-        return "per_tensor"
+    # A [rows, 1] scale is per row even when rows == 1 (a one-token batch quantized
+    # per token): that keeps it paired with per-channel weights; [1] or [] is per tensor.
     if scale.dim() == 2 and scale.shape[0] == rows and scale.shape[1] == 1:
         return "per_channel" if weight else "per_token"
+    if scale.numel() == 1:
+        return "per_tensor"
     blocks_k = -(-cols // 128)
     blocks_r = -(-rows // 128) if weight else rows
     if scale.dim() == 2 and tuple(scale.shape) == (blocks_r, blocks_k):
