@@ -208,3 +208,13 @@ def test_cpu_ceilings_are_measured_and_positive():
     c = measure_ceilings("cpu")
     assert c.copy_tbps > 0 and c.bf16_tflops > 0 and c.fp8_tflops is None
     assert math.isfinite(c.copy_tbps)
+
+
+def test_top_level_cli_has_bench(tmp_path, capsys):
+    cli = pytest.importorskip("tokenspeed_kernel.cli")
+    out = tmp_path / "o.json"
+    argv = ["bench", "reference.silu_and_mul", "--shape", "tokens=2", "inter=8", "--dtype", "fp32", "--no-ceilings",
+            "--quiet", "--warmup-ms", "1", "--rep-ms", "2", "--json", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    [res] = json.loads(out.read_text())["results"]
+    assert res["op"] == "silu_and_mul" and res["entries"][0]["median_us"] > 0

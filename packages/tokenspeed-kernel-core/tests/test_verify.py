@@ -355,3 +355,36 @@ def test_cli_shapes_file(tmp_path):
 def test_top_level_cli_has_verify():
     cli = pytest.importorskip("tokenspeed_kernel.cli")
     assert cli.main(["verify", "reference.silu_and_mul", "--dtype", "fp32", "--shape", "tokens=2", "inter=8"]) == 0
+
+
+def _transpose_weights(weights):
+    """A preprocessor: the kernel wants w13/w2 transposed (its own layout)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        weights, w13=weights.w13.transpose(1, 2).contiguous(), w2=weights.w2.transpose(1, 2).contiguous()
+    )
+
+
+def _moe_apply_transposed(x, topk_weights, topk_ids, weights, activation, *, out=None):
+    import dataclasses
+
+    from tokenspeed_kernel.reference.moe import moe_apply
+
+    assert weights.layout == "test.moe_apply_transposed", weights.layout
+    canonical = dataclasses.replace(
+        weights, w13=weights.w13.transpose(1, 2), w2=weights.w2.transpose(1, 2), layout="canonical"
+    )
+    return moe_apply(x, topk_weights, topk_ids, canonical, activation, out=out)
+
+
+def test_moe_kernels_with_their_own_layout_get_converted_weights(temp_kernels):
+    pytest.importorskip("tokenspeed_kernel.reference.moe")
+    traits = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY}
+    name = temp_kernels("moe_apply", "test.moe_apply_transposed", _moe_apply_transposed,
+                        formats=[{"x": FLOATS, "w": FLOATS}], traits=traits,
+                        weight_preprocessor=_transpose_weights)  # fmt: skip
+    case = standard_cases("moe_apply", "cpu", dtypes=["bf16"])[0]
+    report = verify(name, cases=[case], device="cpu", stream=None)
+    [r] = report.results
+    assert r.status == "PASS", (r.reason, [c.summary() for c in r.checks])
