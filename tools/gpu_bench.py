@@ -26,6 +26,7 @@ import dataclasses
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -73,35 +74,62 @@ class _Tee(io.TextIOBase):
             st.flush()
 
 
-def run_verify(out_dir: str, device: str, target: str | None, ops: list[str] | None) -> bool:
+def _verify_one(op: str, device: str, json_path: str) -> int:
+    """Child-process mode: verify one op (or kernel/solution) and write its JSON."""
     from tokenspeed_kernel.numerics import verify
-    from tokenspeed_kernel.numerics.runner import VerifyReport, resolve_target
+
+    report = verify(op, shape_set="gpu" if device == "cuda" else "cpu", device=device)
+    with open(json_path, "w") as f:
+        json.dump(report.to_json(), f)
+    return 0 if report.ok else 1
+
+
+def run_verify(out_dir: str, device: str, target: str | None, ops: list[str] | None, isolate: bool) -> bool:
+    """Verify each op in turn (each in its own process with ``isolate``, so that a kernel that
+    corrupts the CUDA context fails only its own op); merge into verify.txt / verify.json."""
+    from tokenspeed_kernel.numerics.runner import resolve_target
 
     targets = ops or ([target] if target else list(resolve_target(None)))
-    merged = VerifyReport(device="")
+    results: list[dict] = []
+    device_text = ""
     with open(os.path.join(out_dir, "verify.txt"), "w") as log:
         tee = _Tee(sys.stdout, log)
         for t in targets:
             t0 = time.perf_counter()
-            try:
-                report = verify(t, shape_set="gpu" if device == "cuda" else "cpu", device=device, stream=tee)
-            except Exception as exc:  # one op's tooling failure must not end the run
-                tee.write(f"verify {t}: {type(exc).__name__}: {exc}\n")
-                merged.results.append(_error_result(t, exc))
-                continue
-            merged.device = report.device
-            merged.results += report.results
+            part = os.path.join(out_dir, f".verify-{t}.json")
+            if isolate:
+                cmd = [sys.executable, os.path.abspath(__file__), "--out", out_dir, "--device", device,
+                       "--verify-one", t, "--verify-json", part]  # fmt: skip
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    tee.write(line)
+                rc = proc.wait()
+            else:
+                try:
+                    rc = _verify_one(t, device, part)
+                except Exception as exc:  # one op's tooling failure must not end the run
+                    tee.write(f"verify {t}: {type(exc).__name__}: {exc}\n")
+                    rc = 3
+            got_json = os.path.exists(part)
+            if got_json:
+                with open(part) as f:
+                    data = json.load(f)
+                os.remove(part)
+                results += data["results"]
+                device_text = data["device"]
+            if rc not in (0, 1) or not got_json:
+                results.append({"op": t, "kernel": "-", "case": None, "status": "ERROR",
+                                "reason": f"verify process ended with exit status {rc}", "checks": []})  # fmt: skip
             tee.write(f"-- {t}: {time.perf_counter() - t0:.1f} s\n")
-        tee.write(merged.summary() + "\n")
+        counts = {s: sum(1 for r in results if r["status"] == s) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+        ok = counts["FAIL"] == 0 and counts["ERROR"] == 0
+        summary = (f"verify on {device_text}: {counts['PASS']} passed, {counts['FAIL']} failed, "
+                   f"{counts['ERROR']} errors, {counts['SKIP']} skipped")  # fmt: skip
+        tee.write(summary + "\n")
     with open(os.path.join(out_dir, "verify.json"), "w") as f:
-        json.dump(merged.to_json(), f, indent=1)
-    return merged.ok
-
-
-def _error_result(target: str, exc: Exception):
-    from tokenspeed_kernel.numerics.runner import KernelResult
-
-    return KernelResult(target, "-", None, "ERROR", f"verify crashed: {type(exc).__name__}: {exc}")
+        json.dump({"device": device_text, "ok": ok, "summary": summary, "results": results}, f, indent=1)
+    return ok
 
 
 def prefill_cases(device: str):
@@ -187,6 +215,9 @@ def main() -> int:
     p.add_argument("--graph", action="store_true", help="also time under CUDA-graph replay")
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--device", default="cuda", help="cuda (default); cpu runs the small CPU sets (a smoke test)")
+    p.add_argument("--no-isolate", action="store_true", help="verify every op in this process (faster, less robust)")
+    p.add_argument("--verify-one", help=argparse.SUPPRESS)
+    p.add_argument("--verify-json", help=argparse.SUPPRESS)
     args = p.parse_args()
 
     import torch
@@ -196,10 +227,12 @@ def main() -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     _import_tokenspeed()
+    if args.verify_one:
+        return _verify_one(args.verify_one, args.device, args.verify_json)
     ok = True
     t0 = time.perf_counter()
     if not args.skip_verify:
-        ok = run_verify(args.out, args.device, args.verify_target, args.verify_ops)
+        ok = run_verify(args.out, args.device, args.verify_target, args.verify_ops, not args.no_isolate)
         print(f"verify done in {time.perf_counter() - t0:.0f} s: {'all passed' if ok else 'FAILURES (see verify.txt)'}")
     if not args.skip_bench:
         with contextlib.redirect_stdout(sys.stderr):

@@ -73,11 +73,14 @@ def test_check_close_boundary_and_worst_elements():
     )
 
 
-def test_check_close_matches_infinities_and_nan_pairs_only():
-    want = torch.tensor([float("-inf"), float("nan"), 1.0])
+def test_check_close_matches_infinities_and_rejects_nan():
+    want = torch.tensor([float("-inf"), 2.0, 1.0])
     assert check_close("lse", want.clone(), want, tolerance("lse")).passed
-    got = torch.tensor([float("-inf"), 1.0, 1.0])
+    got = torch.tensor([float("-inf"), float("nan"), 1.0])
     assert not check_close("lse", got, want, tolerance("lse")).passed
+    nan_ref = torch.tensor([float("nan"), 1.0])
+    c = check_close("lse", nan_ref.clone(), nan_ref, tolerance("lse"))
+    assert not c.passed and "reference has 1 NaN" in c.note
 
 
 def test_matmul_tolerance_scales_with_dtype_and_uses_tf32_for_fp32():

@@ -128,7 +128,7 @@ def _sdpa_peer(backend_name: str) -> Peer:
             with ctx():
                 run(k, v, hq != hkv)
             fn = lambda: run(k, v, hq != hkv)
-        except RuntimeError:
+        except Exception:
             if hq == hkv:
                 raise
             # This backend has no grouped-query path: give it K/V expanded to Hq heads.

@@ -42,16 +42,16 @@ def _make(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, A
         call.update(a=a32.to(dt), b=b32.to(dt))
     elif fmt in _FP8_A_GRANULARITY:
         gran = _FP8_A_GRANULARITY[fmt]
-        a, a_scale = tk.quantize_fp8(a32.to(dt), granularity=gran)
+        a, a_scale = tk.quantize_fp8(a32.to(dt), granularity=gran, solution="reference")
         if gran == "block128":
             b, b_scale = fp8_quantize_blocks(b32)
         else:
-            b, b_scale = tk.quantize_fp8(b32.to(dt), granularity=gran)
+            b, b_scale = tk.quantize_fp8(b32.to(dt), granularity=gran, solution="reference")
         call.update(a=a, b=b, a_scale=a_scale, b_scale=b_scale)
     elif fmt == "mxfp4":
         if dt not in (torch.bfloat16, torch.float16):
             raise ValueError(f"b_format mxfp4 needs a bf16 or fp16 a, the case has {case.dtype}")
-        b, b_scale = tk.quantize_mxfp4(b32.to(dt))
+        b, b_scale = tk.quantize_mxfp4(b32.to(dt), solution="reference")
         call.update(a=a32.to(dt), b=b, b_scale=b_scale)
     else:
         raise ValueError(f"b_format: expected dense, mxfp4 or one of {sorted(_FP8_A_GRANULARITY)}, got {fmt!r}")

@@ -1,7 +1,8 @@
 """Cases for the MoE ops: route, dispatch, experts, combine, fused apply.
 
 Expert weights are built in fp32 and converted with the public ops
-(``quantize_fp8`` per row or per expert, ``quantize_mxfp4``), so every weight
+(``quantize_fp8`` per row or per expert, ``quantize_mxfp4``), forced onto the
+reference so that inputs never depend on a kernel under test; every weight
 format sees the same underlying matrices. ``w13`` has std ``3/sqrt(H)``: the
 gate/up pre-activations are then N(0, ~9) and GPT-OSS's clamp at 7 is active on
 a few percent of them. Routing is uniformly random with distinct experts per
@@ -44,12 +45,12 @@ def moe_weights(case: Case, device: torch.device, gen: torch.Generator) -> MoEWe
     import tokenspeed_kernel as tk
 
     if fmt == "mxfp4":
-        q13, s13 = tk.quantize_mxfp4(w13.to(torch.bfloat16).contiguous())
-        q2, s2 = tk.quantize_mxfp4(w2.to(torch.bfloat16).contiguous())
+        q13, s13 = tk.quantize_mxfp4(w13.to(torch.bfloat16).contiguous(), solution="reference")
+        q2, s2 = tk.quantize_mxfp4(w2.to(torch.bfloat16).contiguous(), solution="reference")
         return MoEWeights(w13=q13, w2=q2, format="mxfp4", w13_scale=s13, w2_scale=s2, **common)
     if fmt == "fp8_e4m3:per_channel":
-        q13, s13 = tk.quantize_fp8(w13.reshape(-1, h).contiguous(), granularity="per_token")
-        q2, s2 = tk.quantize_fp8(w2.reshape(-1, i).contiguous(), granularity="per_token")
+        q13, s13 = tk.quantize_fp8(w13.reshape(-1, h).contiguous(), granularity="per_token", solution="reference")
+        q2, s2 = tk.quantize_fp8(w2.reshape(-1, i).contiguous(), granularity="per_token", solution="reference")
         return MoEWeights(
             w13=q13.view(e, 2 * i, h),
             w2=q2.view(e, h, i),
@@ -59,8 +60,12 @@ def moe_weights(case: Case, device: torch.device, gen: torch.Generator) -> MoEWe
             **common,
         )
     if fmt == "fp8_e4m3:per_tensor":
-        q13, s13 = zip(*(tk.quantize_fp8(w13[x].contiguous(), granularity="per_tensor") for x in range(e)))
-        q2, s2 = zip(*(tk.quantize_fp8(w2[x].contiguous(), granularity="per_tensor") for x in range(e)))
+        q13, s13 = zip(
+            *(tk.quantize_fp8(w13[x].contiguous(), granularity="per_tensor", solution="reference") for x in range(e))
+        )
+        q2, s2 = zip(
+            *(tk.quantize_fp8(w2[x].contiguous(), granularity="per_tensor", solution="reference") for x in range(e))
+        )
         return MoEWeights(
             w13=torch.stack(q13),
             w2=torch.stack(q2),
