@@ -19,13 +19,19 @@ def mm_dense(a, b, bias, *, a_scale, b_scale, out_dtype, out):
 
 
 def mm_fp8(a, b, bias, *, a_scale, b_scale, out_dtype, out):
-    scale_b = b_scale if b_scale.numel() == 1 else b_scale.reshape(1, -1)
-    scale_a = a_scale if a_scale.numel() == 1 else a_scale.reshape(-1, 1)
+    if a_scale.dim() == 2:
+        # Row-wise (per token x per channel; also for M = 1): cuBLASLt wants [M, 1] and [1, N].
+        scale_a, scale_b = a_scale.contiguous(), b_scale.reshape(1, -1)
+    else:
+        scale_a, scale_b = a_scale.reshape(()), b_scale.reshape(())
     y = torch._scaled_mm(
-        a, b.t(), scale_a=scale_a.reshape(()) if scale_a.numel() == 1 else scale_a,
-        scale_b=scale_b.reshape(()) if scale_b.numel() == 1 else scale_b,
-        bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype,
-    )  # fmt: skip
+        a,
+        b.t(),
+        scale_a=scale_a,
+        scale_b=scale_b,
+        bias=None if bias is None else bias.to(out_dtype),
+        out_dtype=out_dtype,
+    )
     if out is not None:
         out.copy_(y)
         return out
