@@ -176,4 +176,7 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
 
 
 def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
-    return torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
+    # A true fp32 division on every device: dividing a CUDA tensor by a Python number
+    # makes PyTorch multiply by the fp32 reciprocal 1/448 instead (one ulp off for
+    # about half the inputs, which flips ties of x / scale in bf16 data).
+    return torch.where(amax > 0, amax / torch.full_like(amax, FP8_E4M3_MAX), torch.ones_like(amax))
