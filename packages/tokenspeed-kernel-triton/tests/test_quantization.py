@@ -74,6 +74,63 @@ def test_fp8_dynamic_bit_exact(device, dtype, granularity):
     assert torch.equal(s.cpu(), torch.where(amax > 0, amax / 448.0, torch.ones_like(amax)))
 
 
+def _bf16_ties_row(amax: float, g: torch.Generator) -> torch.Tensor:
+    """128 bf16 values with |x| <= amax (amax itself included), including every one whose
+    e4m3 code changes when the scale is amax * fl32(1/448) instead of amax / 448, or when
+    x is multiplied by fl32(1 / scale) instead of divided by the scale."""
+    every = torch.arange(1, 0x7F80, dtype=torch.int16).view(torch.bfloat16).float()
+    every = every[every <= amax]
+    exact = torch.tensor([amax / 448.0])
+
+    def codes(v: torch.Tensor) -> torch.Tensor:
+        return v.to(torch.float8_e4m3fn).view(torch.uint8)
+
+    want = codes(every / exact)
+    flips = every[(want != codes(every / (torch.tensor([amax]) * (1 / 448.0)))) | (want != codes(every * (1 / exact)))]
+    fill = every[torch.randint(0, every.numel(), (128,), generator=g)]
+    row = torch.cat((torch.tensor([amax]), flips, fill))[:128]
+    sign = torch.where(torch.rand(128, generator=g) < 0.5, -1.0, 1.0)
+    sign[0] = 1.0
+    return (row * sign).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_token", "block128"])
+def test_fp8_scale_is_a_true_division_bf16_ties(device, granularity):
+    # bf16 data puts many x / scale exactly on e4m3 midpoints, so a scale one ulp off
+    # (amax * fl32(1/448), what dividing a CUDA tensor by a Python float computes) flips
+    # their codes. These amax values are ones where the two scales differ; each row (and
+    # each 128-block) holds its amax, so every group's scale is amax / 448.
+    g = torch.Generator().manual_seed(17)
+    amaxes = (0.5390625, 0.65625, 3.25, 24.5)
+    for a in amaxes:
+        assert a / 448.0 != float(torch.tensor([a]) * torch.tensor(1 / 448.0)), "amax must separate the formulas"
+    rows = [_bf16_ties_row(a, g) for a in amaxes]
+    if granularity == "per_tensor":
+        x = torch.cat(rows).reshape(1, -1)  # one group, amax 24.5
+    elif granularity == "per_token":
+        x = torch.stack(rows)
+    else:
+        x = torch.cat(rows).reshape(2, 256)  # four 1x128 blocks
+    x = x.to(device)
+    q, s = tk.quantize_fp8(x, granularity=granularity)
+    xf = x.cpu().double()
+    amax = {"per_tensor": xf.abs().amax().reshape(1), "per_token": xf.abs().amax(1, keepdim=True)}.get(
+        granularity, xf.abs().reshape(2, 2, 128).amax(-1)
+    )
+    want_s = (amax / 448.0).float()  # fp64 quotient rounded once: the correctly rounded fp32 division
+    assert torch.equal(s.cpu(), want_s)
+    per_elem = want_s.double().repeat_interleave(128, dim=1) if granularity == "block128" else want_s.double()
+    want_q = (xf / per_elem).float().clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(_bytes(q), _bytes(want_q))
+    assert torch.equal(_bytes(q), _bytes(ref.quantize_fp8(x, granularity=granularity, scale=None)[0]))
+    # the input discriminates: the reciprocal scale, or multiplying x by 1 / scale, gives other codes
+    recip_s = (amax.float() * torch.tensor(1 / 448.0)).double()
+    recip_s = recip_s.repeat_interleave(128, dim=1) if granularity == "block128" else recip_s
+    assert not torch.equal(_bytes((xf / recip_s).float().to(torch.float8_e4m3fn)), _bytes(want_q))
+    by_recip = (xf.float() * (1 / per_elem).float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert not torch.equal(_bytes(by_recip), _bytes(want_q))
+
+
 def test_fp8_round_trip_exact_on_representable_values(device):
     # Rows of e4m3 values times a power of two, each row holding +-448 * 2^j: the
     # per-token scale is exactly 2^j, so dequantising gives the input back bit for bit.
@@ -183,6 +240,10 @@ def test_fp8_gpt_oss_gpu(granularity):
     rq, rs = ref.quantize_fp8(x, granularity=granularity, scale=None)
     assert torch.equal(s, rs)
     assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+    # the reference computes the same bytes on the CPU (its scale is a true division on both)
+    cq, cs = ref.quantize_fp8(x.cpu(), granularity=granularity, scale=None)
+    assert torch.equal(s.cpu(), cs)
+    assert torch.equal(q.view(torch.uint8).cpu(), cq.view(torch.uint8))
 
 
 @pytest.mark.gpu
