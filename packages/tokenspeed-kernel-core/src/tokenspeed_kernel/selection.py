@@ -22,6 +22,13 @@ var and the file) tries each in order. An override that no eligible kernel
 satisfies raises :class:`OverrideError` with every candidate's reason; it never
 falls back silently. Environment and file are read once; call
 :func:`reload_settings` after changing them at run time.
+
+Measured ranking: an oracle installed with :func:`set_selection_oracle` scores
+candidates (lower is better; scored ones rank first). Without one,
+``TOKENSPEED_KERNEL_ORACLE=table.json[,more.json]`` names measured tables
+(:mod:`tokenspeed_kernel.benchmark.oracle`; ``default`` = the shipped ones), unset
+means the table shipped for the platform's device if there is one (NVIDIA H200),
+and ``none`` turns measured ranking off. Oracles run on cache misses only.
 """
 
 from __future__ import annotations
@@ -122,6 +129,10 @@ def _parse_override_string(raw: str, *, where: str) -> dict[str, Target]:
     return out
 
 
+#: ``oracle(spec, signature, traits, platform)`` -> a score (lower is better) or None.
+Oracle = Callable[[KernelSpec, tuple[str, ...], Mapping[str, object], Platform], float | None]
+
+
 @dataclass(frozen=True)
 class _Settings:
     env: Mapping[str, Target]
@@ -129,6 +140,31 @@ class _Settings:
     config_path: str | None
     log_selection: bool
     debug: bool
+    #: the measured oracle TOKENSPEED_KERNEL_ORACLE names (or the shipped default); None when off.
+    oracle: Oracle | None = None
+
+
+def _load_oracle_setting() -> Oracle | None:
+    raw = os.environ.get("TOKENSPEED_KERNEL_ORACLE", "").strip()
+    if raw.lower() in ("none", "off", "0"):
+        return None
+    if not raw:
+        return _shipped_oracle
+    from .benchmark.oracle import oracle_for_setting
+
+    return oracle_for_setting([p.strip() for p in raw.split(",") if p.strip()])
+
+
+def _shipped_oracle(
+    spec: KernelSpec, signature: tuple[str, ...], traits: Mapping[str, object], platform: Platform
+) -> float | None:
+    """The measured table shipped for the platform's device, if there is one (loaded on first use)."""
+    if platform.vendor == "cpu" or not platform.device_name:
+        return None  # tables are shipped for named accelerators only: a CPU never loads them
+    from .benchmark.oracle import shipped_oracle
+
+    table = shipped_oracle(platform.device_name)
+    return table(spec, signature, traits, platform) if table is not None else None
 
 
 def _load_settings() -> _Settings:
@@ -163,6 +199,7 @@ def _load_settings() -> _Settings:
         config_path=path,
         log_selection="selection" in {x.strip() for x in log.split(",")},
         debug=os.environ.get("TOKENSPEED_KERNEL_DEBUG", "") not in ("", "0"),
+        oracle=_load_oracle_setting(),
     )
 
 
@@ -240,13 +277,15 @@ def _mapping_target(op: str, mapping: Mapping[str, Target]) -> Target | None:
 # Oracle
 
 
-Oracle = Callable[[KernelSpec, tuple[str, ...], Mapping[str, object], Platform], float | None]
 _oracle: Oracle | None = None
 
 
 def set_selection_oracle(oracle: Oracle | None) -> None:
     """Install a measured-cost oracle: ``oracle(spec, signature, traits, platform)``
-    returns an expected time (lower is better) or None when it has no measurement."""
+    returns an expected time (lower is better) or None when it has no measurement.
+
+    It takes precedence over ``TOKENSPEED_KERNEL_ORACLE`` and the shipped tables;
+    ``None`` removes it (they apply again)."""
     global _oracle
     _oracle = oracle
     clear_selection_cache()
@@ -288,6 +327,7 @@ def _evaluate(
             f"signature: op {op!r} has format roles {contract.roles}, got {len(signature)} format(s) {signature}"
         )
     full = contract.normalize_traits(traits)
+    oracle = _oracle if _oracle is not None else settings().oracle
     rows: list[tuple[tuple, Candidate]] = []
     for spec in registry.for_op(op):
         broken = _broken.get(spec.name)
@@ -300,7 +340,7 @@ def _evaluate(
         if reason:
             rows.append(((2,), Candidate(spec.name, spec.solution, spec.priority, False, reason)))
             continue
-        score = _oracle(spec, signature, full, platform) if _oracle else None
+        score = oracle(spec, signature, full, platform) if oracle is not None else None
         wants = objective is not None and objective in spec.tags
         key = (0 if score is not None else 1, score or 0.0, 0 if wants else 1, -spec.priority, spec.name)
         why = f"priority {spec.priority} ({spec.band})"

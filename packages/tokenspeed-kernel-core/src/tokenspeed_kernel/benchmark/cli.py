@@ -1,4 +1,6 @@
-"""``tokenspeed-kernel bench``: the command line of :func:`tokenspeed_kernel.benchmark.bench`."""
+"""``tokenspeed-kernel bench``: the command line of :func:`tokenspeed_kernel.benchmark.bench`;
+``tokenspeed-kernel oracle``: measured selection tables from bench reports
+(:mod:`tokenspeed_kernel.benchmark.oracle`)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ examples:
   tokenspeed-kernel bench rmsnorm --json out.json --md out.md --plot out.png
   tokenspeed-kernel bench mha_prefill --peers --graph
   tokenspeed-kernel bench mm --shape m=4096 n=5120 k=2880
+  tokenspeed-kernel bench mha_decode_with_kvcache --graph --oracle-out decode-oracle.json
   TOKENSPEED_KERNEL_CAPTURE_SHAPES=calls.json python serve.py ...; tokenspeed-kernel bench --replay calls.json
 """
 
@@ -36,7 +39,67 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     configure(p)
+    add_oracle_parser(subparsers)
     return p
+
+
+_ORACLE_DESCRIPTION = """\
+Measured selection tables. `build` reads bench JSON reports, rebuilds each case's
+call to read its format signature and traits, and scores every kernel per
+(arch, device, op, signature, traits) as the geometric mean of its time over the
+fastest kernel's (CUDA-graph times when measured). Selection ranks scored kernels
+first, best score first, when TOKENSPEED_KERNEL_ORACLE names the table.
+
+examples:
+  tokenspeed-kernel oracle build prefill.json decode.json -o h200.json
+  tokenspeed-kernel oracle show h200.json
+  TOKENSPEED_KERNEL_ORACLE=h200.json python serve.py ...
+"""
+
+
+def add_oracle_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``oracle`` subcommand (``build``, ``show``)."""
+    p = subparsers.add_parser(
+        "oracle",
+        help="build or show a measured selection table from bench reports",
+        description=_ORACLE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="oracle_command", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="build a table from bench --json reports")
+    b.add_argument("reports", nargs="+", metavar="REPORT.json", help="bench reports (tokenspeed-kernel bench --json)")
+    b.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the table (JSON)")
+    b.set_defaults(func=_oracle_build)
+    s = sub.add_parser("show", help="print a table's groups and scores")
+    s.add_argument("table", metavar="TABLE.json")
+    s.set_defaults(func=_oracle_show)
+    return p
+
+
+def _oracle_build(args: argparse.Namespace) -> int:
+    from .oracle import MeasuredOracle
+
+    try:
+        table = MeasuredOracle.from_reports(args.reports)
+    except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
+        print(f"tokenspeed-kernel oracle build: {exc}", file=sys.stderr)
+        return 2
+    table.save(args.output)
+    print(table.describe())
+    print(f"wrote {args.output}")
+    return 0 if len(table) else 1
+
+
+def _oracle_show(args: argparse.Namespace) -> int:
+    from .oracle import MeasuredOracle
+
+    try:
+        table = MeasuredOracle.load(args.table)
+    except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
+        print(f"tokenspeed-kernel oracle show: {exc}", file=sys.stderr)
+        return 2
+    print(table.describe())
+    return 0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -61,6 +124,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write the raw results as JSON")
     p.add_argument("--md", metavar="FILE", help="write a Markdown report")
     p.add_argument("--plot", metavar="FILE", help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--oracle-out", metavar="FILE", help="write a measured selection table (see `oracle`)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -136,6 +200,14 @@ def run(args: argparse.Namespace) -> int:
         write_markdown(report, args.md, command=command)
     if args.plot:
         write_plot(report, args.plot)
+    if args.oracle_out:
+        from .oracle import MeasuredOracle
+
+        table = MeasuredOracle.from_reports([report.to_json()])
+        if args.json:
+            table.sources[0]["path"] = args.json
+        table.save(args.oracle_out)
+        print(f"oracle: {len(table)} group(s) with a ranking -> {args.oracle_out}")
     # A kernel that raised (not a peer, not a skip) makes the run fail.
     failed = [e for r in report.results for e in r.entries if e.status == "error" and e.kind == "kernel"]
     return 1 if failed or any(r.error for r in report.results) else 0
