@@ -120,7 +120,7 @@ class Platform:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arch_version", arch_version(self.arch))
-        key = f"{self.vendor}:{self.arch}:{','.join(sorted(self.features))}"
+        key = f"{self.vendor}:{self.arch}:{','.join(sorted(self.features))}:{self.device_name}"
         object.__setattr__(self, "cache_key", key)
 
     def has(self, *features: str) -> bool:
