@@ -14,6 +14,7 @@ test_cross_compile_dense.py sm90 [--slow]`` prints one target's raw results.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -27,12 +28,13 @@ import pytest
 
 pytest.importorskip("triton")
 
-from tokenspeed_kernel_triton._common import cross_compile
+from tokenspeed_kernel_triton._common import CROSS_COMPILE_TARGETS
 from tokenspeed_kernel_triton.dense import activation, gemm, norm, quantization, rope, sampling
 from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS, ROW_CONFIGS, SAMPLE_CONFIGS
 
 TARGETS = {"sm90": "nvidia", "gfx942": "amd", "gfx950": "amd"}
 HIDDEN = 2880  # GPT-OSS hidden size (and MoE intermediate size)
+QKV_N = 64 * 64 + 2 * 8 * 64  # GPT-OSS QKV projection width
 VOCAB = 201088
 MODULES = (gemm, norm, activation, rope, quantization, sampling)
 
@@ -45,20 +47,45 @@ class Case:
     num_warps: int = 4
     num_stages: int = 2
     checks: dict[str, str] = field(default_factory=dict)  # target prefix -> regex the asm must contain
+    values: dict[str, int] = field(default_factory=dict)  # integer arguments' values at GPT-OSS shapes
 
 
-def _signature(case: Case) -> dict[str, str]:
-    params = inspect.signature(case.kernel.fn).parameters
+def _specialize(case: Case) -> tuple[dict[str, str], dict[str, Any], dict[tuple[int, ...], list]]:
+    """(signature, constexprs, attrs) as Triton's launcher would specialize the call: an
+    integer equal to 1 becomes a constexpr, pointers (torch allocations are 16-byte aligned)
+    and integers divisible by 16 carry ``tt.divisibility = 16``. Without this, unit strides
+    and alignment are unknown, loads stay scalar, and the sm90 pipeliner (which needs
+    vector copies) never runs: the compiled code would not be the code that runs."""
+    params = list(inspect.signature(case.kernel.fn).parameters)
     missing = set(params) - set(case.types) - set(case.constexprs)
     assert not missing, f"{case.kernel.fn.__name__}: no type for {sorted(missing)}"
-    return {p: "constexpr" if p in case.constexprs else case.types[p] for p in params}
+    constexprs = dict(case.constexprs)
+    constexprs.update({p: 1 for p, v in case.values.items() if v == 1 and p not in constexprs})
+    signature = {p: "constexpr" if p in constexprs else case.types[p] for p in params}
+    attrs = {}
+    for i, p in enumerate(params):
+        aligned = signature[p].startswith("*") or (p in case.values and case.values[p] % 16 == 0)
+        if signature[p] != "constexpr" and aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs
 
 
-def _compile(case: Case, target: str) -> str:
-    kernel = cross_compile(
-        case.kernel, _signature(case), case.constexprs, target, num_warps=case.num_warps, num_stages=case.num_stages
-    )
-    return kernel.asm["ptx"] if target.startswith("sm") else kernel.asm["amdgcn"]
+#: Shared memory (LDS) a workgroup may use: H200 227 KB opt-in; MI300X 64 KB; MI355X 160 KB.
+SHARED_LIMIT = {"sm90": 232448, "gfx942": 65536, "gfx950": 163840}
+
+
+def _compile(case: Case, target: str) -> tuple[str, int]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    # cross_compile (tokenspeed_kernel_triton._common) with the launcher's specialization
+    backend, arch, warp = CROSS_COMPILE_TARGETS[target]
+    signature, constexprs, attrs = _specialize(case)
+    src = triton.compiler.ASTSource(fn=case.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    opts = {"num_warps": case.num_warps, "num_stages": case.num_stages}
+    kernel = triton.compile(src, target=GPUTarget(backend, arch, warp), options=opts)
+    asm = kernel.asm["ptx"] if target.startswith("sm") else kernel.asm["amdgcn"]
+    return asm, int(kernel.metadata.shared)
 
 
 def _ints(*names: str) -> dict[str, str]:
@@ -72,28 +99,78 @@ _MM_OPERANDS = {  # kind -> (a type, b type, A_SCALE, B_SCALE)
     "fp32": ("*fp32", "*fp32", gemm.SCALE_NONE, gemm.SCALE_NONE),
     "fp8": ("*fp8e4nv", "*fp8e4nv", gemm.SCALE_ROW, gemm.SCALE_ROW),
     "fp8_block128": ("*fp8e4nv", "*fp8e4nv", gemm.SCALE_BLOCK128, gemm.SCALE_BLOCK128),
-    "mxfp4": ("*bf16", "*u8", gemm.SCALE_NONE, gemm.SCALE_MXFP4),
+    # aligned checkpoints' codes are read as int32 words; "mxfp4_bytes" is the unaligned path
+    "mxfp4": ("*bf16", "*i32", gemm.SCALE_NONE, gemm.SCALE_MXFP4_WORDS),
+    "mxfp4_bytes": ("*bf16", "*u8", gemm.SCALE_NONE, gemm.SCALE_MXFP4),
 }
+
+
+def _gemv_case(cfg: Any) -> Case:
+    types = {
+        "a_ptr": "*bf16",
+        "w_ptr": "*i32",
+        "s_ptr": "*u8",
+        "c_ptr": "*fp32",  # split-K partials
+        "bias_ptr": "*bf16",
+        **_ints("M", "N", "K", "k_per_split", "stride_am", "stride_ak", "stride_wn", "stride_sn", "stride_sk"),
+        **_ints("stride_cm", "stride_cn"),
+    }
+    constexprs = {
+        "HAS_BIAS": False,
+        "EVEN_K": HIDDEN % cfg.block_k == 0,
+        "SPLIT": cfg.split_k > 1,
+        "BLOCK_M": 1,  # decode: one token
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+    }
+    splits, k_per_split = gemm.split_k_plan(cfg, -(-QKV_N // cfg.block_n), HIDDEN)
+    values = {
+        "M": 1, "N": QKV_N, "K": HIDDEN, "k_per_split": k_per_split, "stride_am": HIDDEN, "stride_ak": 1,
+        "stride_wn": HIDDEN // 8, "stride_sn": HIDDEN // 32, "stride_sk": 1, "stride_cm": QKV_N, "stride_cn": 1,
+    }  # fmt: skip
+    constexprs["SPLIT"] = splits > 1
+    return Case(gemm._mxfp4_gemv_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, values=values)
 
 
 def _mm_case(kind: str, family: str, row: int) -> Case:
     a_type, b_type, a_mode, b_mode = _MM_OPERANDS[kind]
-    cfg = MM_CONFIGS[family][kind][row][1]
+    cfg = MM_CONFIGS[family][kind.removesuffix("_bytes")][row][1]
+    if cfg.gemv:
+        if kind == "mxfp4_bytes":  # unaligned codes run the MMA tile of the same width
+            cfg = dataclasses.replace(cfg, block_m=16, gemv=False)
+        else:
+            return _gemv_case(cfg)
+    max_m = MM_CONFIGS[family][kind.removesuffix("_bytes")][row][0]
+    m = 1 if row == 0 else (max_m or 4096)  # decode: one token; else the row's largest M
+    tiles = -(-m // cfg.block_m) * -(-QKV_N // cfg.block_n)
+    splits, k_per_split = gemm.split_k_plan(cfg, tiles, HIDDEN)
+    split = splits > 1
+    # operand strides of contiguous GPT-OSS QKV operands (M x 2880 @ 5120 x 2880)
+    b_row = {gemm.SCALE_MXFP4: HIDDEN // 2, gemm.SCALE_MXFP4_WORDS: HIDDEN // 8}.get(b_mode, HIDDEN)
+    a_scale_rows = -(-HIDDEN // 128) if a_mode == gemm.SCALE_BLOCK128 else 1
+    b_scale_rows = {gemm.SCALE_BLOCK128: -(-HIDDEN // 128), gemm.SCALE_MXFP4: HIDDEN // 32}.get(b_mode, 1)
+    b_scale_rows = HIDDEN // 32 if b_mode == gemm.SCALE_MXFP4_WORDS else b_scale_rows
+    values = {
+        "M": m, "N": QKV_N, "K": HIDDEN, "k_per_split": k_per_split, "stride_am": HIDDEN, "stride_ak": 1,
+        "stride_bn": b_row, "stride_bk": 1, "stride_cm": QKV_N, "stride_cn": 1,
+        "stride_asm": a_scale_rows, "stride_ask": 1, "stride_bsn": b_scale_rows, "stride_bsk": 1,
+    }  # fmt: skip
     types = {
         "a_ptr": a_type,
         "b_ptr": b_type,
-        "c_ptr": "*bf16",
+        "c_ptr": "*fp32" if split else "*bf16",
         "bias_ptr": "*bf16",
         "a_scale_ptr": "*fp32",
-        "b_scale_ptr": "*u8" if b_mode == gemm.SCALE_MXFP4 else "*fp32",
-        **_ints("M", "N", "K", "stride_am", "stride_ak", "stride_bn", "stride_bk", "stride_cm", "stride_cn"),
-        **_ints("stride_asm", "stride_ask", "stride_bsn", "stride_bsk"),
+        "b_scale_ptr": "*u8" if b_mode >= gemm.SCALE_MXFP4 else "*fp32",
+        **_ints("M", "N", "K", "k_per_split", "stride_am", "stride_ak", "stride_bn", "stride_bk"),
+        **_ints("stride_cm", "stride_cn", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk"),
     }
     constexprs: dict[str, Any] = {
         "A_SCALE": a_mode,
         "B_SCALE": b_mode,
-        "HAS_BIAS": True,  # GPT-OSS's attention projections have biases
+        "HAS_BIAS": not split,  # GPT-OSS's attention projections have biases (split-K: in the reduction)
         "EVEN_K": HIDDEN % cfg.block_k == 0,
+        "SPLIT": split,
         "DOT_IN_FP32": cfg.dot_in_fp32,
         "INPUT_PRECISION": "ieee" if kind == "fp32" else None,
         "IMPRECISE_ACC": cfg.fp8_imprecise_acc if kind == "fp8" else None,
@@ -111,32 +188,70 @@ def _mm_case(kind: str, family: str, row: int) -> Case:
     checks = {"gfx": r"v_mfma_"}
     if kind != "fp32":
         checks["sm"] = r"\b(wgmma\.mma_async|mma\.sync)\b"
-    return Case(gemm._mm_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, checks)
+    return Case(gemm._mm_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, checks, values)
 
 
-# By default the decode (M <= 16, first row) and prefill (last row) tiles GPT-OSS
-# runs: bf16 and MXFP4 weights for both, FP8 for prefill. The slow sweep compiles
-# every row of every table (fp32 included).
+# By default the decode (first row) and prefill (last row) tiles GPT-OSS runs: bf16
+# and MXFP4 weights for both (MXFP4 also its M <= 16 MMA row, and the byte path), FP8
+# for decode and prefill. The slow sweep compiles every row of every table.
 _MM_DEFAULT = {
     "16bit": ("decode", "prefill"),
-    "fp8": ("prefill",),
-    "fp8_block128": ("prefill",),
-    "mxfp4": ("decode", "prefill"),
+    "fp8": ("decode", "prefill"),
+    "fp8_block128": ("decode", "prefill"),
+    "mxfp4": ("decode", "row1", "prefill"),
+    "mxfp4_bytes": ("row1",),
 }
 
 
 def _mm_cases(family: str, every_row: bool) -> dict[str, Case]:
     cases = {}
     for kind in _MM_OPERANDS:
-        rows = len(MM_CONFIGS[family][kind])
+        rows = len(MM_CONFIGS[family][kind.removesuffix("_bytes")])
         if every_row:
             cases.update({f"mm-{kind}-row{row}": _mm_case(kind, family, row) for row in range(rows)})
         for phase in _MM_DEFAULT.get(kind, ()) if not every_row else ():
-            cases[f"mm-{kind}-{phase}"] = _mm_case(kind, family, 0 if phase == "decode" else rows - 1)
+            row = {"decode": 0, "row1": 1, "prefill": rows - 1}[phase]
+            cases[f"mm-{kind}-{phase}"] = _mm_case(kind, family, row)
+    cases["mm-split_k_reduce"] = Case(
+        gemm._split_k_reduce_kernel,
+        {
+            "ws_ptr": "*fp32",
+            "bias_ptr": "*bf16",
+            "c_ptr": "*bf16",
+            **_ints("MN", "N", "splits", "stride_cm", "stride_cn"),
+        },
+        {"HAS_BIAS": True, "BLOCK_N": 1024},
+        values={"MN": QKV_N, "N": QKV_N, "splits": 4, "stride_cm": QKV_N, "stride_cn": 1},
+    )
     return cases
 
 
 # -- Row-wise kernels at GPT-OSS shapes ---------------------------------------------
+
+
+# Integer arguments of the row-wise kernels at GPT-OSS shapes (4096 tokens, hidden 2880,
+# 64 q / 8 kv heads of 64 inside one packed QKV row, vocabulary 201088).
+_ROW_VALUES: dict[str, dict[str, int]] = {
+    "rmsnorm-residual": {"n_rows": 4096, "H": HIDDEN, "stride_x": HIDDEN, "stride_r": HIDDEN, "stride_y": HIDDEN,
+                         "stride_s": HIDDEN},
+    "rmsnorm-two-pass": {"n_rows": 4096, "H": HIDDEN, "stride_x": HIDDEN, "stride_r": HIDDEN, "stride_y": HIDDEN,
+                         "stride_s": HIDDEN},
+    "swiglu-interleaved-clamp": {"I": HIDDEN, "stride_x": 2 * HIDDEN, "stride_y": HIDDEN},
+    "swiglu-halves": {"I": HIDDEN, "stride_x": 2 * HIDDEN, "stride_y": HIDDEN},
+    "apply_rotary-neox": {"Hq": 64, "Hk": 8, "D": 64, "R": 64, "stride_qt": QKV_N, "stride_qh": 64,
+                          "stride_kt": QKV_N, "stride_kh": 64, "stride_qot": 4096, "stride_qoh": 64, "stride_kot": 512,
+                          "stride_koh": 64, "stride_cache": 64},
+    "quantize_fp8-amax_partial": {"M": 4096, "K": HIDDEN, "stride_xm": HIDDEN, "rows_per_program": 8},
+    **{f"quantize_fp8-{mode}": {"n_partials": 512, "M": 4096, "K": HIDDEN, "stride_xm": HIDDEN, "stride_qm": HIDDEN}
+       for mode in ("per_token", "static", "per_tensor")},
+    "quantize_fp8-block128": {"K": HIDDEN, "n_blocks": 23, "stride_xm": HIDDEN, "stride_qm": HIDDEN, "stride_sm": 23},
+    "quantize_mxfp4": {"n_groups": HIDDEN // 32, "stride_xm": HIDDEN, "stride_bm": HIDDEN // 2,
+                       "stride_sm": HIDDEN // 32},
+    "dequantize_mxfp4": {"n_rows": 5760, "K": HIDDEN, "stride_bm": HIDDEN // 2, "stride_sm": HIDDEN // 32,
+                         "stride_om": HIDDEN},
+    "argmax-chunk": {"V": VOCAB, "stride_x": VOCAB, "n_chunks": 50},
+    "argmax-reduce": {"n_chunks": 50},
+}  # fmt: skip
 
 
 def _row_cases(family: str) -> dict[str, Case]:
@@ -162,7 +277,7 @@ def _row_cases(family: str) -> dict[str, Case]:
         **_ints("n_partials", "M", "K", "stride_xm", "stride_qm"),
     }
     fp8_rows = {"BLOCK_M": q8.rows, "BLOCK_K": min(q8.block, 4096), "BLOCK_P": 512}
-    return {
+    cases = {
         "rmsnorm-residual": Case(
             norm._rmsnorm_kernel,
             rms_types,
@@ -266,14 +381,20 @@ def _row_cases(family: str) -> dict[str, Case]:
             smp.num_warps,
         ),
     }
+    for name, values in _ROW_VALUES.items():
+        if name in cases:
+            cases[name].values = values
+    return cases
 
 
 def _cases(family: str, every_row: bool = False) -> dict[str, Case]:
     return {**_mm_cases(family, every_row), **_row_cases(family)}
 
 
-def _asm_problems(case: Case, target: str, asm: str) -> list[str]:
+def _asm_problems(case: Case, target: str, asm: str, shared: int) -> list[str]:
     problems = []
+    if shared > SHARED_LIMIT[target]:
+        problems.append(f"{shared} bytes of shared memory (limit {SHARED_LIMIT[target]})")
     for prefix, pattern in case.checks.items():
         if target.startswith(prefix) and not re.search(pattern, asm):
             problems.append(f"expected /{pattern}/ in the assembly")
@@ -293,7 +414,7 @@ def compile_all(target: str, every_row: bool) -> dict[str, list[str]]:
     results = {}
     for name, case in _cases(TARGETS[target], every_row).items():
         try:
-            results[name] = _asm_problems(case, target, _compile(case, target))
+            results[name] = _asm_problems(case, target, *_compile(case, target))
         except Exception as exc:  # reported per case by the parent
             results[name] = [f"compile failed: {type(exc).__name__}: {str(exc)[:2000]}"]
     return results

@@ -199,10 +199,8 @@ def test_mxfp4_round_trip_exact(device):
     g = torch.Generator().manual_seed(9)
     blocks = torch.randint(0, 256, (6, 48), generator=g, dtype=torch.uint8)
     blocks[:, ::16] = (blocks[:, ::16] & 0xF0) | torch.where(torch.rand(6, 3, generator=g) < 0.5, 7, 14).to(torch.uint8)
-    # No -0 codes (8): the shared in-register decoder returns +0.0 for them, the same
-    # value, which re-quantizes to code 0.
-    lo, hi = blocks & 15, blocks >> 4
-    blocks = torch.where(lo == 8, 0, lo) | (torch.where(hi == 8, 0, hi) << 4)
+    # -0 codes (8) included: the decoder keeps the sign bit, so they re-quantize to 8.
+    blocks[:, 1] = 0x88
     scales = torch.randint(100, 150, (6, 3), generator=g, dtype=torch.uint8)
     blocks, scales = blocks.to(device), scales.to(device)
     _assert_triton("dequantize_mxfp4", ("mxfp4", "fp32"), {}, blocks.device)
@@ -216,13 +214,23 @@ def test_mxfp4_dequantize(device, dtype):
     g = torch.Generator().manual_seed(4)
     blocks = torch.randint(0, 256, (3, 2, 80), generator=g, dtype=torch.uint8)  # K = 160: 5 groups
     scales = torch.randint(115, 135, (3, 2, 5), generator=g, dtype=torch.uint8)
+    blocks[0, 0, :8] = torch.tensor([0x08, 0x80, 0x88, 0x18, 0x81, 0x0F, 0xF0, 0x00], dtype=torch.uint8)  # -0 codes
+    if dtype == torch.float32:
+        # the E8M0 extremes: 0 is the subnormal 2**-127, 255 is exp2(128) = inf (as the
+        # reference); that group gets non-zero codes only (0 * inf would be NaN)
+        scales[0, 0, :2] = torch.tensor([0, 255], dtype=torch.uint8)
+        blocks[0, 0, 16:32] |= 0x11
     _assert_triton("dequantize_mxfp4", ("mxfp4", DTYPE_NAMES[dtype]), {}, torch.device(device))
     y = tk.dequantize_mxfp4(blocks.to(device), scales.to(device), dtype=dtype)
     assert y.shape == (3, 2, 160) and y.dtype == dtype
     codes, scale = _decode(blocks, scales)
+    scale = scale.float().double()  # the scale is an fp32 number: byte 255 is 2**128 = inf
     want = _E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double() * scale.repeat_interleave(32, -1)
-    assert torch.equal(y.cpu().to(torch.float64), want)  # exact in every output dtype at these scales
-    assert torch.equal(y.cpu(), ref.dequantize_mxfp4(blocks, scales, dtype=dtype))
+    got = y.cpu().to(torch.float64)
+    assert torch.equal(got, want.to(dtype).to(torch.float64))  # exact in every output dtype
+    assert torch.equal(torch.signbit(got), torch.signbit(want)), "-0 codes decode to -0.0"
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(y.cpu().view(bits), ref.dequantize_mxfp4(blocks, scales, dtype=dtype).view(bits))
 
 
 # -- GPU -------------------------------------------------------------------------------

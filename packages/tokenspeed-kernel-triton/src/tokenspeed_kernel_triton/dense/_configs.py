@@ -57,6 +57,10 @@ class MMConfig:
     raw integers, so its config needs this; GPUs never do). ``fp8_imprecise_acc``:
     how many K elements Hopper's fp8 wgmma may sum in its reduced-precision
     accumulator before promoting to fp32 (None = Triton's default, i.e. never).
+    ``split_k``: at most this many K slices (fp32 partials, then an ordered reduction);
+    ``split_target``: use only as many slices as it takes for the output tiles times the
+    slices to reach this many programs (0 = always ``split_k``). ``gemv``: MXFP4 weights
+    only, the MMA-free GEMV kernel for a handful of rows (``block_m`` = rows per program).
     ``launch``: extra backend launch options (e.g. AMD ``waves_per_eu``).
     """
 
@@ -68,6 +72,9 @@ class MMConfig:
     num_stages: int = 3
     dot_in_fp32: bool = False
     fp8_imprecise_acc: int | None = None
+    split_k: int = 1
+    split_target: int = 0
+    gemv: bool = False
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -94,64 +101,101 @@ class SampleConfig:
 # mm: per family, per operand kind, (largest M, config) rows tried in order; the
 # last row has M = None (any). Kinds: "16bit" (bf16/fp16), "fp32", "fp8"
 # (per-tensor/row scales), "fp8_block128" (BLOCK_K must divide 128), "mxfp4"
-# (BLOCK_K a multiple of 32). Small M is weight-streaming bound: narrow N tiles
-# give more programs (GPT-OSS's O projection, N = 2880, is only 90 tiles of 32)
-# and long K steps keep enough weight bytes in flight per program.
+# (BLOCK_K a multiple of 32).
+#
+# Small M is weight-streaming bound and short of programs: GPT-OSS's QKV projection
+# (N = 5120) is 320 tiles of 16, its O projection (N = 2880) 180, on 132 SMs, each tile
+# walking all of K. Split-K (target ~4 programs per SM, _SPLIT_TARGET) multiplies the
+# programs in flight; MXFP4 decode also spends ALU time per weight value, which
+# split-K spreads over more SMs. Up to 4 rows, MXFP4 uses the MMA-free GEMV.
+#
+# NVIDIA (H200), measured 2026-11-30 with the previous tables (--quick bench): bf16 mm
+# 0.53-0.75x cuBLAS, fp8 0.39-0.59x, MXFP4 at M = 1: 46-65 us (no split-K, byte decode).
+# The rows below are reasoned, not yet measured: split-K on the decode rows; prefill
+# bf16 128x256x64 with 4 stages (4 x 48 KB of smem, under the 227 KB; Hopper wgmma
+# m64n256 per warpgroup, 8 warps); fp8 128x256x128 with 4 stages (4 x 48 KB).
 _NV_FP8_ACC = 128
+_SPLIT_TARGET = 4 * 132  # programs: about four per H200 SM
 MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
     "nvidia": {
         "16bit": (
-            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4)),
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
             (64, MMConfig(64, 64, 64, num_warps=4, num_stages=4)),
             (256, MMConfig(128, 128, 64, num_warps=8, num_stages=3)),
-            (None, MMConfig(128, 256, 64, num_warps=8, num_stages=3)),
+            (None, MMConfig(128, 256, 64, num_warps=8, num_stages=4)),
         ),
         "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=3)),),
         "fp8": (
-            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (
+                16,
+                MMConfig(
+                    16,
+                    16,
+                    256,
+                    num_warps=4,
+                    num_stages=4,
+                    fp8_imprecise_acc=_NV_FP8_ACC,
+                    split_k=4,
+                    split_target=_SPLIT_TARGET,
+                ),
+            ),
             (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
-            (None, MMConfig(128, 256, 128, num_warps=8, num_stages=3, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (None, MMConfig(128, 256, 128, num_warps=8, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
         ),
         "fp8_block128": (
-            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4)),
+            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
             (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+            # 128x128: the per-step partial product doubles the accumulator registers
             (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
         ),
         "mxfp4": (
-            (16, MMConfig(16, 32, 256, num_warps=4, num_stages=4)),
-            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+            (4, MMConfig(4, 32, 256, num_warps=4, num_stages=1, gemv=True, split_k=8, split_target=_SPLIT_TARGET)),
+            (16, MMConfig(16, 32, 256, num_warps=4, num_stages=4, split_k=8, split_target=_SPLIT_TARGET)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
             (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
         ),
     },
     # Sized so that neither gfx942 nor gfx950 spills VGPRs (checked by the cross-compile
     # test); 256-wide tiles spilled 100+ VGPRs on both. gfx942 has no OCP fp8 MFMA, so
-    # its fp8 tiles also pay for the conversion to fp16 in registers.
+    # its fp8 tiles also pay for the conversion to fp16 in registers. Not measured on
+    # hardware; split-K on the decode rows as on NVIDIA (MI300X/MI355X: 304/256 CUs).
     "amd": {
         "16bit": (
-            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2)),
+            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
             (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
             (None, MMConfig(128, 128, 64, num_warps=8, num_stages=2)),
         ),
         "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=2)),),
         "fp8": (
-            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2)),
+            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
             (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
             (None, MMConfig(128, 64, 64, num_warps=4, num_stages=2)),
         ),
         "fp8_block128": (
-            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2)),
+            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
             (None, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
         ),
         "mxfp4": (
-            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2)),
-            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+            (4, MMConfig(4, 64, 256, num_warps=4, num_stages=1, gemv=True, split_k=8, split_target=4 * 304)),
+            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2, split_k=8, split_target=4 * 304)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
             (None, MMConfig(128, 128, 64, num_warps=8, num_stages=2)),
         ),
     },
-    # Small tiles so the tests exercise several programs, K tails and wrap-around rows.
+    # Small tiles so the tests exercise several programs, K tails, wrap-around rows,
+    # split-K (two slices at M <= 2) and the MXFP4 GEMV.
     "interpret": {
-        kind: ((None, MMConfig(16, 16, 32 if kind != "mxfp4" else 64, group_m=2, dot_in_fp32=True)),)
-        for kind in ("16bit", "fp32", "fp8", "fp8_block128", "mxfp4")
+        "16bit": (
+            (2, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True, split_k=2)),
+            (None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),
+        ),
+        "fp32": ((None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),),
+        "fp8": ((None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),),
+        "fp8_block128": ((None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),),
+        "mxfp4": (
+            (2, MMConfig(2, 16, 64, gemv=True, split_k=2)),
+            (None, MMConfig(16, 16, 64, group_m=2, dot_in_fp32=True)),
+        ),
     },
 }
 

@@ -1,39 +1,60 @@
 """Portable Triton GEMM: ``out = (a * a_scale) @ (b * b_scale).T + bias``, fp32 accumulate.
 
-One kernel serves every operand format; constexpr scale modes pick the path:
+One tile kernel serves every operand format; constexpr scale modes pick the path:
 
 - bf16/fp16/fp32 ``a`` and ``b`` (no scales);
 - FP8 e4m3 with a per-tensor or per-row scale on each side (applied once, in the
   epilogue) or 1x128 / 128x128 block scales (applied to each BLOCK_K partial
   product, so BLOCK_K divides 128);
 - MXFP4 ``b`` (``uint8 [N, K/2]`` + E8M0 ``uint8 [N, K/32]``), decoded in registers
-  right after the load with :func:`tokenspeed_kernel_triton._mxfp4.unpack_mxfp4`
-  and cast to ``a``'s dtype for the MMA: the weight is never written out wider.
+  right after the load (:mod:`tokenspeed_kernel_triton._mxfp4`) and cast to ``a``'s
+  dtype for the MMA: the weight is never written out wider. Codes are read as int32
+  words (eight a word) when the weight's rows are 4-byte aligned, else byte by byte.
+
+Small M is weight-streaming bound, so two more pieces serve decode:
+
+- split-K (``MMConfig.split_k``): the K range is cut into slices, each program writes
+  an fp32 partial tile to a workspace, and a second kernel adds the slices in a fixed
+  order (plus bias, cast, ``out``'s strides): more programs in flight, and the result
+  is the same on every run (no atomics);
+- an MXFP4 GEMV (``MMConfig.gemv``) for a handful of rows: no MMA, every decoded
+  weight is used by CUDA-core FMAs straight from the code planes, and the E8M0 scale
+  is applied once per 32-value group after the FMAs.
+
+FP8 accuracy note: Hopper's fp8 ``wgmma`` keeps its accumulator with fewer bits
+than fp32 (about 14, as DeepSeek-V3 reports); the kernel promotes into the fp32
+accumulator every 128 K (``fp8_imprecise_acc`` / one block-scale step), so the
+error of a result is a few 1e-5 of ``sum_k |a_k b_k|``, not of ``|result|``.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
-from .._mxfp4 import unpack_mxfp4
+from .._mxfp4 import E2M1_REBIAS, e2m1_word_planes, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
 from ._configs import MMConfig, mm_config
 
 __all__ = [
     "mm",
     "mm_with_config",
     "operand_kind",
+    "split_k_plan",
     "TRITON_KERNELS",
     "SCALE_NONE",
     "SCALE_TENSOR",
     "SCALE_ROW",
     "SCALE_BLOCK128",
     "SCALE_MXFP4",
+    "SCALE_MXFP4_WORDS",
 ]
 
 # Scale modes (constexpr). SCALE_ROW is per token for a and per channel for b.
-SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK128, SCALE_MXFP4 = 0, 1, 2, 3, 4
+# SCALE_MXFP4 reads b's codes as bytes, SCALE_MXFP4_WORDS as int32 words.
+SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK128, SCALE_MXFP4, SCALE_MXFP4_WORDS = 0, 1, 2, 3, 4, 5
 
 _FP8 = (torch.float8_e4m3fn,)
 
@@ -49,6 +70,7 @@ def _mm_kernel(
     M,
     N,
     K,
+    k_per_split,
     stride_am,
     stride_ak,
     stride_bn,
@@ -63,6 +85,7 @@ def _mm_kernel(
     B_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     IMPRECISE_ACC: tl.constexpr,
@@ -72,6 +95,7 @@ def _mm_kernel(
     GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Grouped order: GROUP_M row tiles walk the same column tiles together, so a B
@@ -89,34 +113,50 @@ def _mm_kernel(
     am = (rm % M).to(tl.int64)
     bn = (rn % N).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
+    # This program's K slice (all of K without split-K); k_per_split is a multiple of BLOCK_K.
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
 
-    a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :] * stride_ak
+    a_ptrs = a_ptr + am[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak
     if B_SCALE == 4:
-        # MXFP4: BLOCK_K values are BLOCK_K // 2 bytes and BLOCK_K // 32 scales of each row.
+        # MXFP4 bytes: BLOCK_K values are BLOCK_K // 2 bytes and BLOCK_K // 32 scales of each row.
         rkp = tl.arange(0, BLOCK_K // 2)
-        rks = tl.arange(0, BLOCK_K // 32)
-        b_ptrs = b_ptr + bn[:, None] * stride_bn + rkp[None, :] * stride_bk
-        bs_ptrs = b_scale_ptr + bn[:, None] * stride_bsn + rks[None, :] * stride_bsk
+        b_ptrs = b_ptr + bn[:, None] * stride_bn + (k_lo // 2 + rkp)[None, :] * stride_bk
+    elif B_SCALE == 5:
+        # MXFP4 words: BLOCK_K values are BLOCK_K // 8 int32 words (16-byte vector loads).
+        rkw = tl.arange(0, BLOCK_K // 8)
+        # A row is K / 8 words, a multiple of 4 (K % 32 == 0): rows start 16-byte aligned.
+        b_rows = tl.multiple_of(bn * stride_bn, 4)
+        b_ptrs = b_ptr + b_rows[:, None] + (k_lo // 8 + rkw)[None, :] * stride_bk
     else:
         # b is [N, K] with K contiguous: read it as the [BLOCK_K, BLOCK_N] K-major
         # operand the MMA wants (no transpose in registers).
-        b_ptrs = b_ptr + rk[:, None] * stride_bk + bn[None, :] * stride_bn
+        b_ptrs = b_ptr + (k_lo + rk)[:, None] * stride_bk + bn[None, :] * stride_bn
+    if B_SCALE >= 4:
+        rks = tl.arange(0, BLOCK_K // 32)
+        bs_ptrs = b_scale_ptr + bn[:, None] * stride_bsn + (k_lo // 32 + rks)[None, :] * stride_bsk
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=(k0 + rk)[None, :] < K, other=0.0)
-        if B_SCALE == 4:
+        if B_SCALE >= 4:
+            # K is a multiple of 32: a tail step masks whole bytes, words and groups.
             if EVEN_K:
                 packed = tl.load(b_ptrs)
                 scale_exp = tl.load(bs_ptrs)
             else:
-                # K is a multiple of 32: a tail step masks whole bytes and whole groups.
-                packed = tl.load(b_ptrs, mask=(k0 // 2 + rkp)[None, :] < K // 2, other=0)
                 scale_exp = tl.load(bs_ptrs, mask=(k0 // 32 + rks)[None, :] < K // 32, other=0)
-            w = unpack_mxfp4(packed, scale_exp, BLOCK_N, BLOCK_K)
+                if B_SCALE == 4:
+                    packed = tl.load(b_ptrs, mask=(k0 // 2 + rkp)[None, :] < K // 2, other=0)
+                else:
+                    packed = tl.load(b_ptrs, mask=(k0 // 8 + rkw)[None, :] < K // 8, other=0)
+            if B_SCALE == 4:
+                w = unpack_mxfp4(packed, scale_exp, BLOCK_N, BLOCK_K)
+            else:
+                w = unpack_mxfp4_words(packed, scale_exp, BLOCK_N, BLOCK_K)
             # E2M1 x 2^e is exact in bf16 (and in fp16 within its exponent range).
             b = tl.trans(w.to(a.dtype))
         elif EVEN_K:
@@ -128,12 +168,15 @@ def _mm_kernel(
             b = b.to(tl.float32)
         if A_SCALE == 3 or B_SCALE == 3:
             # Block scales change every 128 along K: scale each BLOCK_K partial
-            # product (BLOCK_K divides 128, so one step sits in one scale block).
+            # product (BLOCK_K divides 128 and k0 is a multiple of BLOCK_K, so one step
+            # sits in one scale block). Each partial starts from zero, so fp8 wgmma's
+            # reduced-precision accumulation never spans more than BLOCK_K.
             part = tl.dot(a, b, input_precision=INPUT_PRECISION)
             ks = k0 // 128
             if A_SCALE == 3:
                 part = part * tl.load(a_scale_ptr + am * stride_asm + ks * stride_ask)[:, None]
             if B_SCALE == 3:
+                # one scale per column: a BLOCK_N wider than 128 spans several weight blocks
                 part = part * tl.load(b_scale_ptr + (bn // 128) * stride_bsn + ks * stride_bsk)[None, :]
             acc += part
         else:
@@ -141,9 +184,12 @@ def _mm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         if B_SCALE == 4:
             b_ptrs += (BLOCK_K // 2) * stride_bk
-            bs_ptrs += (BLOCK_K // 32) * stride_bsk
+        elif B_SCALE == 5:
+            b_ptrs += (BLOCK_K // 8) * stride_bk
         else:
             b_ptrs += BLOCK_K * stride_bk
+        if B_SCALE >= 4:
+            bs_ptrs += (BLOCK_K // 32) * stride_bsk
 
     # Per-tensor and per-row scales are constant along K: one multiply at the end.
     if A_SCALE == 1:
@@ -154,16 +200,144 @@ def _mm_kernel(
         acc = acc * tl.load(b_scale_ptr)
     elif B_SCALE == 2:
         acc = acc * tl.load(b_scale_ptr + bn * stride_bsn)[None, :]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + bn).to(tl.float32)[None, :]
-
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     mask = (rm < M)[:, None] & (rn < N)[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if SPLIT:
+        # fp32 partial of this K slice into the workspace [splits, M, N]; bias and the
+        # cast happen once, in _split_k_reduce_kernel.
+        ws = c_ptr + pid_k.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
+        tl.store(ws, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + bn).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mxfp4_gemv_kernel(
+    a_ptr,
+    w_ptr,
+    s_ptr,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_am,
+    stride_ak,
+    stride_wn,
+    stride_sn,
+    stride_sk,
+    stride_cm,
+    stride_cn,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``c[m, n] = sum_k a[m, k] w[n, k]`` for MXFP4 ``w`` read as int32 code words
+    (``[N, K/8]``, unit stride along K) and a handful of rows ``m``: no MMA.
+
+    A program owns BLOCK_N weight rows and one K slice. Words are loaded as
+    ``[BLOCK_N, G, 4]`` (G 32-value groups of four words: one 16-byte vector per
+    group and row); code j of word (g, w) multiplies ``a[m, k0 + 32 g + 8 w + j]``.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    G: tl.constexpr = BLOCK_K // 32
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    wn = (rn % N).to(tl.int64)  # wrap-around rows keep loads in bounds (masked at the store)
+    rg = tl.arange(0, G)
+    rw = tl.arange(0, 4)
+    kw = rg[:, None] * 4 + rw[None, :]  # word offset of (group, word) within a step
+    # A row is K / 8 words, a multiple of 4 (K % 32 == 0): rows start 16-byte aligned,
+    # so each (row, group) is one 16-byte vector load.
+    w_rows = tl.multiple_of(wn * stride_wn, 4)
+    w_ptrs = w_ptr + w_rows[:, None, None] + kw[None, :, :]
+    s_ptrs = s_ptr + wn[:, None] * stride_sn + rg[None, :] * stride_sk
+    a_off = (rg[:, None] * 32 + rw[None, :] * 8) * stride_ak  # a column of code 0 of each word
+    rm_local = tl.arange(0, BLOCK_M)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+
+    # Manual double buffering: the next step's words and scales are in flight while
+    # this step decodes (one program's step is only BLOCK_N * BLOCK_K / 2 bytes).
+    # Every step starts at a multiple of BLOCK_K (k_per_split is one): tell the compiler,
+    # so the word loads stay 16-byte vectors.
+    if EVEN_K:
+        nxt_w = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=k_lo < k_hi, other=0)
+        nxt_s = tl.load(s_ptrs + (k_lo // 32) * stride_sk, mask=k_lo < k_hi, other=0)
+    else:
+        g_ok = (k_lo // 32 + rg) < K // 32
+        nxt_w = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
+        nxt_s = tl.load(s_ptrs + (k_lo // 32) * stride_sk, mask=g_ok[None, :], other=0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        words = nxt_w
+        scale = e8m0_to_float(nxt_s)
+        k1 = k0 + BLOCK_K
+        g1_ok = ((k1 // 32 + rg) < K // 32) & (k1 < k_hi)
+        nxt_w = tl.load(w_ptrs + tl.multiple_of(k1 // 8, BLOCK_K // 8), mask=g1_ok[None, :, None], other=0)
+        nxt_s = tl.load(s_ptrs + (k1 // 32) * stride_sk, mask=g1_ok[None, :], other=0)
+        c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_planes(words)
+        g_ok = (k0 // 32 + rg) < K // 32
+        for i in tl.static_range(BLOCK_M):
+            row = pid_m * BLOCK_M + i
+            a_row = a_ptr + row.to(tl.int64) * stride_am + k0 * stride_ak + a_off
+            a_ok = g_ok[:, None] & (row < M)
+            # Eight FMAs per word, one per code plane; a is tiny and cached.
+            part = c0 * tl.load(a_row, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c1 * tl.load(a_row + stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c2 * tl.load(a_row + 2 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c3 * tl.load(a_row + 3 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c4 * tl.load(a_row + 4 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c5 * tl.load(a_row + 5 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c6 * tl.load(a_row + 6 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            part += c7 * tl.load(a_row + 7 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
+            # Per group: undo the decoder's 2**-14 (exact), then the E8M0 scale.
+            group = (tl.sum(part, axis=2) * E2M1_REBIAS) * scale
+            acc += tl.where(rm_local[:, None] == i, tl.sum(group, axis=1)[None, :], 0.0)
+
+    rm = pid_m * BLOCK_M + rm_local
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT:
+        ws = c_ptr + pid_k.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
+        tl.store(ws, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + wn).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    ws_ptr, bias_ptr, c_ptr, MN, N, splits, stride_cm, stride_cn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """``c[m, :] = sum_s ws[s, m, :] (+ bias)`` (``MN = M * N``, one slice's size), the
+    slices added in order (deterministic)."""
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = rn < N
+    ptrs = ws_ptr + m * N + rn
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for _ in range(1, splits):
+        ptrs += MN
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + m * stride_cm + rn * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 #: Every Triton kernel of this module (the cross-compile test covers each).
-TRITON_KERNELS = {"mm": _mm_kernel}
+TRITON_KERNELS = {"mm": _mm_kernel, "mxfp4_gemv": _mxfp4_gemv_kernel, "split_k_reduce": _split_k_reduce_kernel}
+
+#: Columns per program of the split-K reduction.
+_REDUCE_BLOCK_N = 1024
 
 
 def _scale_mode(scale: torch.Tensor | None, rows: int) -> int:
@@ -177,9 +351,20 @@ def _scale_mode(scale: torch.Tensor | None, rows: int) -> int:
 
 
 def _scale_strides(scale: torch.Tensor | None, mode: int) -> tuple[int, int]:
-    if mode in (SCALE_ROW, SCALE_BLOCK128, SCALE_MXFP4):
+    if mode in (SCALE_ROW, SCALE_BLOCK128, SCALE_MXFP4, SCALE_MXFP4_WORDS):
         return scale.stride(0), scale.stride(1)
     return 0, 0
+
+
+def _as_words(blocks: torch.Tensor) -> torch.Tensor | None:
+    """MXFP4 codes ``uint8 [N, K/2]`` viewed as ``int32 [N, K/8]`` (no copy), or None when
+    the rows are not 4-byte aligned with unit stride along K."""
+    if blocks.stride(1) != 1 or blocks.stride(0) % 4 or blocks.data_ptr() % 4 or blocks.shape[1] % 4:
+        return None
+    try:
+        return blocks.view(torch.int32)
+    except RuntimeError:
+        return None
 
 
 def mm(
@@ -222,6 +407,19 @@ def operand_kind(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
     return "fp32" if a.dtype == torch.float32 else "16bit"
 
 
+def split_k_plan(cfg: MMConfig, tiles: int, k: int) -> tuple[int, int]:
+    """``(splits, k_per_split)`` for ``tiles`` output tiles over ``k``: at most ``cfg.split_k``
+    slices, fewer when ``tiles`` alone reach ``cfg.split_target`` programs; every slice
+    gets at least one BLOCK_K step and ``k_per_split`` is a multiple of BLOCK_K."""
+    steps = max(1, triton.cdiv(k, cfg.block_k))
+    splits = cfg.split_k
+    if cfg.split_target:
+        splits = min(splits, max(1, triton.cdiv(cfg.split_target, tiles)))
+    splits = max(1, min(splits, steps))
+    per = triton.cdiv(steps, splits)
+    return triton.cdiv(steps, per), per * cfg.block_k
+
+
 def mm_with_config(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -240,24 +438,41 @@ def mm_with_config(
         out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if m == 0 or n == 0:
         return out
+    if k == 0:
+        return out.copy_(bias.expand(m, n) if bias is not None else torch.zeros((), device=a.device))
     kind = operand_kind(a, b, a_scale, b_scale)
-    a_mode = _scale_mode(a_scale, m)
-    b_mode = SCALE_MXFP4 if kind == "mxfp4" else _scale_mode(b_scale, n)
     cfg = config if config is not None else mm_config(kind, m, a.device)
     if kind == "fp8_block128" and 128 % cfg.block_k:
         raise AssertionError(f"mm config: fp8 block128 needs BLOCK_K dividing 128, got {cfg.block_k}")
+    if kind == "mxfp4" and cfg.block_k % 32:
+        raise AssertionError(f"mm config: MXFP4 needs BLOCK_K a multiple of 32, got {cfg.block_k}")
+    words = _as_words(b) if kind == "mxfp4" else None
+    if cfg.gemv:
+        if words is not None:
+            return _gemv(a, words, bias, b_scale, out, cfg)
+        # unaligned codes: the byte-wise MMA tile of the same width
+        cfg = dataclasses.replace(cfg, block_m=16, gemv=False)
+    a_mode = _scale_mode(a_scale, m)
+    if kind == "mxfp4":
+        b_mode = SCALE_MXFP4_WORDS if words is not None else SCALE_MXFP4
+        b = words if words is not None else b
+    else:
+        b_mode = _scale_mode(b_scale, n)
     asm, ask = _scale_strides(a_scale, a_mode)
     bsm, bsk = _scale_strides(b_scale, b_mode)
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-    _mm_kernel[grid](
-        a, b, out, bias, a_scale, b_scale,
-        m, n, k,
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    splits, k_per_split = split_k_plan(cfg, tiles, k)
+    target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
+    _mm_kernel[(tiles, splits)](
+        a, b, target, bias, a_scale, b_scale,
+        m, n, k, k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         asm, ask, bsm, bsk,
         A_SCALE=a_mode,
         B_SCALE=b_mode,
         HAS_BIAS=bias is not None,
         EVEN_K=k % cfg.block_k == 0,
+        SPLIT=splits > 1,
         DOT_IN_FP32=cfg.dot_in_fp32,
         INPUT_PRECISION="ieee" if a.dtype == torch.float32 else None,
         IMPRECISE_ACC=cfg.fp8_imprecise_acc if kind == "fp8" else None,
@@ -269,4 +484,49 @@ def mm_with_config(
         num_stages=cfg.num_stages,
         **cfg.launch,
     )  # fmt: skip
+    if splits > 1:
+        _reduce(target, bias, out, splits)
+    return out
+
+
+def _reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, splits: int) -> None:
+    m, n = out.shape
+    _split_k_reduce_kernel[(m, triton.cdiv(n, _REDUCE_BLOCK_N))](
+        ws, bias, out, m * n, n, splits, out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
+    )  # fmt: skip
+
+
+def _gemv(
+    a: torch.Tensor,
+    words: torch.Tensor,
+    bias: torch.Tensor | None,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    cfg: MMConfig,
+) -> torch.Tensor:
+    m, k = a.shape
+    n = words.shape[0]
+    # Rows per program: M itself rounded up (at most the config's), so M = 1 does no
+    # wasted FMAs; more rows than that take more programs along grid axis 2.
+    block_m = min(cfg.block_m, triton.next_power_of_2(m))
+    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, block_m)
+    splits, k_per_split = split_k_plan(cfg, tiles, k)
+    target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
+    _mxfp4_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits, triton.cdiv(m, block_m))](
+        a, words, scales, target, bias,
+        m, n, k, k_per_split,
+        a.stride(0), a.stride(1), words.stride(0), scales.stride(0), scales.stride(1), out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % cfg.block_k == 0,
+        SPLIT=splits > 1,
+        BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **cfg.launch,
+    )  # fmt: skip
+    if splits > 1:
+        _reduce(target, bias, out, splits)
     return out
