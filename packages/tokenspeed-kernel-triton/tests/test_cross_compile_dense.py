@@ -30,7 +30,7 @@ pytest.importorskip("triton")
 
 from tokenspeed_kernel_triton._common import CROSS_COMPILE_TARGETS
 from tokenspeed_kernel_triton.dense import activation, gemm, norm, quantization, rope, sampling
-from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS, ROW_CONFIGS, SAMPLE_CONFIGS
+from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS, RMSNORM_CONFIGS, ROW_CONFIGS, SAMPLE_CONFIGS
 
 TARGETS = {"sm90": "nvidia", "gfx942": "amd", "gfx950": "amd"}
 HIDDEN = 2880  # GPT-OSS hidden size (and MoE intermediate size)
@@ -254,8 +254,12 @@ _ROW_VALUES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 
 
+def rmsnorm_config_rows(family: str, n_rows: int) -> Any:
+    return next(cfg for max_rows, cfg in RMSNORM_CONFIGS[family] if max_rows is None or n_rows <= max_rows)
+
+
 def _row_cases(family: str) -> dict[str, Case]:
-    rms = ROW_CONFIGS["rmsnorm"][family]
+    rms = rmsnorm_config_rows(family, 4096)
     act = ROW_CONFIGS["swiglu"][family]
     rot = ROW_CONFIGS["apply_rotary"][family]
     q8 = ROW_CONFIGS["quantize_fp8"][family]
@@ -281,13 +285,14 @@ def _row_cases(family: str) -> dict[str, Case]:
         "rmsnorm-residual": Case(
             norm._rmsnorm_kernel,
             rms_types,
-            {"HAS_RESIDUAL": True, "ONE_PASS": HIDDEN <= rms.block, "BLOCK": 4096, "ROWS": rms.rows},
+            # 2880 = a 2048 tile + a 1024 tail tile (832 used)
+            {"HAS_RESIDUAL": True, "ONE_PASS": True, "BLOCK": 2048, "BLOCK_TAIL": 1024, "ROWS": rms.rows},
             rms.num_warps,
         ),
         "rmsnorm-two-pass": Case(
             norm._rmsnorm_kernel,
             rms_types,
-            {"HAS_RESIDUAL": False, "ONE_PASS": False, "BLOCK": 1024, "ROWS": rms.rows},
+            {"HAS_RESIDUAL": False, "ONE_PASS": False, "BLOCK": 1024, "BLOCK_TAIL": 0, "ROWS": rms.rows},
             rms.num_warps,
         ),
         "swiglu-interleaved-clamp": Case(

@@ -146,13 +146,18 @@ def test_mm_fp8(device, ga, gb):
     _close(y.cpu(), ref.cpu(), torch.bfloat16)
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["words", "bytes"])
 @pytest.mark.parametrize(("m", "dtype"), [(1, torch.bfloat16), (20, torch.float16)])
-def test_mm_mxfp4(device, m, dtype):
+def test_mm_mxfp4(device, m, dtype, aligned):
     # K = 96 is not a multiple of the interpreter's BLOCK_K (64): the last step is a tail.
+    # M = 1 runs the GEMV (split-K); codes whose rows are not 4-byte aligned are read
+    # byte by byte (an MMA tile even at M = 1).
     n, k = 33, 96
     g = torch.Generator().manual_seed(m)
     w = torch.randn(n, k, generator=g) * torch.logspace(-2, 1, k)
     blocks, scales = ref_quant.quantize_mxfp4(w)
+    if not aligned:
+        blocks = torch.cat((torch.zeros(n, 1, dtype=torch.uint8), blocks), dim=1)[:, 1:]  # row stride k/2 + 1
     a = torch.randn(m, k, generator=g).to(dtype).to(device)
     bias = torch.randn(n, generator=g).to(device)
     _assert_triton("mm", (DTYPE_NAMES[dtype], "mxfp4", "fp32"), {"bias": True}, a.device)
@@ -237,7 +242,7 @@ def _rmsnorm64(x, weight, eps):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", [(3, 5, 48), (4, 200)], ids=["one-pass", "two-pass"])
+@pytest.mark.parametrize("shape", [(3, 5, 48), (2, 64), (4, 200)], ids=["one-pass-two-tiles", "one-pass", "two-pass"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_rmsnorm(device, dtype, shape, residual):
     g = torch.Generator().manual_seed(len(shape) + residual)

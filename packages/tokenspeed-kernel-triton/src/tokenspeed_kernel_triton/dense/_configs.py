@@ -22,10 +22,12 @@ __all__ = [
     "RowConfig",
     "SampleConfig",
     "MM_CONFIGS",
+    "RMSNORM_CONFIGS",
     "ROW_CONFIGS",
     "SAMPLE_CONFIGS",
     "arch_family",
     "mm_config",
+    "rmsnorm_config",
     "row_config",
     "sample_config",
 ]
@@ -199,15 +201,37 @@ MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
     },
 }
 
+# rmsnorm, by row count: (largest row count, config), the last row catch-all. "block" is
+# the widest row kept whole in registers (one read of x); longer rows take two passes.
+# A GPT-OSS row (2880 bf16) is 360 16-byte vectors, held as a 2048 + 1024-lane pair of
+# tiles. On the H200 (measured 2026-11-30, one row per program, 8 warps, one 4096-lane
+# tile): 4096 rows 2.52 TB/s (2.30 with residual), 16384 rows 3.79 (3.93). At 4096 rows
+# that config keeps ~1.4 16-byte loads per thread in flight and its ~3.9 waves of
+# programs each load, reduce, then store in lockstep. Reasoned, not yet measured:
+# - up to 256 rows (decode): latency bound, one row spread over 8 warps;
+# - up to 8192 rows: 2 rows per program at 4 warps: each thread issues ~5.6 vector
+#   loads of x (more with a residual) before its first use, and the 2048-program grid
+#   runs in ~4 staggered waves; the two-tile row (3072 lanes, not 4096) leaves registers
+#   for ~5 such programs per SM;
+# - more rows: the measured 1 row / 8 warps (>= 3.79 TB/s), on the two-tile row.
+# tools/bench_triton_dense.py --sweep times a grid of (rows, warps) at 4096 and 16384 rows.
+RMSNORM_CONFIGS: dict[str, tuple[tuple[int | None, RowConfig], ...]] = {
+    "nvidia": (
+        (256, RowConfig(block=4096, num_warps=8, rows=1)),
+        (8192, RowConfig(block=4096, num_warps=4, rows=2)),
+        (None, RowConfig(block=4096, num_warps=8, rows=1)),
+    ),
+    # AMD (not measured): 64-lane wavefronts, so 4 warps is 256 lanes, like 8 NVIDIA warps.
+    "amd": (
+        (256, RowConfig(block=4096, num_warps=4, rows=1)),
+        (8192, RowConfig(block=4096, num_warps=4, rows=2)),
+        (None, RowConfig(block=4096, num_warps=4, rows=1)),
+    ),
+    "interpret": ((None, RowConfig(block=64, rows=2)),),
+}
+
 # Row-wise kernels: "block" is the widest row chunk a program holds at once.
 ROW_CONFIGS: dict[str, dict[str, RowConfig]] = {
-    # One row per program; the whole row (H <= block) stays in registers between the
-    # sum of squares and the scaling. 2880 -> 4096 lanes, 16 per thread at 8 warps.
-    "rmsnorm": {
-        "nvidia": RowConfig(block=4096, num_warps=8),
-        "amd": RowConfig(block=4096, num_warps=8),
-        "interpret": RowConfig(block=64, rows=2),
-    },
     "swiglu": {
         "nvidia": RowConfig(block=1024, num_warps=4),
         "amd": RowConfig(block=1024, num_warps=4),
@@ -258,12 +282,21 @@ SAMPLE_CONFIGS: dict[str, SampleConfig] = {
 }
 
 
-def mm_config(kind: str, m: int, device: torch.device) -> MMConfig:
-    """The GEMM tile for operand ``kind`` at ``m`` rows on ``device``'s family."""
+def mm_config(kind: str, m: int, device: torch.device, *, gemv: bool = True) -> MMConfig:
+    """The GEMM tile for operand ``kind`` at ``m`` rows on ``device``'s family
+    (``gemv=False``: skip GEMV rows, for MXFP4 codes the GEMV cannot read)."""
     for max_m, cfg in MM_CONFIGS[arch_family(device)][kind]:
-        if max_m is None or m <= max_m:
+        if (max_m is None or m <= max_m) and (gemv or not cfg.gemv):
             return cfg
     raise AssertionError(f"mm config table for {kind!r} has no catch-all row")
+
+
+def rmsnorm_config(n_rows: int, device: torch.device) -> RowConfig:
+    """The rmsnorm config for ``n_rows`` rows on ``device``'s family."""
+    for max_rows, cfg in RMSNORM_CONFIGS[arch_family(device)]:
+        if max_rows is None or n_rows <= max_rows:
+            return cfg
+    raise AssertionError("rmsnorm config table has no catch-all row")
 
 
 def row_config(op: str, device: torch.device) -> RowConfig:

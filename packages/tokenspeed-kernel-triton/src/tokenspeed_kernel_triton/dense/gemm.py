@@ -450,8 +450,12 @@ def mm_with_config(
     if cfg.gemv:
         if words is not None:
             return _gemv(a, words, bias, b_scale, out, cfg)
-        # unaligned codes: the byte-wise MMA tile of the same width
-        cfg = dataclasses.replace(cfg, block_m=16, gemv=False)
+        # unaligned codes: the table's MMA tile (of an explicit config, the same width)
+        cfg = (
+            mm_config(kind, m, a.device, gemv=False)
+            if config is None
+            else dataclasses.replace(cfg, block_m=16, gemv=False)
+        )
     a_mode = _scale_mode(a_scale, m)
     if kind == "mxfp4":
         b_mode = SCALE_MXFP4_WORDS if words is not None else SCALE_MXFP4

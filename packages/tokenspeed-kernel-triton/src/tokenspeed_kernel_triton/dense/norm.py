@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from ._common import RowsOut, as_rows
-from ._configs import RowConfig, row_config
+from ._configs import RowConfig, rmsnorm_config
 
 __all__ = ["rmsnorm", "rmsnorm_with_config", "TRITON_KERNELS"]
 
@@ -33,6 +33,7 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ONE_PASS: tl.constexpr,
     BLOCK: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
     ROWS: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -40,30 +41,25 @@ def _rmsnorm_kernel(
     rows = rows.to(tl.int64)
     cols = tl.arange(0, BLOCK)
     if ONE_PASS:
-        # The whole row fits in registers: read once, reduce, scale, write.
-        mask = row_ok[:, None] & (cols < H)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            s = (x + r).to(s_ptr.dtype.element_ty)
-            tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
-            x = s.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
-        w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
-        y = x * rstd[:, None] * w[None, :]
-        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        # The whole row stays in registers: read once, reduce, scale, write. It is held
+        # as two power-of-two tiles, [0, BLOCK) and [BLOCK, BLOCK + BLOCK_TAIL) (GPT-OSS's
+        # 2880 = 2048 + 832 of 1024), not one 4096-wide tile: a quarter fewer registers
+        # and lanes, so more rows in flight per SM.
+        x = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+        sq = tl.sum(x * x, axis=1)
+        if BLOCK_TAIL > 0:
+            tcols = BLOCK + tl.arange(0, BLOCK_TAIL)
+            xt = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, tcols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+            sq += tl.sum(xt * xt, axis=1)
+        rstd = tl.rsqrt(sq / H + eps)
+        _scale_store(x, w_ptr, y_ptr, rows, row_ok, cols, H, stride_y, rstd)
+        if BLOCK_TAIL > 0:
+            _scale_store(xt, w_ptr, y_ptr, rows, row_ok, tcols, H, stride_y, rstd)
     else:
         # Long rows: one pass for the sum of squares, a second (from L2) to scale.
         acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
         for h0 in range(0, H, BLOCK):
-            c = h0 + cols
-            mask = row_ok[:, None] & (c < H)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                r = tl.load(res_ptr + rows[:, None] * stride_r + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                s = (x + r).to(s_ptr.dtype.element_ty)
-                tl.store(s_ptr + rows[:, None] * stride_s + c[None, :], s, mask=mask)
-                x = s.to(tl.float32)
+            x = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, h0 + cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / H + eps)
         for h0 in range(0, H, BLOCK):
@@ -75,9 +71,29 @@ def _rmsnorm_kernel(
                 # stored that element, and nothing orders the two passes' memory.
                 r = tl.load(res_ptr + rows[:, None] * stride_r + c[None, :], mask=mask, other=0.0).to(tl.float32)
                 x = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32)
-            w = tl.load(w_ptr + c, mask=c < H, other=0.0).to(tl.float32)
-            y = x * rstd[:, None] * w[None, :]
-            tl.store(y_ptr + rows[:, None] * stride_y + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+            _scale_store(x, w_ptr, y_ptr, rows, row_ok, c, H, stride_y, rstd)
+
+
+@triton.jit
+def _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr):
+    """x (or s = x + residual, rounded to x's dtype and stored) of ``rows`` x ``cols``, in fp32."""
+    mask = row_ok[:, None] & (cols < H)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+        x = s.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _scale_store(x, w_ptr, y_ptr, rows, row_ok, cols, H, stride_y, rstd):
+    """y = x * rstd * weight (fp32), cast once to y's dtype."""
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    mask = row_ok[:, None] & (cols < H)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 TRITON_KERNELS = {"rmsnorm": _rmsnorm_kernel}
@@ -124,9 +140,14 @@ def rmsnorm_with_config(
     s = RowsOut(None, tuple(x.shape), x.dtype, x.device) if residual is not None else None
     r2 = as_rows(residual) if residual is not None else None
     if n_rows and h:
-        cfg = config if config is not None else row_config("rmsnorm", x.device)
+        cfg = config if config is not None else rmsnorm_config(n_rows, x.device)
         one_pass = h <= cfg.block
-        block = triton.next_power_of_2(h) if one_pass else cfg.block
+        if one_pass:
+            # largest power of two <= H, then the rest rounded up to a power of two
+            block = 1 << (h.bit_length() - 1)
+            tail = triton.next_power_of_2(h - block) if h > block else 0
+        else:
+            block, tail = cfg.block, 0
         _rmsnorm_kernel[(triton.cdiv(n_rows, cfg.rows),)](
             x2, r2, weight, y.rows, s.rows if s is not None else None,
             n_rows, h,
@@ -135,6 +156,7 @@ def rmsnorm_with_config(
             HAS_RESIDUAL=residual is not None,
             ONE_PASS=one_pass,
             BLOCK=block,
+            BLOCK_TAIL=tail,
             ROWS=cfg.rows,
             num_warps=cfg.num_warps,
             **cfg.launch,
