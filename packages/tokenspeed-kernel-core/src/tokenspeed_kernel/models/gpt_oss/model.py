@@ -20,6 +20,7 @@ kernel op.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -33,22 +34,22 @@ __all__ = ["GptOssModel", "layer_prefill", "layer_decode", "plan_layer"]
 
 
 def _qkv(
-    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor
+    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, ops: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    qkv = tk.mm(h, layer.qkv_weight, layer.qkv_bias)
+    qkv = ops.mm(h, layer.qkv_weight, layer.qkv_bias)
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
     q = q.reshape(-1, nq, d).contiguous()
     k = k.reshape(-1, nkv, d).contiguous()
     v = v.reshape(-1, nkv, d).contiguous()
-    q, k = tk.apply_rotary(q, k, cos_sin, positions, style="neox")
+    q, k = ops.apply_rotary(q, k, cos_sin, positions, style="neox")
     return q, k, v
 
 
-def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor) -> torch.Tensor:
-    logits = tk.mm(h, layer.router_weight, layer.router_bias)
-    topk_weights, topk_ids = tk.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
-    return tk.moe_apply(h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan)
+def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any) -> torch.Tensor:
+    logits = ops.mm(h, layer.router_weight, layer.router_bias)
+    topk_weights, topk_ids = ops.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
+    return ops.moe_apply(h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan)
 
 
 def plan_layer(cfg: GptOssConfig, layer: GptOssLayer, dtype: torch.dtype, device: torch.device) -> GptOssLayer:
@@ -71,6 +72,8 @@ def layer_prefill(
     cos_sin: torch.Tensor,
     cache: PagedKVCache | None = None,
     slots: torch.Tensor | None = None,
+    *,
+    ops: Any = tk,
 ) -> torch.Tensor:
     """One layer over a packed batch of new sequences.
 
@@ -80,21 +83,23 @@ def layer_prefill(
         max_seqlen: host int, the longest sequence.
         cos_sin: the YaRN table (:func:`yarn_cos_sin_cache`).
         cache, slots: when given, K/V are written to ``cache`` at ``slots int64 [T]``.
+        ops: what the ops are called through: ``tokenspeed_kernel`` (eager), or
+            ``tokenspeed_kernel.compile.ops`` (torch custom ops) to trace under ``torch.compile``.
 
     Returns:
         ``[T, H]``, the layer's output (residual stream).
     """
-    h = tk.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
-    q, k, v = _qkv(cfg, layer, h, cos_sin, positions)
+    h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops)
     if cache is not None:
-        tk.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
-    attn = tk.mha_prefill(
+        ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
+    attn = ops.mha_prefill(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
         causal=True, window_left=cfg.window_left(layer.index), sinks=layer.sinks,
     )  # fmt: skip
-    o = tk.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
-    h, x = tk.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return x + _moe(cfg, layer, h)
+    o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
+    h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
+    return x + _moe(cfg, layer, h, ops)
 
 
 def layer_decode(
@@ -107,6 +112,8 @@ def layer_decode(
     slots: torch.Tensor,
     cache_seqlens: torch.Tensor,
     page_table: torch.Tensor,
+    *,
+    ops: Any = tk,
 ) -> torch.Tensor:
     """One layer for one new token per sequence over the paged cache.
 
@@ -115,17 +122,18 @@ def layer_decode(
         slots: ``int64 [B]``, where the new K/V go.
         cache_seqlens: ``int32 [B]``, tokens in the cache including the new one.
         page_table: ``int32 [B, max_pages]``, rows of ``cache.page_table``.
+        ops: as :func:`layer_prefill`.
     """
-    h = tk.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
-    q, k, v = _qkv(cfg, layer, h, cos_sin, positions)
-    tk.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
-    attn = tk.mha_decode_with_kvcache(
+    h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops)
+    ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
+    attn = ops.mha_decode_with_kvcache(
         q, cache.k[layer.index], cache.v[layer.index], page_table, cache_seqlens,
         window_left=cfg.window_left(layer.index), sinks=layer.sinks,
     )  # fmt: skip
-    o = tk.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
-    h, x = tk.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return x + _moe(cfg, layer, h)
+    o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
+    h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
+    return x + _moe(cfg, layer, h, ops)
 
 
 class GptOssModel:
@@ -141,6 +149,8 @@ class GptOssModel:
         weights: :class:`GptOssWeights` on the device to run on.
         dtype: activation dtype (bf16 in production; fp32 for parity tests).
         max_positions: rows of the YaRN table (the longest sequence supported).
+        ops: what the forward calls the ops through (see :func:`layer_prefill`); pass
+            ``tokenspeed_kernel.compile.ops`` to compile :meth:`prefill` / :meth:`decode`.
     """
 
     def __init__(
@@ -150,7 +160,9 @@ class GptOssModel:
         *,
         dtype: torch.dtype = torch.bfloat16,
         max_positions: int = 4096,
+        ops: Any = tk,
     ) -> None:
+        self.ops = ops
         self.device = weights.device
         self.dtype = dtype
         self.cfg = cfg if len(weights.layers) == cfg.num_hidden_layers else cfg.with_layers(len(weights.layers))
@@ -200,7 +212,7 @@ class GptOssModel:
         )
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return tk.mm(tk.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        return self.ops.mm(self.ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def prefill(
         self,
@@ -227,7 +239,9 @@ class GptOssModel:
         """
         x = self.embed_tokens[tokens]
         for layer in self.layers:
-            x = layer_prefill(self.cfg, layer, x, positions, cu_seqlens, max_seqlen, self.cos_sin, cache, slots)
+            x = layer_prefill(
+                self.cfg, layer, x, positions, cu_seqlens, max_seqlen, self.cos_sin, cache, slots, ops=self.ops
+            )
         if last_index is not None:
             x = x[last_index]
         return self._logits(x)
@@ -252,5 +266,7 @@ class GptOssModel:
         """
         x = self.embed_tokens[tokens]
         for layer in self.layers:
-            x = layer_decode(self.cfg, layer, x, positions, self.cos_sin, cache, slots, cache_seqlens, page_table)
+            x = layer_decode(
+                self.cfg, layer, x, positions, self.cos_sin, cache, slots, cache_seqlens, page_table, ops=self.ops
+            )
         return self._logits(x)
