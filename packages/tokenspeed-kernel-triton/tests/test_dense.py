@@ -31,6 +31,16 @@ _ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-2
 _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
 
+@pytest.fixture(autouse=True)
+def _triton_on_gpu(request):
+    """On a GPU other plugins' kernels (cuBLAS, ...) outrank Triton: GPU tests force Triton."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    with tk.kernel_override("triton"):
+        yield
+
+
 def _assert_triton(op: str, signature: tuple[str, ...], traits: dict, device: torch.device) -> None:
     from tokenspeed_kernel.platform import platform_for_device
 
