@@ -121,26 +121,17 @@ _SPLIT_TARGET = 4 * 132  # programs: about four per H200 SM
 MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
     "nvidia": {
         "16bit": (
-            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
+            # M <= 16 bf16/fp16: no split-K. Measured on the H200 (2026-11-30, --quick): qkv M=1
+            # 30.8 us without split-K, 115.3 us with split_k=4.
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4)),
             (64, MMConfig(64, 64, 64, num_warps=4, num_stages=4)),
             (256, MMConfig(128, 128, 64, num_warps=8, num_stages=3)),
             (None, MMConfig(128, 256, 64, num_warps=8, num_stages=4)),
         ),
         "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=3)),),
         "fp8": (
-            (
-                16,
-                MMConfig(
-                    16,
-                    16,
-                    256,
-                    num_warps=4,
-                    num_stages=4,
-                    fp8_imprecise_acc=_NV_FP8_ACC,
-                    split_k=4,
-                    split_target=_SPLIT_TARGET,
-                ),
-            ),
+            # fp8 M <= 16: no split-K (H200: o M=1 28.6 us without, 105 us with split_k=4).
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
             (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
             (None, MMConfig(128, 256, 128, num_warps=8, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
         ),
@@ -151,8 +142,9 @@ MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
             (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
         ),
         "mxfp4": (
-            (4, MMConfig(4, 32, 256, num_warps=4, num_stages=1, gemv=True, split_k=8, split_target=_SPLIT_TARGET)),
-            (16, MMConfig(16, 32, 256, num_warps=4, num_stages=4, split_k=8, split_target=_SPLIT_TARGET)),
+            # MXFP4 M <= 16: the call-2 tile (H200: qkv M=1 46.5 us; the GEMV + split_k=8 row
+            # measured 92.1 us). M <= 64 keeps split_k=4 (qkv M=64 63.7 -> 40.1 us).
+            (16, MMConfig(16, 32, 256, num_warps=4, num_stages=4)),
             (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
             (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
         ),
