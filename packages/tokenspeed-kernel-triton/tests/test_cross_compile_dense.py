@@ -30,7 +30,13 @@ pytest.importorskip("triton")
 
 from tokenspeed_kernel_triton._common import CROSS_COMPILE_TARGETS
 from tokenspeed_kernel_triton.dense import activation, gemm, norm, quantization, rope, sampling
-from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS, RMSNORM_CONFIGS, ROW_CONFIGS, SAMPLE_CONFIGS
+from tokenspeed_kernel_triton.dense._configs import (
+    MM_CONFIGS,
+    RMSNORM_CONFIGS,
+    ROW_CONFIGS,
+    SAMPLE_CONFIGS,
+    MMConfig,
+)
 
 TARGETS = {"sm90": "nvidia", "gfx942": "amd", "gfx950": "amd"}
 HIDDEN = 2880  # GPT-OSS hidden size (and MoE intermediate size)
@@ -212,6 +218,10 @@ def _mm_cases(family: str, every_row: bool) -> dict[str, Case]:
         for phase in _MM_DEFAULT.get(kind, ()) if not every_row else ():
             row = {"decode": 0, "row1": 1, "prefill": rows - 1}[phase]
             cases[f"mm-{kind}-{phase}"] = _mm_case(kind, family, row)
+    # The GEMV, from the family's GEMV row if its table has one, else a default tile.
+    gemv_rows = [cfg for _, cfg in MM_CONFIGS[family]["mxfp4"] if cfg.gemv]
+    gemv_cfg = gemv_rows[0] if gemv_rows else MMConfig(1, 32, 256, num_warps=4, num_stages=1, gemv=True, split_k=4)
+    cases["mm-mxfp4-gemv"] = _gemv_case(gemv_cfg)
     cases["mm-split_k_reduce"] = Case(
         gemm._split_k_reduce_kernel,
         {
@@ -256,6 +266,47 @@ _ROW_VALUES: dict[str, dict[str, int]] = {
 
 def rmsnorm_config_rows(family: str, n_rows: int) -> Any:
     return next(cfg for max_rows, cfg in RMSNORM_CONFIGS[family] if max_rows is None or n_rows <= max_rows)
+
+
+def _sample_cases(smp: Any) -> dict[str, Case]:
+    """The sampler's kernels for bf16 logits (2 key levels) at a GPT-OSS vocabulary row."""
+    block, steps, levels = smp.block, smp.steps, 2
+    logits = {"logits_ptr": "*bf16"}
+    rows = dict.fromkeys(("top_k_ptr",), "*i32") | dict.fromkeys(
+        ("top_p_ptr", "temperature_ptr", "uniform_ptr"), "*fp32"
+    )
+    scratch = {"si_ptr": "*i32", "sf_ptr": "*fp64", "cand_i_ptr": "*i32", "cand_e_ptr": "*fp32", "pmax_ptr": "*fp32"}
+    types = logits | rows | scratch | {"out_ptr": "*i64"} | _ints("V", "stride_row", "n_chunks")
+    pass_cx = {"LEVELS": levels, "BLOCK": block, "STEPS": steps}
+    cases = {
+        f"sample-topk-level{level}": Case(sampling._topk_pass_kernel, types, {"LEVEL": level, **pass_cx}, smp.num_warps)
+        for level in range(levels)
+    }
+    n_chunks = -(-VOCAB // (block * steps))
+    cases["sample-candidates"] = Case(
+        sampling._candidates_kernel,
+        types,
+        {"CAP": smp.cap, "BLOCK_C": 1 << (n_chunks - 1).bit_length(), **pass_cx},
+        smp.num_warps,
+    )
+    cases["sample-finish-topk"] = Case(
+        sampling._finish_topk_kernel, types, {"LEVELS": levels, "CAP": smp.cap}, smp.num_warps
+    )
+    for p in (1, 3):  # histogram pass, compaction pass
+        cases[f"sample-topp-pass{p}"] = Case(
+            sampling._topp_pass_kernel, types, {"PASS": p, "CAP": smp.cap, **pass_cx}, smp.num_warps
+        )
+    cases["sample-topp-threshold"] = Case(
+        sampling._topp_threshold_kernel,
+        types,
+        {"LEVELS": levels, "CAP": smp.cap, "BLOCK": block, "PROBES": smp.probes},
+        smp.num_warps,
+    )
+    cases["sample-final-mass"] = Case(sampling._final_mass_kernel, types, pass_cx, smp.num_warps)
+    cases["sample-final-pick"] = Case(sampling._final_pick_kernel, types, pass_cx, smp.num_warps)
+    for case in cases.values():
+        case.values = {"V": VOCAB, "stride_row": VOCAB, "n_chunks": n_chunks}
+    return cases
 
 
 def _row_cases(family: str) -> dict[str, Case]:
@@ -371,20 +422,7 @@ def _row_cases(family: str) -> dict[str, Case]:
             # the number of chunks of one GPT-OSS vocabulary row, rounded up to a power of two
             {"BLOCK_C": 1 << (-(-VOCAB // (am.block * am.rows)) - 1).bit_length()},
         ),
-        "top_k_top_p_sample": Case(
-            sampling._sample_kernel,
-            {
-                "logits_ptr": "*bf16",
-                "top_k_ptr": "*i32",
-                "top_p_ptr": "*fp32",
-                "temperature_ptr": "*fp32",
-                "uniform_ptr": "*fp32",
-                "out_ptr": "*i64",
-                **_ints("V", "stride_row"),
-            },
-            {"BLOCK": smp.block, "PROBES": smp.probes},
-            smp.num_warps,
-        ),
+        **_sample_cases(smp),
     }
     for name, values in _ROW_VALUES.items():
         if name in cases:

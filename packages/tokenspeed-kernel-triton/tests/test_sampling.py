@@ -114,6 +114,89 @@ def test_top_k_keeps_ties_and_the_uniform_walks_index_order(device):
     assert got.cpu().tolist() == ref.top_k_top_p_sample(x, top_k, top_p, temperature, u).cpu().tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_random_rows_every_path(device, dtype):
+    # Random logits (no near ties at this size) through every path of the kernel: top-k
+    # sets that fit the candidate list and ones that overflow it (the interpreter's list
+    # holds 16), top-p alone, neither; the radix select runs 4/3/2 key levels by dtype.
+    g = torch.Generator().manual_seed(21)
+    logits = (torch.randn(6, 900, generator=g) * 3).to(dtype).to(device)
+    top_k = torch.tensor([3, 12, 40, 0, 0, 899], dtype=torch.int32, device=device)
+    top_p = torch.tensor([0.7, 1.0, 0.8, 0.6, 1.0, 0.95], device=device)
+    temperature = torch.tensor([0.7, 1.3, 1.0, 0.9, 2.0, 0.6], device=device)
+    u = torch.rand(6, generator=g).to(device)
+    _assert_triton("top_k_top_p_sample", dtype, logits.device)
+    got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
+    assert got.cpu().tolist() == ref.top_k_top_p_sample(logits, top_k, top_p, temperature, u).cpu().tolist()
+    assert got.cpu().tolist() == _sample64(logits.cpu(), top_k.cpu(), top_p.cpu(), temperature.cpu(), u.cpu())
+
+
+def test_kept_set_swept_by_the_uniform(device):
+    # One logit row, 8 uniforms spread over [0, 1): the tokens drawn are exactly the kept
+    # set (each kept token here holds > 1/8 of the kept mass), in index order, for a
+    # top-k set that fits the candidate list (k = 6) and for top-p alone (k = 0).
+    row = _spaced_logits(1, 300, seed=13)[0] * 20  # logits 0 .. 120, 0.4 apart
+    logits = row.repeat(16, 1).to(device)
+    top_k = torch.tensor([6] * 8 + [0] * 8, dtype=torch.int32, device=device)
+    top_p = torch.full((16,), 0.75, device=device)
+    temperature = torch.full((16,), 1.0, device=device)
+    u = ((torch.arange(8) + 0.5) / 8).repeat(2).to(device)
+    got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u).cpu()
+    assert got.tolist() == ref.top_k_top_p_sample(logits, top_k, top_p, temperature, u).cpu().tolist()
+    p = torch.softmax(row.double(), dim=0)
+    for k, drawn in ((6, got[:8]), (0, got[8:])):
+        keep = p >= torch.topk(p, k).values[-1] if k else torch.ones_like(p, dtype=torch.bool)
+        values = p[keep].unique()
+        mass_at = (p[None, :] * (keep & (p[None, :] >= values[:, None]))).sum(-1)
+        kept = (keep & (p >= values[mass_at >= 0.75 * p[keep].sum()].max())).nonzero().flatten()
+        assert drawn.unique().tolist() == kept.tolist()
+        assert drawn.tolist() == sorted(drawn.tolist()), "the uniform walks the kept tokens in index order"
+
+
+def test_top_p_threshold_inside_a_large_tie(device):
+    # 10 tokens at logit 3, 40 tied at 2, the rest at -5: top-p 0.5 puts the threshold on
+    # the tied value, so all 40 tied tokens are kept together (the definition keeps ties).
+    # More than the candidate list holds tie at the threshold: the exact per-row search.
+    x = torch.full((4, 600), -5.0)
+    g = torch.Generator().manual_seed(8)
+    for row in range(4):
+        perm = torch.randperm(600, generator=g)
+        x[row, perm[:10]] = 3.0
+        x[row, perm[10:50]] = 2.0
+    x = x.to(device)
+    top_k = torch.tensor([0, 0, 45, 45], dtype=torch.int32, device=device)  # 45th largest is a tied 2
+    top_p = torch.tensor([0.5, 0.5, 0.5, 1.0], device=device)
+    temperature = torch.ones(4, device=device)
+    u = torch.tensor([0.05, 0.9, 0.6, 0.99], device=device)
+    got = tk.top_k_top_p_sample(x, top_k, top_p, temperature=temperature, uniform=u)
+    want = ref.top_k_top_p_sample(x, top_k, top_p, temperature, u)
+    assert got.cpu().tolist() == want.cpu().tolist()
+    assert got.cpu().tolist() == _sample64(x.cpu(), top_k.cpu(), top_p.cpu(), temperature.cpu(), u.cpu())
+    assert all(float(x[r, int(got[r])]) >= 2.0 for r in range(4))
+
+
+def test_top_p_threshold_in_the_far_tail(device):
+    # One token at logit 0 and 899 at about -23 (weights ~2**-33, below the first top-p
+    # pass's 32-binade window): top_p = 1 - 2**-24 needs part of the tail, so the search
+    # continues under the window. Row 0's tail logits are distinct (narrowing passes),
+    # row 1's are tied (more entries than the candidate list: the exact search). Checked
+    # against the float64 definition only: the reference's fp32 softmax rounds the top
+    # token's probability by about as much as the whole tail weighs.
+    x = torch.full((2, 900), -23.0)
+    x[0] -= torch.arange(900) * 1e-3
+    x[:, 417] = 0.0
+    x = x.to(device)
+    top_k = torch.zeros(2, dtype=torch.int32, device=device)
+    top_p = torch.full((2,), 1 - 2.0**-24, device=device)
+    temperature = torch.ones(2, device=device)
+    for u in (0.3, 2.0**-32):
+        uu = torch.full((2,), u, device=device)
+        got = tk.top_k_top_p_sample(x, top_k, top_p, temperature=temperature, uniform=uu)
+        assert got.cpu().tolist() == _sample64(x.cpu(), top_k.cpu(), top_p.cpu(), temperature.cpu(), uu.cpu())
+    # kept tail tokens before index 417 come first in index order: a tiny u draws one
+    assert int(got[0]) < 417 and int(got[1]) < 417
+
+
 def test_uniform_extremes_pick_the_first_and_last_kept_token(device):
     logits = _spaced_logits(2, 300, seed=5).to(device)
     top_k = torch.tensor([20, 20], dtype=torch.int32, device=device)
@@ -145,15 +228,47 @@ def test_argmax_gpt_oss_vocab_gpu(batch):
 
 @pytest.mark.gpu
 @gpu
-def test_sample_gpt_oss_vocab_gpu():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["top_k_and_p", "top_p_only", "temperature_only", "large_k"])
+def test_sample_gpt_oss_vocab_gpu(dtype, mode):
     torch.manual_seed(0)
     batch = 64
-    logits = torch.randn(batch, 201088, device="cuda") * 3
-    top_k = torch.randint(0, 100, (batch,), device="cuda", dtype=torch.int32)
+    logits = (torch.randn(batch, 201088, device="cuda") * 3).to(dtype)
+    top_k = {
+        "top_k_and_p": torch.randint(0, 100, (batch,), device="cuda", dtype=torch.int32),
+        "top_p_only": torch.zeros(batch, device="cuda", dtype=torch.int32),
+        "temperature_only": torch.zeros(batch, device="cuda", dtype=torch.int32),
+        "large_k": torch.randint(1000, 5000, (batch,), device="cuda", dtype=torch.int32),  # past the list
+    }[mode]
     top_p = torch.rand(batch, device="cuda") * 0.5 + 0.5
+    if mode == "temperature_only":
+        top_p = torch.ones(batch, device="cuda")
     temperature = torch.rand(batch, device="cuda") + 0.5
     u = torch.rand(batch, device="cuda")
     got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
     want = ref.top_k_top_p_sample(logits, top_k, top_p, temperature, u)
     # the GPU's exp differs from torch's in the last bit: allow a rare near-tie flip
     assert int((got != want).sum()) <= 1
+    # deterministic: the same draw again
+    assert torch.equal(tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u), got)
+
+
+@pytest.mark.gpu
+@gpu
+def test_sample_cuda_graph_gpu():
+    torch.manual_seed(1)
+    batch = 16
+    logits = torch.randn(batch, 201088, device="cuda", dtype=torch.bfloat16) * 3
+    top_k = torch.tensor([0, 50] * 8, device="cuda", dtype=torch.int32)
+    top_p = torch.full((batch,), 0.9, device="cuda")
+    temperature = torch.full((batch,), 0.8, device="cuda")
+    u = torch.rand(batch, device="cuda")
+    eager = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
+    graph.replay()
+    assert torch.equal(out, eager)
+    u.copy_(torch.rand(batch, device="cuda"))
+    graph.replay()
+    assert torch.equal(out, tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u))

@@ -5,23 +5,38 @@
 (value, first index) pairs, stage two reduces a row's chunks. NaN counts as the
 largest value (the first NaN wins), as in ``torch.argmax``.
 
-``top_k_top_p_sample`` follows ``tokenspeed_kernel.ops.sampling``'s definition
-without sorting. One program owns a row. It works on the unnormalised weights
-``e_i = exp(x_i - max x)``, ``x = logits / temperature`` (the softmax's
-normalisation cancels out of every comparison), whose fp32 bit patterns order
-like the values since they are >= 0:
+``top_k_top_p_sample`` follows ``tokenspeed_kernel.ops.sampling``'s definition exactly,
+without sorting the vocabulary. It works on the unnormalised weights
+``e_i = exp(x_i - max x)``, ``x = logits / temperature`` (the softmax's normalisation
+cancels out of every comparison); for e >= 0 the fp32 bit pattern ("key") orders like
+the value. Every pass spreads a row over chunks of ``block * steps`` entries, one
+program each, and passes hand results on through small per-row scratch (histograms
+summed with integer atomics, fp64 partial masses written per chunk and added in chunk
+order), so the result is the same on every run and nothing syncs with the host:
 
-1. the top-k threshold is the largest bit pattern ``b`` with
-   ``count(e_i >= b) >= k``; the top-p threshold the largest ``b`` with
-   ``sum(e_i >= b, kept by top-k) >= top_p * mass``. Both are found by a
-   multi-way search over bit patterns: each pass over the row tests ``PROBES``
-   candidates at once and shrinks the range ``PROBES + 1`` times (about 8 passes
-   for 30 bits at 16 probes), so the search is exact, not approximate;
-2. an inverse-CDF scan in index order picks the first token whose running kept
-   mass exceeds ``u * kept_mass``.
+1. top-k: the k-th largest logit is found by an exact radix select on the logit's
+   order-preserving key, 8 bits a pass (256-bucket count histograms: 2 passes for bf16,
+   3 for fp16, 4 for fp32; the first also writes each chunk's max). Its weight
+   ``T_k = exp(L_k / t - x_max)`` is the top-k threshold: ``e_i >= T_k`` are kept (ties
+   included), exactly the k largest weights (exp is monotone).
+2. candidates: one pass computes ``e``, compacts the top-k set into a per-row list
+   (rows with top-k), builds the first top-p histogram and each chunk's kept mass. A row
+   whose top-k set fits the list (``cap`` entries) is finished by one program: it sorts
+   the list for the top-p threshold (as the reference does) and walks it in index order.
+3. top-p, other rows: the threshold is the largest kept weight t with
+   ``sum(e_i >= t) >= top_p * kept mass``. Three passes narrow a key interval
+   [lo, hi) holding it, with ``M(hi) < need <= M(lo)`` kept: each counts the entries of
+   the interval in 256 sub-intervals and adds the exact mass above it; per
+   sub-interval, count x (lowest, highest weight) bound its mass, so the next interval
+   is the run of sub-intervals where the bounds straddle ``need`` (usually one or two,
+   a 100-256x narrower interval). The entries left are compacted and sorted by one
+   program, which finds the exact threshold; if more than ``cap`` remain (massive ties),
+   that program runs an exact multi-probe search over its row instead (slow, rare).
+4. sample: each chunk's kept mass (fp64), then the chunk where the running mass passes
+   ``u * kept mass`` walks its entries in index order.
 
-Masses accumulate in fp64 (as the reference's do), so the sampled token matches
-the reference's for the same uniform except where fp rounding ties two choices.
+Masses accumulate in fp64 (as the reference's do), so the sampled token matches the
+reference's for the same uniform except where fp rounding ties two choices.
 """
 
 from __future__ import annotations
@@ -33,6 +48,38 @@ import triton.language as tl
 from ._configs import row_config, sample_config
 
 __all__ = ["argmax", "top_k_top_p_sample", "TRITON_KERNELS"]
+
+_INT_MAX = tl.constexpr(2147483647)
+#: Buckets of every histogram pass (8 key bits).
+_NB = tl.constexpr(256)
+#: One past 1.0's fp32 bits: no weight reaches it.
+_KEY_TOP = tl.constexpr(0x3F800001)
+
+# Per-row int32 scratch: these slots, then the top-k histograms (one per key level),
+# then the three top-p histograms. Zeroed per call (counters, histograms, flags).
+_S_PREFIX = tl.constexpr(0)  # + level: top-k key prefix after that many levels (levels 1..3)
+_S_KREM = tl.constexpr(4)  # + level: entries still to pass at that level
+_S_TKE = tl.constexpr(8)  # key of T_k (0: no top-k)
+_S_LO = tl.constexpr(9)  # + g - 1: top-p interval after selection g (g = 1, 2, 3)
+_S_HI = tl.constexpr(12)  # + g - 1
+_S_CNT = tl.constexpr(15)  # + list: entries appended to the candidate list (0: top-k set, 1: top-p interval)
+_S_DONE = tl.constexpr(17)  # the row is sampled
+_S_TFIN = tl.constexpr(18)  # key of the final threshold (rows not finished from the top-k list)
+_SLOTS = tl.constexpr(20)
+# Per-row fp64 scratch: x_max, need, then per-chunk partials (kept mass, M(lo) of the
+# interval of passes 0..3, M(hi) of passes 1..3, final kept mass): slot j of chunk c at
+# 2 + j * n_chunks + c.
+_F_XMAX, _F_NEED, _F_PART = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+_P_KEPT, _P_MLO, _P_MHI, _P_FINAL, _N_PARTS = (
+    tl.constexpr(0),  # kept mass
+    tl.constexpr(1),  # + pass (0..3): M(lo) of that pass's interval
+    tl.constexpr(5),  # + pass - 1 (passes 1..3): M(hi) of that pass's interval
+    tl.constexpr(8),  # final kept mass
+    tl.constexpr(9),
+)
+#: The first top-p interval spans the top 32 binades of weights (keys within 2**28 of
+#: 1.0), in 1/8-binade buckets; lighter weights are one lump below it.
+_FIRST_SPAN = tl.constexpr(1 << 28)
 
 
 @triton.jit
@@ -78,123 +125,538 @@ def _argmax_reduce_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.const
     tl.store(out_ptr + row, tl.where(nan_i < 2147483647, nan_i, best).to(tl.int64))
 
 
+# --------------------------------------------------------------------------- top-k / top-p
+
+
 @triton.jit
-def _sample_kernel(
+def _logit_key(x):
+    """fp32 -> uint32 key ordered like the values (-0 folded into +0; NaN is out of contract)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    u = bits.to(tl.uint32, bitcast=True)
+    return tl.where(bits >= 0, u | 0x80000000, u ^ 0xFFFFFFFF)
+
+
+@triton.jit
+def _key_logit(key):
+    """uint32 key -> the fp32 logit (inverse of :func:`_logit_key`)."""
+    bits = tl.where(key >= 0x80000000, key ^ 0x80000000, key ^ 0xFFFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _kth_digit(h, krem):
+    """One radix-select level over the digit histogram ``h``: the digit d of the krem-th
+    largest entry (the largest d with count(digit >= d) >= krem) and krem minus the entries
+    with a larger digit."""
+    j = tl.arange(0, _NB)
+    above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)
+    d = tl.max(tl.where(above + h >= krem, j, -1), axis=0)
+    return d, krem - tl.sum(tl.where(j == d, above, 0), axis=0)
+
+
+@triton.jit
+def _shift_for(width):
+    """The smallest s with (width - 1) >> s < 256: key k of a width-key interval from lo
+    falls in bucket (k - lo) >> s."""
+    s = tl.full((), 0, tl.int32)
+    while ((width - 1) >> s) >= _NB:
+        s += 1
+    return s
+
+
+@triton.jit
+def _sum_parts(ptr, n):
+    """Sum of n fp64 per-chunk partials, in chunk order (every kernel gets the same bits)."""
+    acc = tl.zeros((), dtype=tl.float64)
+    for i in range(n):
+        acc += tl.load(ptr + i)
+    return acc
+
+
+@triton.jit
+def _topp_select(h, lo, hi, mlo, mhi, need, tke):
+    """The next top-p interval from [lo, hi): ``h`` counts its entries in 256
+    sub-intervals, ``mlo`` / ``mhi`` are the exact M(lo) / M(hi) (M(t) = kept mass of
+    weights >= t; M(hi) < need always holds). If M(lo) < need the threshold lies below:
+    [tke, lo). Else a sub-interval's mass lies between its count times its lowest and
+    its highest weight, which bounds M at every sub-interval start from above (M(hi) +
+    the sub-intervals up to hi) and from below (M(lo) - those down to lo); the new
+    interval runs from the highest start whose M is surely >= need to the first start
+    above the highest whose M may be >= need."""
+    s = _shift_for(hi - lo)
+    j = tl.arange(0, _NB)
+    start = lo + (j << s)
+    valid = start < hi
+    end = tl.minimum(start + (1 << s), hi)
+    count = h.to(tl.float64)
+    w_lo = tl.where(valid, start, 0).to(tl.float32, bitcast=True).to(tl.float64)
+    w_hi = tl.where(valid, end - 1, 0).to(tl.float32, bitcast=True).to(tl.float64)
+    # A hair wider than exact: the masses compared later are fp64 sums of fp32 weights.
+    upper = tl.where(valid, count * w_hi, 0.0) * (1.0 + 2.0**-40)
+    lower = tl.where(valid, count * w_lo, 0.0) * (1.0 - 2.0**-40)
+    upper_below = tl.cumsum(upper, axis=0) - upper  # sub-intervals under start j
+    lower_below = tl.cumsum(lower, axis=0) - lower
+    m_upper = tl.minimum(mhi + (tl.sum(upper, axis=0) - upper_below), mlo - lower_below)
+    m_lower = tl.maximum(mhi + (tl.sum(lower, axis=0) - lower_below), mlo - upper_below)
+    j_hi = tl.max(tl.where(valid & (m_upper >= need), j, 0), axis=0)
+    j_lo = tl.minimum(tl.max(tl.where(valid & (m_lower >= need), j, 0), axis=0), j_hi)
+    new_lo = tl.where(mlo >= need, lo + (j_lo << s), tke)
+    new_hi = tl.where(mlo >= need, tl.minimum(lo + ((j_hi + 1) << s), hi), lo)
+    return new_lo, new_hi
+
+
+@triton.jit
+def _append(si_cnt_ptr, cand_i_ptr, cand_e_ptr, take, cols, e, CAP: tl.constexpr):
+    """Append the entries ``take`` of one block to a row's candidate list (slot order is
+    the atomics' order; every reader sorts, so results do not depend on it)."""
+    n = tl.sum(take.to(tl.int32), axis=0)
+    if n > 0:  # most blocks of a top-k row hold none: no atomic, no scan
+        base = tl.atomic_add(si_cnt_ptr, n)
+        pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        ok = take & (pos < CAP)
+        tl.store(cand_i_ptr + pos, cols, mask=ok)
+        tl.store(cand_e_ptr + pos, e, mask=ok)
+
+
+@triton.jit
+def _topk_pass_kernel(
+    logits_ptr,
+    top_k_ptr,
+    pmax_ptr,
+    si_ptr,
+    V,
+    stride_row,
+    n_chunks,
+    LEVEL: tl.constexpr,
+    LEVELS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+):
+    """Radix-select level LEVEL of the k-th largest logit: count the digit (key bits
+    24 - 8 LEVEL .. 31 - 8 LEVEL) of the entries whose higher digits match the levels
+    chosen so far. Level 0 also writes each chunk's max logit."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = logits_ptr + b.to(tl.int64) * stride_row
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    k = tl.load(top_k_ptr + b)
+    has_topk = (k > 0) & (k < V)
+    start = c * (BLOCK * STEPS)
+    if LEVEL == 0:
+        l_max = tl.full((), float("-inf"), tl.float32)
+        hist = tl.zeros((_NB,), dtype=tl.int32)
+        for step in tl.static_range(STEPS):
+            cols = start + step * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            l_max = tl.maximum(l_max, tl.max(x, axis=0))
+            digit = (_logit_key(x) >> 24).to(tl.int32)
+            hist += tl.histogram(digit, _NB, mask=tl.where(has_topk, cols < V, False))
+        tl.store(pmax_ptr + b * n_chunks + c, l_max)
+        if has_topk:
+            tl.atomic_add(si + _SLOTS + tl.arange(0, _NB), hist)
+    elif has_topk:
+        if LEVEL == 1:
+            d, krem = _kth_digit(tl.load(si + _SLOTS + tl.arange(0, _NB)), k)
+            prefix = d.to(tl.uint32)
+        else:
+            h = tl.load(si + _SLOTS + (LEVEL - 1) * _NB + tl.arange(0, _NB))
+            d, krem = _kth_digit(h, tl.load(si + _S_KREM + LEVEL - 1))
+            prefix = (tl.load(si + _S_PREFIX + LEVEL - 1).to(tl.uint32, bitcast=True) << 8) | d.to(tl.uint32)
+        if c == 0:  # for the next level (this launch's programs all computed the same)
+            tl.store(si + _S_PREFIX + LEVEL, prefix.to(tl.int32, bitcast=True))
+            tl.store(si + _S_KREM + LEVEL, krem)
+        hist = tl.zeros((_NB,), dtype=tl.int32)
+        for step in tl.static_range(STEPS):
+            cols = start + step * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            key = _logit_key(x)
+            match = (cols < V) & ((key >> (32 - 8 * LEVEL)) == prefix)
+            hist += tl.histogram(((key >> (24 - 8 * LEVEL)) & 0xFF).to(tl.int32), _NB, mask=match)
+        tl.atomic_add(si + _SLOTS + LEVEL * _NB + tl.arange(0, _NB), hist)
+
+
+@triton.jit
+def _candidates_kernel(
     logits_ptr,
     top_k_ptr,
     top_p_ptr,
     temperature_ptr,
-    uniform_ptr,
-    out_ptr,
+    pmax_ptr,
+    si_ptr,
+    sf_ptr,
+    cand_i_ptr,
+    cand_e_ptr,
     V,
     stride_row,
+    n_chunks,
+    LEVELS: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """The weights e: the top-k threshold, the top-k candidate list, the first top-p
+    histogram (over [T_k, 1]) and each chunk's kept mass."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    x_row = logits_ptr + b.to(tl.int64) * stride_row
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    k = tl.load(top_k_ptr + b)
+    has_topk = (k > 0) & (k < V)
+    has_topp = tl.load(top_p_ptr + b) < 1.0
+    t = tl.load(temperature_ptr + b)
+    # Division by t > 0 is monotone: max(x) = max(logits) / t (IEEE division, as the reference's).
+    cc = tl.arange(0, BLOCK_C)
+    l_max = tl.max(tl.load(pmax_ptr + b * n_chunks + cc, mask=cc < n_chunks, other=float("-inf")), axis=0)
+    x_max = tl.div_rn(l_max, t)
+    tke = tl.full((), 0, tl.int32)
+    if has_topk:
+        h = tl.load(si + _SLOTS + (LEVELS - 1) * _NB + tl.arange(0, _NB))
+        d, _ = _kth_digit(h, tl.load(si + _S_KREM + LEVELS - 1))
+        key = (tl.load(si + _S_PREFIX + LEVELS - 1).to(tl.uint32, bitcast=True) << 8) | d.to(tl.uint32)
+        l_k = _key_logit(key << (32 - 8 * LEVELS))  # the lower key bits are zero in this dtype
+        tke = tl.exp(tl.div_rn(l_k, t) - x_max).to(tl.int32, bitcast=True)
+    if c == 0:
+        tl.store(sf + _F_XMAX, x_max.to(tl.float64))
+        tl.store(si + _S_TKE, tke)
+    lo = tl.maximum(tke, _KEY_TOP - _FIRST_SPAN)
+    shift = _shift_for(_KEY_TOP - lo)
+    hist = tl.zeros((_NB,), dtype=tl.int32)
+    kept_mass = tl.zeros((), dtype=tl.float64)
+    m_lo = tl.zeros((), dtype=tl.float64)
+    start = c * (BLOCK * STEPS)
+    for step in tl.static_range(STEPS):
+        cols = start + step * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        e = tl.exp(tl.div_rn(x, t) - x_max)
+        ek = e.to(tl.int32, bitcast=True)
+        kept = (cols < V) & (ek >= tke)
+        kept_mass += tl.sum(tl.where(kept, e, 0.0).to(tl.float64), axis=0)
+        inside = (cols < V) & (ek >= lo)
+        m_lo += tl.sum(tl.where(inside, e, 0.0).to(tl.float64), axis=0)
+        hist += tl.histogram(tl.where(inside, (ek - lo) >> shift, 0), _NB, mask=tl.where(has_topp, inside, False))
+        if has_topk:
+            _append(si + _S_CNT, cand_i_ptr + b * CAP, cand_e_ptr + b * CAP, kept, cols, e, CAP)
+    tl.store(sf + _F_PART + _P_KEPT * n_chunks + c, kept_mass)
+    tl.store(sf + _F_PART + _P_MLO * n_chunks + c, m_lo)
+    if has_topp:
+        tl.atomic_add(si + _SLOTS + LEVELS * _NB + tl.arange(0, _NB), hist)
+
+
+@triton.jit
+def _sorted_weights(e, valid):
+    """Keys of the valid weights sorted descending (invalid slots -1, last) and their
+    weights in fp64 (0 for invalid slots)."""
+    keys = tl.sort(tl.where(valid, e.to(tl.int32, bitcast=True), -1), descending=True)
+    return keys, tl.where(keys >= 0, keys, 0).to(tl.float32, bitcast=True).to(tl.float64)
+
+
+@triton.jit
+def _sample_list(idx, e, valid, thr_key, u, V):
+    """The sample among list entries (index, weight) with weight key >= thr_key: the first
+    index, in index order, whose running weight exceeds u times the total."""
+    pack = tl.where(valid, (idx.to(tl.int64) << 32) | e.to(tl.int32, bitcast=True).to(tl.int64), _INT_MAX << 32)
+    pack = tl.sort(pack)
+    sidx = (pack >> 32).to(tl.int32)
+    skey = (pack & 0xFFFFFFFF).to(tl.int32)
+    w = tl.where((sidx < V) & (skey >= thr_key), skey.to(tl.float32, bitcast=True), 0.0).to(tl.float64)
+    cdf = tl.cumsum(w, axis=0)
+    target = u.to(tl.float64) * tl.max(cdf, axis=0)
+    found = tl.min(tl.where(cdf > target, sidx, _INT_MAX), axis=0)
+    # rounding can leave the whole mass at or below the target: the last weighted entry
+    last = tl.max(tl.where(w > 0, sidx, -1), axis=0)
+    return tl.where(found < _INT_MAX, found, last)
+
+
+@triton.jit
+def _finish_topk_kernel(
+    top_k_ptr,
+    top_p_ptr,
+    uniform_ptr,
+    si_ptr,
+    cand_i_ptr,
+    cand_e_ptr,
+    out_ptr,
+    V,
+    LEVELS: tl.constexpr,
+    CAP: tl.constexpr,
+):
+    """A row whose top-k set fits the list: top-p over the list sorted by weight (the
+    reference's own procedure), then the sample in index order."""
+    b = tl.program_id(0)
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    k = tl.load(top_k_ptr + b)
+    n = tl.load(si + _S_CNT)
+    if (k > 0) & (k < V) & (n <= CAP):
+        i = tl.arange(0, CAP)
+        valid = i < n
+        idx = tl.load(cand_i_ptr + b * CAP + i, mask=valid, other=0)
+        e = tl.load(cand_e_ptr + b * CAP + i, mask=valid, other=0.0)
+        top_p = tl.load(top_p_ptr + b)
+        thr_key = tl.full((), 0, tl.int32)
+        if top_p < 1.0:
+            keys, w = _sorted_weights(e, valid)
+            running = tl.cumsum(w, axis=0)
+            need = top_p.to(tl.float64) * tl.max(running, axis=0)
+            first = tl.minimum(tl.sum((running < need).to(tl.int32), axis=0), n - 1)
+            thr_key = tl.sum(tl.where(i == first, keys, 0), axis=0)
+        token = _sample_list(idx, e, valid, thr_key, tl.load(uniform_ptr + b), V)
+        tl.store(out_ptr + b, token.to(tl.int64))
+        tl.store(si + _S_DONE, 1)
+
+
+@triton.jit
+def _topp_pass_kernel(
+    logits_ptr,
+    top_p_ptr,
+    temperature_ptr,
+    si_ptr,
+    sf_ptr,
+    cand_i_ptr,
+    cand_e_ptr,
+    V,
+    stride_row,
+    n_chunks,
+    PASS: tl.constexpr,
+    LEVELS: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+):
+    """Top-p narrowing pass PASS (1, 2, 3) of rows not finished: select the interval from
+    the previous histogram, then count its entries in 256 sub-intervals (passes 1, 2) or
+    append them to the candidate list (pass 3), and add the exact mass above it."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    top_p = tl.load(top_p_ptr + b)
+    if (tl.load(si + _S_DONE) == 0) & (top_p < 1.0):
+        x_row = logits_ptr + b.to(tl.int64) * stride_row
+        t = tl.load(temperature_ptr + b)
+        x_max = tl.load(sf + _F_XMAX).to(tl.float32)
+        tke = tl.load(si + _S_TKE)
+        mlo = _sum_parts(sf + _F_PART + (_P_MLO + PASS - 1) * n_chunks, n_chunks)
+        if PASS == 1:
+            lo = tl.maximum(tke, _KEY_TOP - _FIRST_SPAN)
+            hi = tl.full((), _KEY_TOP, tl.int32)
+            mhi = tl.zeros((), dtype=tl.float64)
+            need = top_p.to(tl.float64) * _sum_parts(sf + _F_PART + _P_KEPT * n_chunks, n_chunks)
+            if c == 0:
+                tl.store(sf + _F_NEED, need)
+        else:
+            lo = tl.load(si + _S_LO + PASS - 2)
+            hi = tl.load(si + _S_HI + PASS - 2)
+            mhi = _sum_parts(sf + _F_PART + (_P_MHI + PASS - 2) * n_chunks, n_chunks)
+            need = tl.load(sf + _F_NEED)
+        h = tl.load(si + _SLOTS + (LEVELS + PASS - 1) * _NB + tl.arange(0, _NB))
+        lo, hi = _topp_select(h, lo, hi, mlo, mhi, need, tke)
+        if c == 0:
+            tl.store(si + _S_LO + PASS - 1, lo)
+            tl.store(si + _S_HI + PASS - 1, hi)
+        shift = _shift_for(hi - lo)
+        hist = tl.zeros((_NB,), dtype=tl.int32)
+        above = tl.zeros((), dtype=tl.float64)
+        from_lo = tl.zeros((), dtype=tl.float64)
+        start = c * (BLOCK * STEPS)
+        for step in tl.static_range(STEPS):
+            cols = start + step * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            e = tl.exp(tl.div_rn(x, t) - x_max)
+            ek = e.to(tl.int32, bitcast=True)
+            above += tl.sum(tl.where((cols < V) & (ek >= hi), e, 0.0).to(tl.float64), axis=0)
+            from_lo += tl.sum(tl.where((cols < V) & (ek >= lo), e, 0.0).to(tl.float64), axis=0)
+            inside = (cols < V) & (ek >= lo) & (ek < hi)
+            if PASS == 3:
+                _append(si + _S_CNT + 1, cand_i_ptr + b * CAP, cand_e_ptr + b * CAP, inside, cols, e, CAP)
+            else:
+                hist += tl.histogram(tl.where(inside, (ek - lo) >> shift, 0), _NB, mask=inside)
+        tl.store(sf + _F_PART + (_P_MHI + PASS - 1) * n_chunks + c, above)
+        tl.store(sf + _F_PART + (_P_MLO + PASS) * n_chunks + c, from_lo)
+        if PASS < 3:
+            tl.atomic_add(si + _SLOTS + (LEVELS + PASS) * _NB + tl.arange(0, _NB), hist)
+
+
+@triton.jit
+def _topp_threshold_kernel(
+    logits_ptr,
+    top_p_ptr,
+    temperature_ptr,
+    si_ptr,
+    sf_ptr,
+    cand_e_ptr,
+    V,
+    stride_row,
+    n_chunks,
+    LEVELS: tl.constexpr,
+    CAP: tl.constexpr,
     BLOCK: tl.constexpr,
     PROBES: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = logits_ptr + row * stride_row
-    k = tl.load(top_k_ptr + row)
-    top_p = tl.load(top_p_ptr + row)
-    temperature = tl.load(temperature_ptr + row)
-    u = tl.load(uniform_ptr + row)
+    """The final threshold key of rows not finished: T_k without top-p; with top-p, the
+    exact threshold from the entries left in the last interval (sorted, with the exact
+    mass above it), or, past ``CAP`` of them, from an exact search over the row."""
+    b = tl.program_id(0)
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    if tl.load(si + _S_DONE) == 0:
+        thr = tl.load(si + _S_TKE)
+        if tl.load(top_p_ptr + b) < 1.0:
+            lo = tl.load(si + _S_LO + 2)
+            hi = tl.load(si + _S_HI + 2)
+            need = tl.load(sf + _F_NEED)
+            n = tl.load(si + _S_CNT + 1)
+            if n <= CAP:
+                i = tl.arange(0, CAP)
+                keys, w = _sorted_weights(tl.load(cand_e_ptr + b * CAP + i, mask=i < n, other=0.0), i < n)
+                # as the reference: the first position (in descending order) whose running
+                # mass reaches need; everything above the interval comes first
+                running = _sum_parts(sf + _F_PART + (_P_MHI + 2) * n_chunks, n_chunks) + tl.cumsum(w, axis=0)
+                first = tl.minimum(tl.sum(((i < n) & (running < need)).to(tl.int32), axis=0), n - 1)
+                thr = tl.where(n > 0, tl.sum(tl.where(i == first, keys, 0), axis=0), lo)
+            else:
+                thr = _exact_threshold(
+                    logits_ptr + b.to(tl.int64) * stride_row,
+                    V,
+                    tl.load(temperature_ptr + b),
+                    tl.load(sf + _F_XMAX).to(tl.float32),
+                    lo,
+                    hi,
+                    need,
+                    BLOCK,
+                    PROBES,
+                )
+        tl.store(si + _S_TFIN, thr)
 
-    # Pass 0: the row max (division by temperature > 0 is monotone, so max x = max(logits) / t).
-    l_max = tl.full((), float("-inf"), tl.float32)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        blk = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        l_max = tl.maximum(l_max, tl.max(blk, axis=0))
-    x_max = tl.div_rn(l_max, temperature)
-    # Each pass below recomputes, per block, e = exp(logits / t - x_max) (the same
-    # division as the reference's, IEEE) and its bits; e = 0 past V. The four lines
-    # are inlined rather than a helper: the interpreter pays ~10 ms per helper call.
 
-    # Every e lies in [0, 1]: bit patterns of [0, 1.0] are the search space.
+@triton.jit
+def _exact_threshold(x_row, V, t, x_max, lo, hi, need, BLOCK: tl.constexpr, PROBES: tl.constexpr):
+    """Largest key in [lo, hi) with M(key) >= need, by multi-probe search over the whole
+    row (each pass tests PROBES keys; M(lo) >= need > M(hi) holds throughout)."""
     probe = tl.arange(0, PROBES) + 1
-    top = tl.full((), 0x3F800001, tl.int32)  # one past 1.0's bits: nothing reaches it
-    threshold = tl.full((), 0, tl.int32)  # keeps every token
-
-    if (k > 0) & (k < V):
-        # Top-k: largest b with count(bits >= b) >= k. lo always satisfies it, hi never.
-        lo = threshold
-        hi = top
-        while hi - lo > 1:
-            step = tl.maximum((hi - lo) // (PROBES + 1), 1)
-            cand = lo + step * probe
-            count = tl.zeros((PROBES,), dtype=tl.int32)
-            for start in range(0, V, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                logits = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-                e = tl.exp(tl.div_rn(logits, temperature) - x_max)
-                bits = e.to(tl.int32, bitcast=True)
-                count += tl.sum((bits[None, :] >= cand[:, None]).to(tl.int32), axis=1)
-            ok = count >= k
-            lo = tl.maximum(lo, tl.max(tl.where(ok, cand, lo), axis=0))
-            hi = tl.minimum(hi, tl.min(tl.where(ok, hi, cand), axis=0))
-        threshold = lo
-
-    if top_p < 1.0:
-        # Top-p: largest b >= the top-k threshold with kept mass(bits >= b) >= top_p * mass.
-        mass = tl.zeros((), dtype=tl.float64)
+    while hi - lo > 1:
+        step = tl.maximum((hi - lo) // (PROBES + 1), 1)
+        cand = lo + step * probe
+        mass = tl.zeros((PROBES,), dtype=tl.float64)
         for start in range(0, V, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            logits = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            e = tl.exp(tl.div_rn(logits, temperature) - x_max)
-            bits = e.to(tl.int32, bitcast=True)
-            mass += tl.sum(tl.where(bits >= threshold, e, 0.0).to(tl.float64), axis=0)
-        need = top_p.to(tl.float64) * mass
-        lo = threshold
-        hi = top
-        while hi - lo > 1:
-            step = tl.maximum((hi - lo) // (PROBES + 1), 1)
-            cand = lo + step * probe
-            kept = tl.zeros((PROBES,), dtype=tl.float64)
-            for start in range(0, V, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                logits = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-                e = tl.exp(tl.div_rn(logits, temperature) - x_max)
-                bits = e.to(tl.int32, bitcast=True)
-                hit = bits[None, :] >= cand[:, None]
-                kept += tl.sum(tl.where(hit, e[None, :], 0.0).to(tl.float64), axis=1)
-            ok = kept >= need
-            lo = tl.maximum(lo, tl.max(tl.where(ok, cand, lo), axis=0))
-            hi = tl.minimum(hi, tl.min(tl.where(ok, hi, cand), axis=0))
-        threshold = lo
+            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            e = tl.exp(tl.div_rn(x, t) - x_max)
+            ek = e.to(tl.int32, bitcast=True)
+            mass += tl.sum(tl.where(ek[None, :] >= cand[:, None], e[None, :], 0.0).to(tl.float64), axis=1)
+        ok = mass >= need
+        lo = tl.maximum(lo, tl.max(tl.where(ok, cand, lo), axis=0))
+        hi = tl.minimum(hi, tl.min(tl.where(ok, hi, cand), axis=0))
+    return lo
 
-    # Inverse CDF in index order over the kept tokens.
-    mass = tl.zeros((), dtype=tl.float64)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        logits = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        e = tl.exp(tl.div_rn(logits, temperature) - x_max)
-        bits = e.to(tl.int32, bitcast=True)
-        mass += tl.sum(tl.where(bits >= threshold, e, 0.0).to(tl.float64), axis=0)
-    target = u.to(tl.float64) * mass
-    running = tl.zeros((), dtype=tl.float64)
-    found = tl.full((), 2147483647, tl.int32)
-    last = tl.full((), -1, tl.int32)
-    start = 0
-    while (start < V) & (found == 2147483647):
-        cols = start + tl.arange(0, BLOCK)
-        logits = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        e = tl.exp(tl.div_rn(logits, temperature) - x_max)
-        bits = e.to(tl.int32, bitcast=True)
-        w = tl.where(bits >= threshold, e, 0.0).to(tl.float64)
-        cdf = running + tl.cumsum(w, axis=0)
-        found = tl.min(tl.where((cdf > target) & (cols < V), cols, 2147483647), axis=0)
-        # If rounding leaves the whole row's mass at or below the target, fall back
-        # to the last kept token with non-zero weight.
-        last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=0))
-        running = tl.max(cdf, axis=0)
-        start += BLOCK
-    tl.store(out_ptr + row, tl.where(found < 2147483647, found, last).to(tl.int64))
+
+@triton.jit
+def _final_mass_kernel(
+    logits_ptr,
+    temperature_ptr,
+    si_ptr,
+    sf_ptr,
+    V,
+    stride_row,
+    n_chunks,
+    LEVELS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+):
+    """Each chunk's kept mass (weights with key >= the final threshold), fp64."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    if tl.load(si + _S_DONE) == 0:
+        x_row = logits_ptr + b.to(tl.int64) * stride_row
+        t = tl.load(temperature_ptr + b)
+        x_max = tl.load(sf + _F_XMAX).to(tl.float32)
+        thr = tl.load(si + _S_TFIN)
+        mass = tl.zeros((), dtype=tl.float64)
+        start = c * (BLOCK * STEPS)
+        for step in tl.static_range(STEPS):
+            cols = start + step * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            e = tl.exp(tl.div_rn(x, t) - x_max)
+            mass += tl.sum(tl.where((cols < V) & (e.to(tl.int32, bitcast=True) >= thr), e, 0.0).to(tl.float64), 0)
+        tl.store(sf + _F_PART + _P_FINAL * n_chunks + c, mass)
+
+
+@triton.jit
+def _final_pick_kernel(
+    logits_ptr,
+    temperature_ptr,
+    uniform_ptr,
+    si_ptr,
+    sf_ptr,
+    out_ptr,
+    V,
+    stride_row,
+    n_chunks,
+    LEVELS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+):
+    """The chunk where the running kept mass (chunk order) passes u times the total walks
+    its entries in index order and writes the sample."""
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    if tl.load(si + _S_DONE) == 0:
+        parts = sf + _F_PART + _P_FINAL * n_chunks
+        # mass before this chunk, the total and the last chunk with mass, in chunk order:
+        # every program computes the same fp64 sums, so exactly one owns the target
+        before = tl.zeros((), dtype=tl.float64)
+        total = tl.zeros((), dtype=tl.float64)
+        last_c = tl.full((), -1, tl.int32)
+        for i in range(n_chunks):
+            m = tl.load(parts + i)
+            before = tl.where(i == c, total, before)
+            total += m
+            last_c = tl.where(m > 0, i, last_c)
+        mine = tl.load(parts + c)
+        target = tl.load(uniform_ptr + b).to(tl.float64) * total
+        in_mine = (before <= target) & (target < before + mine) & (mine > 0)
+        # rounding can leave the target at or past the total: the last kept entry
+        if in_mine | ((target >= total) & (c == last_c)):
+            x_row = logits_ptr + b.to(tl.int64) * stride_row
+            t = tl.load(temperature_ptr + b)
+            x_max = tl.load(sf + _F_XMAX).to(tl.float32)
+            thr = tl.load(si + _S_TFIN)
+            running = before
+            found = tl.full((), _INT_MAX, tl.int32)
+            last = tl.full((), -1, tl.int32)
+            start = c * (BLOCK * STEPS)
+            for step in tl.static_range(STEPS):
+                cols = start + step * BLOCK + tl.arange(0, BLOCK)
+                x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+                e = tl.exp(tl.div_rn(x, t) - x_max)
+                w = tl.where((cols < V) & (e.to(tl.int32, bitcast=True) >= thr), e, 0.0).to(tl.float64)
+                cdf = running + tl.cumsum(w, axis=0)
+                found = tl.minimum(found, tl.min(tl.where(cdf > target, cols, _INT_MAX), axis=0))
+                last = tl.maximum(last, tl.max(tl.where(w > 0, cols, -1), axis=0))
+                running = tl.max(cdf, axis=0)
+            tl.store(out_ptr + b, tl.where(found < _INT_MAX, found, last).to(tl.int64))
 
 
 TRITON_KERNELS = {
     "argmax_chunk": _argmax_chunk_kernel,
     "argmax_reduce": _argmax_reduce_kernel,
-    "top_k_top_p_sample": _sample_kernel,
+    "sample_topk_pass": _topk_pass_kernel,
+    "sample_candidates": _candidates_kernel,
+    "sample_finish_topk": _finish_topk_kernel,
+    "sample_topp_pass": _topp_pass_kernel,
+    "sample_topp_threshold": _topp_threshold_kernel,
+    "sample_final_mass": _final_mass_kernel,
+    "sample_final_pick": _final_pick_kernel,
 }
+
+#: Radix-select levels (8 key bits each) by logits dtype: the fp32 bits of a bf16 / fp16
+#: value end in 16 / 13 zero bits.
+_KEY_LEVELS = {torch.bfloat16: 2, torch.float16: 3, torch.float32: 4}
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -258,10 +720,38 @@ def top_k_top_p_sample(
     if v == 0:
         raise ValueError("logits: sampling needs at least one column")
     cfg = sample_config(logits.device)
-    _sample_kernel[(b,)](
-        logits, top_k, top_p, temperature, uniform, out, v, logits.stride(0),
-        BLOCK=min(cfg.block, triton.next_power_of_2(v)),
-        PROBES=cfg.probes,
-        num_warps=cfg.num_warps,
+    dev = logits.device
+    levels = _KEY_LEVELS[logits.dtype]
+    block = min(cfg.block, triton.next_power_of_2(v))
+    n_chunks = triton.cdiv(v, block * cfg.steps)
+    # per-row scratch: int32 slots + histograms (zeroed: counters and atomics start at 0),
+    # fp64 slots + per-chunk partials, chunk maxima, the candidate list
+    si = torch.zeros((b, _SLOTS.value + (levels + 3) * _NB.value), dtype=torch.int32, device=dev)
+    sf = torch.empty((b, _F_PART.value + _N_PARTS.value * n_chunks), dtype=torch.float64, device=dev)
+    pmax = torch.empty((b, n_chunks), dtype=torch.float32, device=dev)
+    cand_i = torch.empty((b, cfg.cap), dtype=torch.int32, device=dev)
+    cand_e = torch.empty((b, cfg.cap), dtype=torch.float32, device=dev)
+    grid = (b, n_chunks)
+    common = dict(BLOCK=block, STEPS=cfg.steps, num_warps=cfg.num_warps)
+    stride = logits.stride(0)
+    for level in range(levels):
+        _topk_pass_kernel[grid](logits, top_k, pmax, si, v, stride, n_chunks, LEVEL=level, LEVELS=levels, **common)
+    _candidates_kernel[grid](
+        logits, top_k, top_p, temperature, pmax, si, sf, cand_i, cand_e, v, stride, n_chunks,
+        LEVELS=levels, CAP=cfg.cap, BLOCK_C=triton.next_power_of_2(n_chunks), **common,
     )  # fmt: skip
+    _finish_topk_kernel[(b,)](
+        top_k, top_p, uniform, si, cand_i, cand_e, out, v, LEVELS=levels, CAP=cfg.cap, num_warps=cfg.num_warps
+    )
+    for p in (1, 2, 3):
+        _topp_pass_kernel[grid](
+            logits, top_p, temperature, si, sf, cand_i, cand_e, v, stride, n_chunks,
+            PASS=p, LEVELS=levels, CAP=cfg.cap, **common,
+        )  # fmt: skip
+    _topp_threshold_kernel[(b,)](
+        logits, top_p, temperature, si, sf, cand_e, v, stride, n_chunks,
+        LEVELS=levels, CAP=cfg.cap, BLOCK=block, PROBES=cfg.probes, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    _final_mass_kernel[grid](logits, temperature, si, sf, v, stride, n_chunks, LEVELS=levels, **common)
+    _final_pick_kernel[grid](logits, temperature, uniform, si, sf, out, v, stride, n_chunks, LEVELS=levels, **common)
     return out
