@@ -17,14 +17,22 @@ of 64, vocab 201088):
 - ``mm`` MXFP4 weights (bf16 ``a``), QKV and O shapes at M = 1 and 64: weight TB/s
   (codes + scales streamed once); anchor ``torch.mm`` on the same weights
   dequantised to bf16 (what running without MXFP4 support costs).
-- ``argmax`` and ``top_k_top_p_sample`` at 64 x 201088 (no anchor: reported).
+- ``argmax`` and ``top_k_top_p_sample`` at 64 x 201088 bf16: top-k 50 + top-p 0.9, top-p
+  0.9 alone, temperature alone, and top-k 50 at batch 1 (no anchor: reported).
+- ``rmsnorm`` rows also time device copies of the same bytes (``y.copy_(x)``; with a
+  residual, two copies), the ceiling under this timing.
 
 Timing: ``triton.testing.do_bench`` median (L2 flushed before each call); the kernel
-functions are called directly (no selection/dispatch). Every row also checks the
-result against the anchor (max relative difference) so a fast wrong kernel shows.
-``--sweep`` times a small grid of tile configs for bf16/MXFP4 ``mm`` and ``rmsnorm``
-and prints the best per shape, ready to paste into
-``tokenspeed_kernel_triton/dense/_configs.py``.
+functions are called directly (no selection/dispatch). do_bench times events around a
+Python call: when the call's CPU work (wrappers, one Triton launch ~10-20 us each,
+allocations) outlasts the L2-flush memset queued before it (~60 us), the GPU waits and
+the row shows CPU time. Every row therefore also has "graph us": ten calls captured in a
+CUDA graph, each after an in-graph L2 flush, minus the same graph without the calls
+(GPU time only, cold L2; what a CUDA-graph decode step pays). Every row also checks
+the result against the anchor (max relative difference) so a fast wrong kernel shows.
+``--sweep`` times a grid of tile configs (graph timing) for bf16/MXFP4 ``mm`` (decode
+rows with split-K and, for MXFP4, the GEMV) and ``rmsnorm`` (rows x warps) and prints the
+best per shape, ready to paste into ``tokenspeed_kernel_triton/dense/_configs.py``.
 
 Writes ``OUT/triton_dense.json`` and ``OUT/triton_dense.md`` (``OUT/triton_dense_sweep.json``
 with ``--sweep``) and prints the compact table.
@@ -69,14 +77,78 @@ def _bench_ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
+_FLUSH: torch.Tensor | None = None
+
+
+def _bench_graph_ms(fn: Callable[[], Any], calls: int = 10, reps: int = 15) -> float | None:
+    """Median GPU milliseconds of ``fn`` replayed from a CUDA graph, the L2 flushed before
+    each call inside the graph; the flush-only graph's time is subtracted. None when
+    ``fn`` cannot be captured (host syncs)."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")  # 256 MB, as do_bench
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # compile and warm up off the capture (cuBLAS workspaces etc.)
+        torch.cuda.current_stream().wait_stream(side)
+        graphs = []
+        for with_fn in (True, False):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    _FLUSH.zero_()
+                    if with_fn:
+                        fn()
+            graphs.append(graph)
+    except Exception:  # not capturable
+        torch.cuda.synchronize()
+        return None
+
+    def median_ms(graph: torch.cuda.CUDAGraph) -> float:
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+    median_ms(graphs[0]), median_ms(graphs[1])  # warm
+    return max(0.0, (median_ms(graphs[0]) - median_ms(graphs[1])) / calls)
+
+
+def _times(fn: Callable[[], Any]) -> tuple[float, float | None]:
+    """(do_bench ms, graph ms or None)."""
+    return _bench_ms(fn), _bench_graph_ms(fn)
+
+
 def _rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
 
 
-def _row(op: str, shape: str, variant: str, ms: float, anchor: str | None, anchor_ms: float | None, **extra) -> dict:
+def _row(
+    op: str,
+    shape: str,
+    variant: str,
+    ms: float | tuple[float, float | None],
+    anchor: str | None,
+    anchor_ms: float | tuple[float, float | None] | None,
+    **extra,
+) -> dict:
+    """A result row; ``ms`` / ``anchor_ms`` are do_bench ms or (do_bench ms, graph ms)."""
+    ms, graph_ms = ms if isinstance(ms, tuple) else (ms, None)
     r = {"op": op, "shape": shape, "variant": variant, "us": ms * 1e3, **extra}
+    if graph_ms is not None:
+        r["graph_us"] = graph_ms * 1e3
     if anchor is not None and anchor_ms is not None:
+        anchor_ms, anchor_graph_ms = anchor_ms if isinstance(anchor_ms, tuple) else (anchor_ms, None)
         r |= {"anchor": anchor, "anchor_us": anchor_ms * 1e3, "speedup_vs_anchor": anchor_ms / ms}
+        if anchor_graph_ms is not None and graph_ms:
+            r |= {"anchor_graph_us": anchor_graph_ms * 1e3, "graph_speedup_vs_anchor": anchor_graph_ms / graph_ms}
     return r
 
 
@@ -103,12 +175,23 @@ def bench_rmsnorm(gen: torch.Generator) -> list[dict]:
 
         got, want = ours(), anchor()
         diff = _rel_diff(got[0], want[0]) if residual else _rel_diff(got, want)
-        ms, anchor_ms = _bench_ms(ours), _bench_ms(anchor)
+        out, out2 = torch.empty_like(x), torch.empty_like(x)
+
+        def copy(x=x, r=r, out=out, out2=out2):
+            # the same bytes: read x (and r), write y (and s)
+            out.copy_(x)
+            if r is not None:
+                out2.copy_(r)
+
+        (ms, graph_ms), anchor_ms, (copy_ms, copy_graph_ms) = _times(ours), _bench_ms(anchor), _times(copy)
         moved = (4 if residual else 2) * tokens * HIDDEN * 2
+        extra = {"graph_tbs": moved / graph_ms / 1e9} if graph_ms else {}
+        if copy_graph_ms:
+            extra["copy_graph_tbs"] = moved / copy_graph_ms / 1e9
         rows.append(
             _row(
-                "rmsnorm", f"{tokens}x{HIDDEN}", "+residual" if residual else "plain", ms, "torch eager", anchor_ms,
-                tbs=moved / ms / 1e9, max_rel_diff=diff,
+                "rmsnorm", f"{tokens}x{HIDDEN}", "+residual" if residual else "plain", (ms, graph_ms), "torch eager",
+                anchor_ms, tbs=moved / ms / 1e9, copy_tbs=moved / copy_ms / 1e9, max_rel_diff=diff, **extra,
             )
         )  # fmt: skip
     return rows
@@ -130,11 +213,11 @@ def bench_mm_bf16(gen: torch.Generator, tokens: tuple[int, ...]) -> list[dict]:
             return torch.addmm(bias, a, b.T)
 
         diff = _rel_diff(ours(), anchor())
-        ms, anchor_ms = _bench_ms(ours), _bench_ms(anchor)
+        ms, anchor_ms = _times(ours), _times(anchor)
         rows.append(
             _row(
                 "mm", f"{name} M={m} N={n} K={k}", "bf16+bias", ms, "torch.addmm (cuBLAS)", anchor_ms,
-                tflops=2 * m * n * k / ms / 1e9, max_rel_diff=diff,
+                tflops=2 * m * n * k / ms[0] / 1e9, max_rel_diff=diff,
             )
         )  # fmt: skip
     return rows
@@ -159,17 +242,17 @@ def bench_mm_fp8(gen: torch.Generator, tokens: tuple[int, ...]) -> list[dict]:
 
         try:
             want = anchor()
-            anchor_ms = _bench_ms(anchor)
+            anchor_ms = _times(anchor)
             anchor_name = "torch._scaled_mm rowwise"
         except Exception as exc:  # the anchor's own limits (e.g. M not a multiple of 16 on some builds)
             want = (qa.float() * sa) @ (qb.float() * sb).T
             anchor_ms, anchor_name = None, f"unavailable ({type(exc).__name__})"
         diff = _rel_diff(ours(), want)
-        ms = _bench_ms(ours)
+        ms = _times(ours)
         rows.append(
             _row(
                 "mm", f"{name} M={m} N={n} K={k}", "fp8 token/channel", ms, anchor_name, anchor_ms,
-                tflops=2 * m * n * k / ms / 1e9, max_rel_diff=diff,
+                tflops=2 * m * n * k / ms[0] / 1e9, max_rel_diff=diff,
             )
         )  # fmt: skip
     return rows
@@ -192,12 +275,13 @@ def bench_mm_mxfp4(gen: torch.Generator, tokens: tuple[int, ...]) -> list[dict]:
             return torch.mm(a, w_deq.T)
 
         diff = _rel_diff(ours(), anchor())
-        ms, anchor_ms = _bench_ms(ours), _bench_ms(anchor)
+        ms, anchor_ms = _times(ours), _times(anchor)
         weight_bytes = n * k // 2 + n * k // 32
+        best = ms[1] or ms[0]
         rows.append(
             _row(
                 "mm", f"{name} M={m} N={n} K={k}", "mxfp4 weights", ms, "torch.mm bf16 dequantised", anchor_ms,
-                weight_tbs=weight_bytes / ms / 1e9, tflops=2 * m * n * k / ms / 1e9, max_rel_diff=diff,
+                weight_tbs=weight_bytes / best / 1e9, tflops=2 * m * n * k / best / 1e9, max_rel_diff=diff,
             )
         )  # fmt: skip
     return rows
@@ -208,39 +292,65 @@ def bench_sampling(gen: torch.Generator) -> list[dict]:
 
     batch = 64
     logits = (torch.randn(batch, VOCAB, generator=gen) * 3).to("cuda", torch.bfloat16)
-    top_k = torch.full((batch,), 50, dtype=torch.int32, device="cuda")
-    top_p = torch.full((batch,), 0.9, device="cuda")
-    temperature = torch.full((batch,), 0.8, device="cuda")
     uniform = torch.rand(batch, generator=gen).to("cuda")
+    temperature = torch.full((batch,), 0.8, device="cuda")
     got = sampling.argmax(logits)
     ok = bool(torch.equal(got, logits.float().argmax(-1)))
     rows = [
-        _row("argmax", f"{batch}x{VOCAB}", "bf16", _bench_ms(lambda: sampling.argmax(logits)), "torch.argmax",
-             _bench_ms(lambda: logits.argmax(-1)), matches_anchor=ok)
+        _row("argmax", f"{batch}x{VOCAB}", "bf16", _times(lambda: sampling.argmax(logits)), "torch.argmax",
+             _times(lambda: logits.argmax(-1)), matches_anchor=ok)
     ]  # fmt: skip
-    ms = _bench_ms(lambda: sampling.top_k_top_p_sample(logits, top_k, top_p, temperature, uniform))
-    rows.append(_row("top_k_top_p_sample", f"{batch}x{VOCAB}", "k=50 p=0.9 t=0.8", ms, None, None))
+    for variant, k, p, b in (
+        ("k=50 p=0.9 t=0.8", 50, 0.9, batch),
+        ("p=0.9 t=0.8", 0, 0.9, batch),
+        ("t=0.8 only", 0, 1.0, batch),
+        ("k=50 p=0.9 t=0.8", 50, 0.9, 1),
+    ):
+        top_k = torch.full((b,), k, dtype=torch.int32, device="cuda")
+        top_p = torch.full((b,), p, device="cuda")
+        args = (logits[:b], top_k, top_p, temperature[:b], uniform[:b])
+        from tokenspeed_kernel.reference import sampling as ref
+
+        same = int((sampling.top_k_top_p_sample(*args) == ref.top_k_top_p_sample(*args)).sum())
+        rows.append(
+            _row("top_k_top_p_sample", f"{b}x{VOCAB}", variant, _times(lambda args=args: sampling.top_k_top_p_sample(*args)),
+                 None, None, matches_reference=f"{same}/{b}")
+        )  # fmt: skip
     return rows
 
 
 # --------------------------------------------------------------------------- sweep
 
 
-def _mm_grid(m: int, quick: bool) -> list[Any]:
+def _mm_grid(m: int, quick: bool, kind: str) -> list[Any]:
     from tokenspeed_kernel_triton.dense._configs import MMConfig
 
     if m <= 64:
-        # decode: narrow N tiles put more programs on the SMs (N = 2880 / 32 is only 90)
+        # decode: narrow N tiles put more programs on the SMs (N = 2880 / 32 is only 90);
+        # split-K multiplies them again (fixed slice counts here: split_target = 0)
         shapes = [(16, 16), (16, 32), (16, 64), (32, 64)] if m <= 16 else [(64, 64), (64, 128), (32, 64), (64, 32)]
-        ks, stages, warps = (128, 256), (3, 4, 5), (4,)
+        ks, stages, warps, splits = (128, 256), (3, 4), (4,), (1, 2, 4)
     else:
         shapes = [(128, 128), (128, 256), (256, 128), (64, 256)]
-        ks, stages, warps = (64,), (3, 4), (4, 8)
+        ks, stages, warps, splits = (64,), (3, 4), (4, 8), (1,)
     grid = [
-        MMConfig(bm, bn, bk, num_warps=w, num_stages=s)
-        for (bm, bn), bk, s, w in itertools.product(shapes, ks, stages, warps)
+        MMConfig(bm, bn, bk, num_warps=w, num_stages=s, split_k=sk)
+        for (bm, bn), bk, s, w, sk in itertools.product(shapes, ks, stages, warps, splits)
     ]
+    if kind == "mxfp4" and m <= 4:
+        # the MMA-free GEMV: rows of weights per program x K per step x K slices x warps
+        grid += [
+            MMConfig(4, bn, bk, num_warps=w, num_stages=1, gemv=True, split_k=sk)
+            for bn, bk, sk, w in itertools.product((16, 32, 64), (256, 512), (1, 2, 4, 8), (2, 4))
+        ]
     return grid[:: 3 if quick else 1]
+
+
+def _sweep_time(fn: Callable[[], Any]) -> dict[str, float]:
+    """Graph time (GPU only, cold L2) when capturable, plus do_bench's."""
+    graph_ms = _bench_graph_ms(fn)
+    bench_ms = _bench_ms(fn)
+    return {"us": (graph_ms if graph_ms is not None else bench_ms) * 1e3, "do_bench_us": bench_ms * 1e3}
 
 
 def sweep(gen: torch.Generator, quick: bool, deadline: float) -> dict[str, Any]:
@@ -258,7 +368,7 @@ def sweep(gen: torch.Generator, quick: bool, deadline: float) -> dict[str, Any]:
         else:
             b, b_scale = w, None
         want = gemm.mm(a, b, None, a_scale=None, b_scale=b_scale, out_dtype=torch.bfloat16, out=None)
-        for cfg in _mm_grid(m, quick):
+        for cfg in _mm_grid(m, quick, kind):
             if time.monotonic() > deadline:
                 _log("sweep: time budget spent, stopping")
                 return {"results": results, "best": _best(results)}
@@ -272,12 +382,11 @@ def sweep(gen: torch.Generator, quick: bool, deadline: float) -> dict[str, Any]:
 
             try:
                 diff = _rel_diff(fn(), want)
-                us = _bench_ms(fn) * 1e3
                 results.append(
                     {
                         "kernel": f"mm {kind}",
                         "shape": f"{name} M={m}",
-                        "us": us,
+                        **_sweep_time(fn),
                         "config": dataclasses.asdict(cfg),
                         "max_rel_diff": diff,
                     }
@@ -301,14 +410,15 @@ def sweep(gen: torch.Generator, quick: bool, deadline: float) -> dict[str, Any]:
             def fn(cfg=cfg, x=x, r=r, wt=wt):
                 return norm.rmsnorm_with_config(x, wt, 1e-5, residual=r, out=None, config=cfg)
 
-            us = _bench_ms(fn) * 1e3
+            timing = _sweep_time(fn)
             moved = (4 if residual else 2) * tokens * HIDDEN * 2
             results.append(
                 {
                     "kernel": "rmsnorm",
                     "shape": f"{tokens}{' +res' if residual else ''}",
-                    "us": us,
-                    "tbs": moved / us / 1e6,
+                    **timing,
+                    "tbs": moved / timing["us"] / 1e6,
+                    "do_bench_tbs": moved / timing["do_bench_us"] / 1e6,
                     "config": dataclasses.asdict(cfg),
                 }
             )
@@ -330,8 +440,11 @@ def _best(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 _COLUMNS = (
     ("op", "op", "s", 18), ("shape", "shape", "s", 26), ("variant", "variant", "s", 18), ("us", "us", ".1f", 9),
-    ("anchor_us", "anchor us", ".1f", 10), ("speedup_vs_anchor", "vs anchor", ".2f", 9), ("tbs", "TB/s", ".2f", 6),
-    ("weight_tbs", "w TB/s", ".2f", 7), ("tflops", "TFLOP/s", ".1f", 8), ("max_rel_diff", "rel diff", ".1e", 8),
+    ("graph_us", "graph us", ".1f", 9), ("anchor_us", "anchor us", ".1f", 10),
+    ("anchor_graph_us", "anch grph", ".1f", 9), ("speedup_vs_anchor", "vs anchor", ".2f", 9),
+    ("graph_speedup_vs_anchor", "vs (grph)", ".2f", 9), ("tbs", "TB/s", ".2f", 6), ("graph_tbs", "grph TB/s", ".2f", 9),
+    ("copy_tbs", "copy TB/s", ".2f", 9), ("copy_graph_tbs", "copy grph", ".2f", 9), ("weight_tbs", "w TB/s", ".2f", 7),
+    ("tflops", "TFLOP/s", ".1f", 8), ("max_rel_diff", "rel diff", ".1e", 8),
 )  # fmt: skip
 
 
@@ -356,14 +469,19 @@ def _targets(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if r.get("op") == "rmsnorm" and "tbs" in r:
             ok = r["tbs"] >= TARGET_RMSNORM_TBS
+            graph = f"; graph {r['graph_tbs']:.2f}" if "graph_tbs" in r else ""
+            copy = f"; a copy of the same bytes: {r['copy_tbs']:.2f}" if "copy_tbs" in r else ""
+            copy += f" (graph {r['copy_graph_tbs']:.2f})" if "copy_graph_tbs" in r else ""
             lines.append(
-                f"rmsnorm {r['shape']} {r['variant']}: {r['tbs']:.2f} TB/s (target >= {TARGET_RMSNORM_TBS}) {'ok' if ok else 'MISS'}"
+                f"rmsnorm {r['shape']} {r['variant']}: {r['tbs']:.2f} TB/s{graph} (target >= {TARGET_RMSNORM_TBS}) "
+                f"{'ok' if ok else 'MISS'}{copy}"
             )
         if r.get("op") == "mm" and "speedup_vs_anchor" in r and r["variant"] != "mxfp4 weights":
             kind = "fp8" if r["variant"].startswith("fp8") else "bf16"
             ratio = r["speedup_vs_anchor"]
+            graph = f", graph {r['graph_speedup_vs_anchor']:.2f}x" if "graph_speedup_vs_anchor" in r else ""
             lines.append(
-                f"mm {kind} {r['shape']}: {ratio:.2f}x anchor (selected-kernel target >= {TARGET_MM_RATIO[kind]}x)"
+                f"mm {kind} {r['shape']}: {ratio:.2f}x anchor{graph} (selected-kernel target >= {TARGET_MM_RATIO[kind]}x)"
             )
     return lines  # fmt: skip
 
