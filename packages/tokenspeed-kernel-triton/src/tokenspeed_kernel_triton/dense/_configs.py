@@ -36,7 +36,12 @@ FAMILIES = ("nvidia", "amd", "interpret")
 
 #: Where each family's numbers come from. Update the line when a table is tuned.
 MEASURED: dict[str, str] = {
-    "nvidia": "not yet measured on hardware (starting points from Hopper Triton practice)",
+    "nvidia": (
+        "H200, 2026-11-30, do_bench: mm decode rows (M <= 16: no split-K / GEMV, measured slower under "
+        "do_bench; M <= 64 MXFP4 split-K measured faster) and rmsnorm at > 8192 rows; the other rows "
+        "(prefill mm stages, rmsnorm <= 8192 rows, sampler) reasoned from Hopper practice, see the notes "
+        "at each table"
+    ),
     "amd": "not yet measured on hardware (starting points from CDNA3 Triton practice)",
     "interpret": "sized for TRITON_INTERPRET test speed on CPU; not a performance config",
 }
@@ -111,14 +116,18 @@ class SampleConfig:
 #
 # Small M is weight-streaming bound and short of programs: GPT-OSS's QKV projection
 # (N = 5120) is 320 tiles of 16, its O projection (N = 2880) 180, on 132 SMs, each tile
-# walking all of K. Split-K (target ~4 programs per SM, _SPLIT_TARGET) multiplies the
-# programs in flight; MXFP4 decode also spends ALU time per weight value, which
-# split-K spreads over more SMs. Up to 4 rows, MXFP4 uses the MMA-free GEMV.
+# walking all of K. Split-K (split_k / split_target, ~4 programs per SM) multiplies the
+# programs in flight; MXFP4 decode also spends ALU time per weight value, which split-K
+# spreads over more SMs. ``gemv=True`` rows (MXFP4, a few rows) take the MMA-free GEMV.
 #
-# NVIDIA (H200), measured 2026-11-30 with the previous tables (--quick bench): bf16 mm
-# 0.53-0.75x cuBLAS, fp8 0.39-0.59x, MXFP4 at M = 1: 46-65 us (no split-K, byte decode).
-# The rows below are reasoned, not yet measured: split-K on the decode rows; prefill
-# bf16 128x256x64 with 4 stages (4 x 48 KB of smem, under the 227 KB; Hopper wgmma
+# NVIDIA (H200), measured 2026-11-30 with do_bench (--quick bench): bf16 mm 0.53-0.75x
+# cuBLAS, fp8 0.39-0.59x; at M <= 16, split-K (bf16/fp8) and the GEMV + split-K (MXFP4)
+# measured 2-4x slower than the plain tiles, so those rows are plain again. do_bench
+# times a Python call: the split paths' extra launch and allocation add CPU time that
+# can exceed the L2-flush memset do_bench queues first, so part of that gap may be host
+# overhead a CUDA-graph decode step does not pay; the bench's "graph us" column and
+# --sweep (graph-timed, split-K and GEMV configs included) tell. Reasoned, not measured:
+# prefill bf16 128x256x64 with 4 stages (4 x 48 KB of smem, under the 227 KB; wgmma
 # m64n256 per warpgroup, 8 warps); fp8 128x256x128 with 4 stages (4 x 48 KB).
 _NV_FP8_ACC = 128
 _SPLIT_TARGET = 4 * 132  # programs: about four per H200 SM
@@ -140,7 +149,8 @@ MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
             (None, MMConfig(128, 256, 128, num_warps=8, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
         ),
         "fp8_block128": (
-            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
+            # no split-K at M <= 16, as the measured bf16/fp8 rows (not measured here)
+            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4)),
             (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4)),
             # 128x128: the per-step partial product doubles the accumulator registers
             (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
