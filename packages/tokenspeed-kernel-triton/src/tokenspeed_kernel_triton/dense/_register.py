@@ -55,7 +55,7 @@ _KERNELS: dict[str, tuple[str, list[dict], dict, str]] = {
         "sampling",
         [{"logits": _FLOAT}],
         {},
-        "Triton top-k/top-p sampling by exact threshold search (no sort)",
+        "Triton top-k/top-p sampling: exact radix select and threshold narrowing, many programs per row (no vocabulary sort)",
     ),
 }
 

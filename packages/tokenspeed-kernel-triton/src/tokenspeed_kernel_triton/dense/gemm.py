@@ -275,7 +275,9 @@ def _mxfp4_gemv_kernel(
         g_ok = (k_lo // 32 + rg) < K // 32
         nxt_w = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
         nxt_s = tl.load(s_ptrs + (k_lo // 32) * stride_sk, mask=g_ok[None, :], other=0)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Per (row, weight row, group) partial sums: the reduction over groups (across
+    # threads) happens once, after the K loop.
+    acc = tl.zeros((BLOCK_M, BLOCK_N, G), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         words = nxt_w
         scale = e8m0_to_float(nxt_s)
@@ -300,8 +302,9 @@ def _mxfp4_gemv_kernel(
             part += c7 * tl.load(a_row + 7 * stride_ak, mask=a_ok, other=0.0).to(tl.float32)[None, :, :]
             # Per group: undo the decoder's 2**-14 (exact), then the E8M0 scale.
             group = (tl.sum(part, axis=2) * E2M1_REBIAS) * scale
-            acc += tl.where(rm_local[:, None] == i, tl.sum(group, axis=1)[None, :], 0.0)
+            acc += tl.where(rm_local[:, None, None] == i, group[None, :, :], 0.0)
 
+    acc = tl.sum(acc, axis=2)
     rm = pid_m * BLOCK_M + rm_local
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     if SPLIT:
