@@ -289,9 +289,6 @@ def _sample_cases(smp: Any) -> dict[str, Case]:
         {"CAP": smp.cap, "BLOCK_C": 1 << (n_chunks - 1).bit_length(), **pass_cx},
         smp.num_warps,
     )
-    cases["sample-finish-topk"] = Case(
-        sampling._finish_topk_kernel, types, {"LEVELS": levels, "CAP": smp.cap}, smp.num_warps
-    )
     for p in (1, 3):  # histogram pass, compaction pass
         cases[f"sample-topp-pass{p}"] = Case(
             sampling._topp_pass_kernel, types, {"PASS": p, "CAP": smp.cap, **pass_cx}, smp.num_warps

@@ -21,8 +21,9 @@ order), so the result is the same on every run and nothing syncs with the host:
    included), exactly the k largest weights (exp is monotone).
 2. candidates: one pass computes ``e``, compacts the top-k set into a per-row list
    (rows with top-k), builds the first top-p histogram and each chunk's kept mass. A row
-   whose top-k set fits the list (``cap`` entries) is finished by one program: it sorts
-   the list for the top-p threshold (as the reference does) and walks it in index order.
+   whose top-k set fits the list (``cap`` entries) is finished by one program (of the
+   next pass's launch): it sorts the list for the top-p threshold (as the reference
+   does) and walks it in index order.
 3. top-p, other rows: the threshold is the largest kept weight t with
    ``sum(e_i >= t) >= top_p * kept mass``. Three passes narrow a key interval
    [lo, hi) holding it, with ``M(hi) < need <= M(lo)`` kept: each counts the entries of
@@ -370,51 +371,37 @@ def _sample_list(idx, e, valid, thr_key, u, V):
 
 
 @triton.jit
-def _finish_topk_kernel(
-    top_k_ptr,
-    top_p_ptr,
-    uniform_ptr,
-    si_ptr,
-    cand_i_ptr,
-    cand_e_ptr,
-    out_ptr,
-    V,
-    LEVELS: tl.constexpr,
-    CAP: tl.constexpr,
-):
+def _finish_topk(si, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, u, V, CAP: tl.constexpr):
     """A row whose top-k set fits the list: top-p over the list sorted by weight (the
     reference's own procedure), then the sample in index order."""
-    b = tl.program_id(0)
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
-    k = tl.load(top_k_ptr + b)
-    n = tl.load(si + _S_CNT)
-    if (k > 0) & (k < V) & (n <= CAP):
-        i = tl.arange(0, CAP)
-        valid = i < n
-        idx = tl.load(cand_i_ptr + b * CAP + i, mask=valid, other=0)
-        e = tl.load(cand_e_ptr + b * CAP + i, mask=valid, other=0.0)
-        top_p = tl.load(top_p_ptr + b)
-        thr_key = tl.full((), 0, tl.int32)
-        if top_p < 1.0:
-            keys, w = _sorted_weights(e, valid)
-            running = tl.cumsum(w, axis=0)
-            need = top_p.to(tl.float64) * tl.max(running, axis=0)
-            first = tl.minimum(tl.sum((running < need).to(tl.int32), axis=0), n - 1)
-            thr_key = tl.sum(tl.where(i == first, keys, 0), axis=0)
-        token = _sample_list(idx, e, valid, thr_key, tl.load(uniform_ptr + b), V)
-        tl.store(out_ptr + b, token.to(tl.int64))
-        tl.store(si + _S_DONE, 1)
+    i = tl.arange(0, CAP)
+    valid = i < n
+    idx = tl.load(cand_i_ptr + b * CAP + i, mask=valid, other=0)
+    e = tl.load(cand_e_ptr + b * CAP + i, mask=valid, other=0.0)
+    thr_key = tl.full((), 0, tl.int32)
+    if top_p < 1.0:
+        keys, w = _sorted_weights(e, valid)
+        running = tl.cumsum(w, axis=0)
+        need = top_p.to(tl.float64) * tl.max(running, axis=0)
+        first = tl.minimum(tl.sum((running < need).to(tl.int32), axis=0), n - 1)
+        thr_key = tl.sum(tl.where(i == first, keys, 0), axis=0)
+    token = _sample_list(idx, e, valid, thr_key, u, V)
+    tl.store(out_ptr + b, token.to(tl.int64))
+    tl.store(si + _S_DONE, 1)
 
 
 @triton.jit
 def _topp_pass_kernel(
     logits_ptr,
+    top_k_ptr,
     top_p_ptr,
     temperature_ptr,
+    uniform_ptr,
     si_ptr,
     sf_ptr,
     cand_i_ptr,
     cand_e_ptr,
+    out_ptr,
     V,
     stride_row,
     n_chunks,
@@ -424,15 +411,27 @@ def _topp_pass_kernel(
     BLOCK: tl.constexpr,
     STEPS: tl.constexpr,
 ):
-    """Top-p narrowing pass PASS (1, 2, 3) of rows not finished: select the interval from
-    the previous histogram, then count its entries in 256 sub-intervals (passes 1, 2) or
-    append them to the candidate list (pass 3), and add the exact mass above it."""
+    """Pass 1 first finishes the rows whose top-k set fits the candidate list (chunk 0's
+    program; no extra launch). Then top-p narrowing pass PASS (1, 2, 3) of the other
+    rows: select the interval from the previous histogram, count its entries in 256
+    sub-intervals (passes 1, 2) or append them to the candidate list (pass 3), and add
+    the exact masses from its ends."""
     b = tl.program_id(0)
     c = tl.program_id(1)
     si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
     sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
     top_p = tl.load(top_p_ptr + b)
-    if (tl.load(si + _S_DONE) == 0) & (top_p < 1.0):
+    if PASS == 1:
+        # every program of the row sees the same count, so none waits for chunk 0's flag
+        k = tl.load(top_k_ptr + b)
+        n = tl.load(si + _S_CNT)
+        listed = (k > 0) & (k < V) & (n <= CAP)
+        if listed & (c == 0):
+            _finish_topk(si, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, tl.load(uniform_ptr + b), V, CAP)
+        pending = listed == 0
+    else:
+        pending = tl.load(si + _S_DONE) == 0
+    if pending & (top_p < 1.0):
         x_row = logits_ptr + b.to(tl.int64) * stride_row
         t = tl.load(temperature_ptr + b)
         x_max = tl.load(sf + _F_XMAX).to(tl.float32)
@@ -647,7 +646,6 @@ TRITON_KERNELS = {
     "argmax_reduce": _argmax_reduce_kernel,
     "sample_topk_pass": _topk_pass_kernel,
     "sample_candidates": _candidates_kernel,
-    "sample_finish_topk": _finish_topk_kernel,
     "sample_topp_pass": _topp_pass_kernel,
     "sample_topp_threshold": _topp_threshold_kernel,
     "sample_final_mass": _final_mass_kernel,
@@ -740,12 +738,9 @@ def top_k_top_p_sample(
         logits, top_k, top_p, temperature, pmax, si, sf, cand_i, cand_e, v, stride, n_chunks,
         LEVELS=levels, CAP=cfg.cap, BLOCK_C=triton.next_power_of_2(n_chunks), **common,
     )  # fmt: skip
-    _finish_topk_kernel[(b,)](
-        top_k, top_p, uniform, si, cand_i, cand_e, out, v, LEVELS=levels, CAP=cfg.cap, num_warps=cfg.num_warps
-    )
     for p in (1, 2, 3):
         _topp_pass_kernel[grid](
-            logits, top_p, temperature, si, sf, cand_i, cand_e, v, stride, n_chunks,
+            logits, top_k, top_p, temperature, uniform, si, sf, cand_i, cand_e, out, v, stride, n_chunks,
             PASS=p, LEVELS=levels, CAP=cfg.cap, **common,
         )  # fmt: skip
     _topp_threshold_kernel[(b,)](
