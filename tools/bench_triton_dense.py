@@ -31,7 +31,7 @@ CUDA graph, each after an in-graph L2 flush, minus the same graph without the ca
 (GPU time only, cold L2; what a CUDA-graph decode step pays). Every row also checks
 the result against the anchor (max relative difference) so a fast wrong kernel shows.
 ``--sweep`` times a grid of tile configs (graph timing) for bf16/MXFP4 ``mm`` (decode
-rows with split-K and, for MXFP4, the GEMV) and ``rmsnorm`` (rows x warps) and prints the
+rows with split-K and, for MXFP4, the GEMV) and ``rmsnorm`` (rows x warps x one or two tiles) and prints the
 best per shape, ready to paste into ``tokenspeed_kernel_triton/dense/_configs.py``.
 
 Writes ``OUT/triton_dense.json`` and ``OUT/triton_dense.md`` (``OUT/triton_dense_sweep.json``
@@ -404,8 +404,8 @@ def sweep(gen: torch.Generator, quick: bool, deadline: float) -> dict[str, Any]:
         x = torch.randn(tokens, HIDDEN, generator=gen).to("cuda", torch.bfloat16)
         r = torch.randn_like(x) if residual else None
         wt = torch.randn(HIDDEN, generator=gen).to("cuda", torch.bfloat16)
-        for warps, rows_ in itertools.product((2, 4, 8, 16), (1, 2, 4)):
-            cfg = RowConfig(block=4096, num_warps=warps, rows=rows_)
+        for warps, rows_, two in itertools.product((2, 4, 8, 16), (1, 2, 4), (False, True)):
+            cfg = RowConfig(block=4096, num_warps=warps, rows=rows_, two_tiles=two)
 
             def fn(cfg=cfg, x=x, r=r, wt=wt):
                 return norm.rmsnorm_with_config(x, wt, 1e-5, residual=r, out=None, config=cfg)

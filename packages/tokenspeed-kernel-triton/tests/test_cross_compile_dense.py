@@ -244,6 +244,8 @@ def _mm_cases(family: str, every_row: bool) -> dict[str, Case]:
 _ROW_VALUES: dict[str, dict[str, int]] = {
     "rmsnorm-residual": {"n_rows": 4096, "H": HIDDEN, "stride_x": HIDDEN, "stride_r": HIDDEN, "stride_y": HIDDEN,
                          "stride_s": HIDDEN},
+    "rmsnorm-one-tile": {"n_rows": 16384, "H": HIDDEN, "stride_x": HIDDEN, "stride_r": HIDDEN, "stride_y": HIDDEN,
+                         "stride_s": HIDDEN},
     "rmsnorm-two-pass": {"n_rows": 4096, "H": HIDDEN, "stride_x": HIDDEN, "stride_r": HIDDEN, "stride_y": HIDDEN,
                          "stride_s": HIDDEN},
     "swiglu-interleaved-clamp": {"I": HIDDEN, "stride_x": 2 * HIDDEN, "stride_y": HIDDEN},
@@ -308,6 +310,7 @@ def _sample_cases(smp: Any) -> dict[str, Case]:
 
 def _row_cases(family: str) -> dict[str, Case]:
     rms = rmsnorm_config_rows(family, 4096)
+    rms_big = rmsnorm_config_rows(family, 16384)
     act = ROW_CONFIGS["swiglu"][family]
     rot = ROW_CONFIGS["apply_rotary"][family]
     q8 = ROW_CONFIGS["quantize_fp8"][family]
@@ -336,6 +339,12 @@ def _row_cases(family: str) -> dict[str, Case]:
             # 2880 = a 2048 tile + a 1024 tail tile (832 used)
             {"HAS_RESIDUAL": True, "ONE_PASS": True, "BLOCK": 2048, "BLOCK_TAIL": 1024, "ROWS": rms.rows},
             rms.num_warps,
+        ),
+        "rmsnorm-one-tile": Case(
+            norm._rmsnorm_kernel,
+            rms_types,
+            {"HAS_RESIDUAL": False, "ONE_PASS": True, "BLOCK": 4096, "BLOCK_TAIL": 0, "ROWS": rms_big.rows},
+            rms_big.num_warps,
         ),
         "rmsnorm-two-pass": Case(
             norm._rmsnorm_kernel,

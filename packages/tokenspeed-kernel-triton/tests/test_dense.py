@@ -252,7 +252,11 @@ def _rmsnorm64(x, weight, eps):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", [(3, 5, 48), (2, 64), (4, 200)], ids=["one-pass-two-tiles", "one-pass", "two-pass"])
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 5, 48), (3, 40), (2, 64), (4, 200)],
+    ids=["one-pass-two-tiles", "one-pass", "one-pass-pow2", "two-pass"],
+)
 @pytest.mark.parametrize("residual", [False, True])
 def test_rmsnorm(device, dtype, shape, residual):
     g = torch.Generator().manual_seed(len(shape) + residual)

@@ -87,11 +87,13 @@ class MMConfig:
 
 @dataclass(frozen=True)
 class RowConfig:
-    """A row-wise kernel: ``block`` elements of the row per step, ``rows`` rows per program."""
+    """A row-wise kernel: ``block`` elements of the row per step, ``rows`` rows per program.
+    ``two_tiles`` (rmsnorm): hold a whole row as two power-of-two tiles instead of one."""
 
     block: int
     num_warps: int = 4
     rows: int = 1
+    two_tiles: bool = False
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -209,31 +211,33 @@ MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
 
 # rmsnorm, by row count: (largest row count, config), the last row catch-all. "block" is
 # the widest row kept whole in registers (one read of x); longer rows take two passes.
-# A GPT-OSS row (2880 bf16) is 360 16-byte vectors, held as a 2048 + 1024-lane pair of
-# tiles. On the H200 (measured 2026-11-30, one row per program, 8 warps, one 4096-lane
-# tile): 4096 rows 2.52 TB/s (2.30 with residual), 16384 rows 3.79 (3.93). At 4096 rows
-# that config keeps ~1.4 16-byte loads per thread in flight and its ~3.9 waves of
-# programs each load, reduce, then store in lockstep. Reasoned, not yet measured:
-# - up to 256 rows (decode): latency bound, one row spread over 8 warps;
-# - up to 8192 rows: 2 rows per program at 4 warps: each thread issues ~5.6 vector
-#   loads of x (more with a residual) before its first use, and the 2048-program grid
-#   runs in ~4 staggered waves; the two-tile row (3072 lanes, not 4096) leaves registers
-#   for ~5 such programs per SM;
-# - more rows: the measured 1 row / 8 warps (>= 3.79 TB/s), on the two-tile row.
-# tools/bench_triton_dense.py --sweep times a grid of (rows, warps) at 4096 and 16384 rows.
+# A GPT-OSS row (2880 bf16) is 360 16-byte vectors: one 4096-lane tile, or with
+# ``two_tiles`` a 2048 + 1024-lane pair (a quarter fewer registers, but two reductions).
+# H200, do_bench (2026-11-30), TB/s plain / with residual:
+#   1 row per program, 8 warps, one tile:      4096 rows 2.52 / 2.30, 16384 rows 3.79 / 3.93
+#   (this table's previous version) <= 8192 rows: 2 rows / 4 warps, two tiles: 4096 rows
+#   2.59 / 2.84; more: 1 row / 8 warps, two tiles: 16384 rows 3.07 / 3.87
+# so: 2 rows / 4 warps / two tiles up to 8192 rows (the residual case gained 23 %), one
+# tile at 1 row / 8 warps above (two tiles lost 20 % there, plain). 4096 rows stays under
+# the 3.6 TB/s target; the bench's copy-of-the-same-bytes and graph columns show how much
+# of that is do_bench's fixed cost at 47 MB. Decode (<= 256 rows, reasoned): latency
+# bound, one row over 8 warps, one tile (one reduction). --sweep times rows x warps.
 RMSNORM_CONFIGS: dict[str, tuple[tuple[int | None, RowConfig], ...]] = {
     "nvidia": (
         (256, RowConfig(block=4096, num_warps=8, rows=1)),
-        (8192, RowConfig(block=4096, num_warps=4, rows=2)),
+        (8192, RowConfig(block=4096, num_warps=4, rows=2, two_tiles=True)),
         (None, RowConfig(block=4096, num_warps=8, rows=1)),
     ),
     # AMD (not measured): 64-lane wavefronts, so 4 warps is 256 lanes, like 8 NVIDIA warps.
     "amd": (
         (256, RowConfig(block=4096, num_warps=4, rows=1)),
-        (8192, RowConfig(block=4096, num_warps=4, rows=2)),
+        (8192, RowConfig(block=4096, num_warps=4, rows=2, two_tiles=True)),
         (None, RowConfig(block=4096, num_warps=4, rows=1)),
     ),
-    "interpret": ((None, RowConfig(block=64, rows=2)),),
+    "interpret": (
+        (4, RowConfig(block=64, rows=2)),
+        (None, RowConfig(block=64, rows=2, two_tiles=True)),
+    ),
 }
 
 # Row-wise kernels: "block" is the widest row chunk a program holds at once.

@@ -41,10 +41,10 @@ def _rmsnorm_kernel(
     rows = rows.to(tl.int64)
     cols = tl.arange(0, BLOCK)
     if ONE_PASS:
-        # The whole row stays in registers: read once, reduce, scale, write. It is held
-        # as two power-of-two tiles, [0, BLOCK) and [BLOCK, BLOCK + BLOCK_TAIL) (GPT-OSS's
-        # 2880 = 2048 + 832 of 1024), not one 4096-wide tile: a quarter fewer registers
-        # and lanes, so more rows in flight per SM.
+        # The whole row stays in registers: read once, reduce, scale, write. With a tail
+        # tile it is held as two power-of-two tiles, [0, BLOCK) and [BLOCK, BLOCK +
+        # BLOCK_TAIL) (GPT-OSS's 2880 = 2048 + 832 of 1024), not one 4096-wide tile: a
+        # quarter fewer registers and lanes (more rows in flight), one more reduction.
         x = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
         sq = tl.sum(x * x, axis=1)
         if BLOCK_TAIL > 0:
@@ -142,10 +142,12 @@ def rmsnorm_with_config(
     if n_rows and h:
         cfg = config if config is not None else rmsnorm_config(n_rows, x.device)
         one_pass = h <= cfg.block
-        if one_pass:
+        if one_pass and cfg.two_tiles:
             # largest power of two <= H, then the rest rounded up to a power of two
             block = 1 << (h.bit_length() - 1)
             tail = triton.next_power_of_2(h - block) if h > block else 0
+        elif one_pass:
+            block, tail = triton.next_power_of_2(h), 0
         else:
             block, tail = cfg.block, 0
         _rmsnorm_kernel[(triton.cdiv(n_rows, cfg.rows),)](
