@@ -25,14 +25,17 @@ order), so the result is the same on every run and nothing syncs with the host:
    next pass's launch): it sorts the list for the top-p threshold (as the reference
    does) and walks it in index order.
 3. top-p, other rows: the threshold is the largest kept weight t with
-   ``sum(e_i >= t) >= top_p * kept mass``. Three passes narrow a key interval
-   [lo, hi) holding it, with ``M(hi) < need <= M(lo)`` kept: each counts the entries of
-   the interval in 256 sub-intervals and adds the exact mass above it; per
-   sub-interval, count x (lowest, highest weight) bound its mass, so the next interval
-   is the run of sub-intervals where the bounds straddle ``need`` (usually one or two,
-   a 100-256x narrower interval). The entries left are compacted and sorted by one
-   program, which finds the exact threshold; if more than ``cap`` remain (massive ties),
-   that program runs an exact multi-probe search over its row instead (slow, rare).
+   ``M(t) = sum(e_i >= t) >= need = top_p * kept mass``. Passes narrow a key interval
+   [lo, hi) that holds it (``M(hi) < need``): each counts the interval's entries in 256
+   sub-intervals and adds the exact masses M(lo) and M(hi). A sub-interval's mass lies
+   between its count times its lowest and its highest weight, which bounds M at every
+   sub-interval start from both ends; the next interval is the run of sub-intervals
+   where those bounds straddle ``need`` (in a simulation over 80 GPT-OSS-sized rows,
+   flat to peaked, never more than 6 entries were left after three passes). The first
+   interval is the top 32 binades of weights (1/8-binade sub-intervals); if M(lo) falls
+   short there, the search moves below it. The entries left are compacted and sorted by
+   one program, which finds the exact threshold; if more than ``cap`` remain (massive
+   ties), that program runs an exact multi-probe search over its row instead (slow, rare).
 4. sample: each chunk's kept mass (fp64), then the chunk where the running mass passes
    ``u * kept mass`` walks its entries in index order.
 
