@@ -31,7 +31,8 @@ order), so the result is the same on every run and nothing syncs with the host:
    between its count times its lowest and its highest weight, which bounds M at every
    sub-interval start from both ends; the next interval is the run of sub-intervals
    where those bounds straddle ``need`` (in a simulation over 80 GPT-OSS-sized rows,
-   flat to peaked, never more than 6 entries were left after three passes). The first
+   flat to peaked, at most 6 entries were left after three passes with fp32 logits,
+   331 with bf16 logits, whose many exact ties share one key). The first
    interval is the top 32 binades of weights (1/8-binade sub-intervals); if M(lo) falls
    short there, the search moves below it. The entries left are compacted and sorted by
    one program, which finds the exact threshold; if more than ``cap`` remain (massive
