@@ -41,7 +41,7 @@ def _import_tokenspeed() -> None:
         for pkg in ("core", "triton", "nvidia"):
             sys.path.insert(0, os.path.join(ROOT, "packages", f"tokenspeed-kernel-{pkg}", "src"))
         import tokenspeed_kernel  # noqa: F401
-    from tokenspeed_kernel.plugins import load_plugins
+    from tokenspeed_kernel.core.plugins import load_plugins
 
     reports = load_plugins()
     # Not installed (no entry point): register the in-tree plugins directly.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel.registry import Priority, registry, unregister_kernel
+from tokenspeed_kernel.core.registry import Priority, registry, unregister_kernel
 from tokenspeed_kernel_amd import _register
 
 ARCHS = ("gfx950", "gfx942")

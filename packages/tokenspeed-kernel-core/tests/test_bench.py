@@ -17,9 +17,9 @@ from tokenspeed_kernel.benchmark import cli as bench_cli
 from tokenspeed_kernel.benchmark.ceilings import Ceilings
 from tokenspeed_kernel.benchmark.models import attention_pairs
 from tokenspeed_kernel.benchmark.report import markdown, write_json, write_markdown, write_plot
+from tokenspeed_kernel.core.plugins import ensure_loaded
 from tokenspeed_kernel.numerics import Case, get_op_cases
 from tokenspeed_kernel.numerics.inputs import make_generator
-from tokenspeed_kernel.plugins import ensure_loaded
 
 FAST = {"warmup_ms": 1.0, "rep_ms": 5.0, "progress": False, "ceilings": Ceilings(copy_tbps=0.01, bf16_tflops=0.05)}
 

@@ -12,8 +12,9 @@ from importlib import metadata
 import pytest
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel import cli, plugins
-from tokenspeed_kernel.registry import Capability, Priority, register_kernel, registry, unregister_kernel
+from tokenspeed_kernel import cli
+from tokenspeed_kernel.core import plugins
+from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel, registry, unregister_kernel
 
 TEST_KERNEL = "clitest.rmsnorm_hopper"
 
@@ -343,7 +344,7 @@ def test_python_m_runs_the_cli():
 def test_importing_the_cli_loads_no_plugin_and_no_extension():
     code = (
         "import sys, tokenspeed_kernel.cli\n"
-        "from tokenspeed_kernel import plugins\n"
+        "from tokenspeed_kernel.core import plugins\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('triton', 'tokenspeed_kernel_triton')"
         " or m in ('tokenspeed_kernel.numerics.cli', 'tokenspeed_kernel.benchmark.cli', 'tokenspeed_kernel.demo')]\n"
         "print(plugins._loaded, bad)\n"

@@ -9,10 +9,10 @@ import time
 import pytest
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel import selection
 from tokenspeed_kernel.benchmark.oracle import MeasuredOracle, call_signature, shipped_oracle
+from tokenspeed_kernel.core import selection
+from tokenspeed_kernel.core.registry import Priority, register_kernel, registry, unregister_kernel
 from tokenspeed_kernel.numerics import Case, get_op_cases
-from tokenspeed_kernel.registry import Priority, register_kernel, registry, unregister_kernel
 
 GPU = "Test GPU 9000"
 FAST, SLOW = "fastlow.rmsnorm", "slowhigh.rmsnorm"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel import plugins
+from tokenspeed_kernel.core import plugins
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -122,7 +122,7 @@ def test_import_loads_no_triton_no_vendor_and_queries_no_gpu():
         heavy = [m for m in ("triton", "flash_attn_interface", "flashinfer", "aiter", "tokenspeed_kernel_triton",
                              "tokenspeed_kernel_nvidia", "tokenspeed_kernel_amd") if m in sys.modules]
         print(json.dumps({"heavy": heavy, "cuda_initialized": torch.cuda.is_initialized(),
-                          "plugins_loaded": tokenspeed_kernel.plugins._loaded, "seconds": dt,
+                          "plugins_loaded": tokenspeed_kernel.core.plugins._loaded, "seconds": dt,
                           "torch_seconds": t1 - t0}))
         """
     )

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel import dispatch, profiling
 from tokenspeed_kernel.benchmark import bench
 from tokenspeed_kernel.benchmark import cli as bench_cli
 from tokenspeed_kernel.benchmark.ceilings import Ceilings
+from tokenspeed_kernel.core import dispatch, profiling
 from tokenspeed_kernel.numerics.cases import cases_from_capture
 
 FAST = {"warmup_ms": 1.0, "rep_ms": 3.0, "progress": False, "ceilings": Ceilings()}
@@ -38,7 +38,7 @@ def test_import_and_profiling_checks_do_not_import_triton():
         """
         import sys
         import tokenspeed_kernel
-        from tokenspeed_kernel import profiling
+        from tokenspeed_kernel.core import profiling
         assert profiling.profiler_active() is False and profiling.proton_active() is False
         assert "triton" not in sys.modules, "triton imported"
         """
@@ -214,7 +214,7 @@ def test_profiling_off_overhead_is_small(capsys):
     check (a C call and a dict lookup) and the ``capture_hook`` test; and the whole public-op
     path (validation, cached selection, hooks) over calling a no-op kernel directly."""
     from tokenspeed_kernel import register_kernel, unregister_kernel
-    from tokenspeed_kernel.plugins import ensure_loaded
+    from tokenspeed_kernel.core.plugins import ensure_loaded
 
     assert dispatch.capture_hook is None and not profiling.profiler_active()
     ensure_loaded()

@@ -362,7 +362,7 @@ def test_apply_rotary_validation_names_the_argument():
 
 
 def test_fp8_granularity_of_one_row_scales():
-    from tokenspeed_kernel.formats import fp8_granularity
+    from tokenspeed_kernel.core.formats import fp8_granularity
 
     one = torch.ones(1, 1)
     assert fp8_granularity(one, 1, 256, weight=False, name="a_scale") == "per_token"

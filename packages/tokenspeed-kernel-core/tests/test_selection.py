@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel import selection
-from tokenspeed_kernel.contracts import ANY, Range
-from tokenspeed_kernel.registry import Capability, Priority, register_kernel, registry, unregister_kernel
+from tokenspeed_kernel.core import selection
+from tokenspeed_kernel.core.contracts import ANY, Range
+from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel, registry, unregister_kernel
 
 PREFILL_SIG = ("bf16", "bf16")
 GPT_OSS_PREFILL = {"head_dim": 64, "gqa_group": 8, "window": True, "sinks": True}
@@ -323,7 +323,7 @@ def test_selection_log_once(two_kernels, monkeypatch, caplog):
     x, w = two_kernels
     monkeypatch.setenv("TOKENSPEED_KERNEL_LOG", "selection")
     tk.reload_settings()
-    with caplog.at_level("WARNING", logger="tokenspeed_kernel.selection"):
+    with caplog.at_level("WARNING", logger="tokenspeed_kernel.core.selection"):
         for _ in range(3):
             tk.rmsnorm(x, w)
     lines = [r.getMessage() for r in caplog.records if "rmsnorm" in r.getMessage()]

@@ -11,13 +11,13 @@ import torch
 
 import tokenspeed_kernel as tk
 from tokenspeed_kernel import ANY, Capability, register_kernel, registry, unregister_kernel
+from tokenspeed_kernel.core.plugins import ensure_loaded
 from tokenspeed_kernel.numerics import Case, custom_case, get_op_cases, standard_cases, tolerance, verify
 from tokenspeed_kernel.numerics import cli as verify_cli
 from tokenspeed_kernel.numerics.bisect import shrink
 from tokenspeed_kernel.numerics.cases import all_op_cases, parse_value
 from tokenspeed_kernel.numerics.compare import check_close, check_codes, check_tokens
 from tokenspeed_kernel.numerics.inputs import decode_e2m1, make_generator, paged_kv_cache
-from tokenspeed_kernel.plugins import ensure_loaded
 from tokenspeed_kernel.reference import _specs as reference_specs
 
 FLOATS = ("fp32", "bf16", "fp16")

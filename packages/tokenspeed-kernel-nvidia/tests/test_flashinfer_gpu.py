@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
+from tokenspeed_kernel.core.registry import registry
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
-from tokenspeed_kernel.registry import registry
 
 pytestmark = [
     pytest.mark.gpu,

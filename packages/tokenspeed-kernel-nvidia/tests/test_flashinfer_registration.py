@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
+from tokenspeed_kernel.core.registry import registry
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
-from tokenspeed_kernel.registry import registry
 from tokenspeed_kernel_nvidia.flashinfer import _jit, _register
 from tokenspeed_kernel_nvidia.flashinfer._layout import moe_padded, paged_metadata
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel.formats import DTYPE_NAMES
+from tokenspeed_kernel.core.formats import DTYPE_NAMES
+from tokenspeed_kernel.core.selection import select_spec
 from tokenspeed_kernel.reference import activation as ref_activation
 from tokenspeed_kernel.reference import gemm as ref_gemm
 from tokenspeed_kernel.reference import norm as ref_norm
 from tokenspeed_kernel.reference import quantization as ref_quant
 from tokenspeed_kernel.reference import rope as ref_rope
-from tokenspeed_kernel.selection import select_spec
 from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS
 
 # Output rounding of one element: bf16 keeps 8 significant bits, fp16 11. The
@@ -42,7 +42,7 @@ def _triton_on_gpu(request):
 
 
 def _assert_triton(op: str, signature: tuple[str, ...], traits: dict, device: torch.device) -> None:
-    from tokenspeed_kernel.platform import platform_for_device
+    from tokenspeed_kernel.core.platform import platform_for_device
 
     spec = select_spec(op, signature, traits, platform=platform_for_device(device)).spec
     assert spec.name == f"triton.{op}", f"selection picked {spec.name} for {op}"

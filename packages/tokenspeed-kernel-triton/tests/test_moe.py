@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
+from tokenspeed_kernel.core.selection import explain_selection, select_spec
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 from tokenspeed_kernel.reference import moe as ref
-from tokenspeed_kernel.selection import explain_selection, select_spec
 from tokenspeed_kernel_triton.moe import combine, configs, dispatch, experts, route
 from tokenspeed_kernel_triton.moe.configs import GemmConfig
 

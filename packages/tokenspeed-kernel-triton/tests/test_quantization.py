@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel.formats import DTYPE_NAMES
-from tokenspeed_kernel.platform import platform_for_device
+from tokenspeed_kernel.core.formats import DTYPE_NAMES
+from tokenspeed_kernel.core.platform import platform_for_device
+from tokenspeed_kernel.core.selection import select_spec
 from tokenspeed_kernel.reference import quantization as ref
-from tokenspeed_kernel.selection import select_spec
 
 _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 _ALL_E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel.formats import DTYPE_NAMES
-from tokenspeed_kernel.platform import platform_for_device
+from tokenspeed_kernel.core.formats import DTYPE_NAMES
+from tokenspeed_kernel.core.platform import platform_for_device
+from tokenspeed_kernel.core.selection import select_spec
 from tokenspeed_kernel.reference import sampling as ref
-from tokenspeed_kernel.selection import select_spec
 
 
 def _assert_triton(op: str, dtype: torch.dtype, device: torch.device) -> None:

@@ -7,13 +7,11 @@ entry points on the first call that needs a selection.
 
 from __future__ import annotations
 
-from .contracts import ANY, Range, all_contracts, get_contract
-from .ops import *  # noqa: F403
-from .ops import __all__ as _ops_all
-from .platform import Platform, current_platform, fake_platform, make_platform
-from .plugins import load_plugins, plugin_reports
-from .registry import Capability, KernelSpec, Priority, register_kernel, registry, unregister_kernel
-from .selection import (
+from .core.contracts import ANY, Range, all_contracts, get_contract
+from .core.platform import Platform, current_platform, fake_platform, make_platform
+from .core.plugins import load_plugins, plugin_reports
+from .core.registry import Capability, KernelSpec, Priority, register_kernel, registry, unregister_kernel
+from .core.selection import (
     NoKernelFoundError,
     OverrideError,
     clear_selection_cache,
@@ -25,6 +23,8 @@ from .selection import (
     select_spec,
     set_selection_oracle,
 )
+from .ops import *  # noqa: F403
+from .ops import __all__ as _ops_all
 
 __version__ = "0.1.0"
 

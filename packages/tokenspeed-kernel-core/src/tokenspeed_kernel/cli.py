@@ -31,9 +31,9 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .contracts import REQUIRED, OpContract, Range, TraitSpec, all_contracts
-from .formats import is_known_format, known_formats
-from .registry import KernelSpec, registry
+from .core.contracts import REQUIRED, OpContract, Range, TraitSpec, all_contracts
+from .core.formats import is_known_format, known_formats
+from .core.registry import KernelSpec, registry
 
 __all__ = ["main", "build_parser", "CliError", "SHAPE_KEYS"]
 
@@ -57,7 +57,7 @@ class CliError(Exception):
 
 def _load_plugins(*, quiet: bool = False) -> None:
     """Load the plugins once; a failed plugin becomes a one-line note instead of a warning with a traceback."""
-    from .plugins import ensure_loaded, plugin_reports
+    from .core.plugins import ensure_loaded, plugin_reports
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -389,8 +389,8 @@ def _check_target(flag: str, target: str | None) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from .platform import current_platform, fake_platform, make_platform
-    from .selection import explain_selection, format_explanation
+    from .core.platform import current_platform, fake_platform, make_platform
+    from .core.selection import explain_selection, format_explanation
 
     contracts = all_contracts()
     contract = contracts.get(args.op)
@@ -460,7 +460,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from .plugins import plugin_reports
+    from .core.plugins import plugin_reports
 
     _load_plugins(quiet=True)
     reports = sorted(plugin_reports().values(), key=lambda r: (r.name != "core", r.name))

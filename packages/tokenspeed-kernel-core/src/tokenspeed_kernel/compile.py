@@ -53,8 +53,8 @@ import torch
 
 import tokenspeed_kernel as _tk
 
+from .core.selection import Target
 from .ops.moe import MoEActivation, MoEPlan, MoEWeights
-from .selection import Target
 
 __all__ = ["NAMESPACE", "OP_NAMES", "register_custom_ops", "ops", "CompileOps"]  # noqa: F822 (ops: module __getattr__)
 

@@ -6,8 +6,8 @@ import json
 import sys
 from importlib import metadata
 
-from .plugins import plugin_reports
-from .registry import registry
+from .core.plugins import plugin_reports
+from .core.registry import registry
 
 __all__ = ["installed_alone_problems"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from tokenspeed_kernel.contracts import Range
-from tokenspeed_kernel.registry import Capability, Priority, register_kernel
+from tokenspeed_kernel.core.contracts import Range
+from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel
 
 #: FlashAttention-3 runs on Hopper only (wgmma + TMA).
 HOPPER = Capability(

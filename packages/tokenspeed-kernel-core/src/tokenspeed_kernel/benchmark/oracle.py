@@ -25,7 +25,7 @@ so re-measure after adding a kernel. Tables are small JSON files
 (:meth:`MeasuredOracle.save`, :meth:`MeasuredOracle.load`) that record their
 source reports and dates.
 
-Activation (read by :mod:`tokenspeed_kernel.selection` with its other settings):
+Activation (read by :mod:`tokenspeed_kernel.core.selection` with its other settings):
 
 - ``TOKENSPEED_KERNEL_ORACLE=table.json[,more.json]``: these tables (a later table
   wins for a group both hold); ``default`` names the tables shipped in
@@ -182,7 +182,7 @@ class MeasuredOracle:
             raise ValueError(
                 f"{where}: not a TokenSpeed-kernel oracle table (expected kind {KIND!r}, schema {SCHEMA}; got {got})"
             )
-        from ..contracts import get_contract
+        from ..core.contracts import get_contract
 
         entries, notes = [], list(data.get("notes", []))
         for raw in data.get("entries", []):
@@ -344,7 +344,7 @@ def _timing_name(kernels: list[Mapping[str, Any]]) -> str:
 
 
 def _platform(arch: str, device: str) -> Any:
-    from ..platform import make_platform
+    from ..core.platform import make_platform
 
     try:
         return make_platform(arch, device_name=device)
@@ -411,7 +411,7 @@ def _hook(op: str, signature: tuple, traits: Any, args: tuple, kwargs: dict) -> 
 
 @contextlib.contextmanager
 def _capturing(op: str) -> Iterator[list]:
-    from ..profiling import add_dispatch_hook, remove_dispatch_hook
+    from ..core.profiling import add_dispatch_hook, remove_dispatch_hook
 
     box: list = [op]
     token = _capture.set(box)
@@ -449,10 +449,10 @@ def call_signature(
     """
     import torch
 
-    from ..contracts import get_contract
+    from ..core.contracts import get_contract
+    from ..core.platform import fake_platform
     from ..numerics.cases import get_op_cases
     from ..numerics.inputs import make_generator
-    from ..platform import fake_platform
 
     oc = get_op_cases(case.op)
     dev = torch.device("cpu")
@@ -482,8 +482,8 @@ def call_signature(
 def _calls_for_case(
     case: Any, kernels: list[str], platform: Any, seed: int
 ) -> tuple[dict[str, tuple[tuple[str, ...], dict]], dict[str, str]]:
+    from ..core.registry import registry
     from ..numerics.cases import get_op_cases
-    from ..registry import registry
 
     oc = get_op_cases(case.op)
     calls: dict[str, tuple[tuple[str, ...], dict]] = {}
@@ -519,7 +519,7 @@ def _short(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Activation (used by tokenspeed_kernel.selection)
+# Activation (used by tokenspeed_kernel.core.selection)
 
 
 @functools.cache

@@ -22,13 +22,13 @@ from typing import Any, TextIO
 
 import torch
 
+from ..core.platform import platform_for_device
+from ..core.profiling import record_dispatches
+from ..core.registry import KernelSpec
+from ..core.selection import NoKernelFoundError, OverrideError, select_spec
 from ..numerics.cases import Case, OpCases, call_for_kernel, get_op_cases, standard_cases
 from ..numerics.inputs import make_generator
 from ..numerics.runner import default_device, resolve_target
-from ..platform import platform_for_device
-from ..profiling import record_dispatches
-from ..registry import KernelSpec
-from ..selection import NoKernelFoundError, OverrideError, select_spec
 from .ceilings import Ceilings, measure_ceilings
 from .models import Cost, cost_of
 from .peers import PeerSkip, peers_for

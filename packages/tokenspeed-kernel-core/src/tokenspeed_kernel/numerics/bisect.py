@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import KernelSpec
+from ..core.registry import KernelSpec
 from .cases import Case, OpCases
 
 __all__ = ["bisect_case", "shrink"]

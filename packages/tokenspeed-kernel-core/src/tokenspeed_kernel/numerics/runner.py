@@ -10,10 +10,10 @@ from typing import Any, TextIO
 
 import torch
 
-from ..platform import platform_for_device
-from ..plugins import ensure_loaded
-from ..registry import KernelSpec, registry
-from ..selection import OverrideError
+from ..core.platform import platform_for_device
+from ..core.plugins import ensure_loaded
+from ..core.registry import KernelSpec, registry
+from ..core.selection import OverrideError
 from .cases import Case, OpCases, all_op_cases, call_for_kernel, clone_call, get_op_cases, standard_cases
 from .compare import Check
 from .inputs import make_generator

@@ -100,7 +100,7 @@ class Tolerance:
 def dtype_eps(dtype: str | torch.dtype) -> float:
     """Machine epsilon of a dtype (``torch.dtype`` or its short name)."""
     if isinstance(dtype, torch.dtype):
-        from ..formats import dtype_name
+        from ..core.formats import dtype_name
 
         dtype = dtype_name(dtype)
     try:
@@ -120,7 +120,7 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
     """
     name = dtype if isinstance(dtype, str) else None
     if name is None:
-        from ..formats import dtype_name
+        from ..core.formats import dtype_name
 
         name = dtype_name(dtype)  # type: ignore[arg-type]
     eps32 = EPS["fp32"]

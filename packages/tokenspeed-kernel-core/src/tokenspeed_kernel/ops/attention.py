@@ -24,11 +24,11 @@ import math
 
 import torch
 
-from .. import dispatch
-from ..contracts import Range, TraitSpec, define_op
-from ..formats import DTYPE_NAMES
-from ..selection import Target
-from ..validation import check_cu_seqlens, check_same_device, check_tensor
+from ..core import dispatch
+from ..core.contracts import Range, TraitSpec, define_op
+from ..core.formats import DTYPE_NAMES
+from ..core.selection import Target
+from ..core.validation import check_cu_seqlens, check_same_device, check_tensor
 
 __all__ = ["mha_prefill", "mha_extend_with_kvcache", "mha_decode_with_kvcache", "kvcache_store"]
 
@@ -116,7 +116,7 @@ def _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch: int) -> 
         raise ValueError(f"page_table: expected {batch} rows (one per sequence), got {page_table.shape[0]}")
     check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
     check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)
-    from ..validation import debug_checks_enabled
+    from ..core.validation import debug_checks_enabled
 
     if debug_checks_enabled():
         num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
@@ -326,7 +326,7 @@ def kvcache_store(
     check_tensor("v", v, dtypes=(k.dtype,), shape=tuple(k.shape), last_dim_contiguous=True)
     check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int32, torch.int64), shape=(k.shape[0],))
     check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    from ..validation import debug_checks_enabled
+    from ..core.validation import debug_checks_enabled
 
     if debug_checks_enabled() and slot_mapping.numel():
         hi = int(slot_mapping.max())

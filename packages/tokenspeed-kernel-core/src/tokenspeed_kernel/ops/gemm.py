@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import dispatch
-from ..contracts import TraitSpec, define_op
-from ..formats import DTYPE_NAMES, fp8_format, fp8_granularity
-from ..selection import Target
-from ..validation import check_same_device, check_tensor
+from ..core import dispatch
+from ..core.contracts import TraitSpec, define_op
+from ..core.formats import DTYPE_NAMES, fp8_format, fp8_granularity
+from ..core.selection import Target
+from ..core.validation import check_same_device, check_tensor
 
 __all__ = ["mm"]
 

@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .. import dispatch
-from ..contracts import TraitSpec, define_op
-from ..formats import DTYPE_NAMES
-from ..platform import platform_for_device
-from ..registry import KernelSpec, registry
-from ..selection import NoKernelFoundError, Target, select_spec
-from ..validation import check_same_device, check_tensor
+from ..core import dispatch
+from ..core.contracts import TraitSpec, define_op
+from ..core.formats import DTYPE_NAMES
+from ..core.platform import platform_for_device
+from ..core.registry import KernelSpec, registry
+from ..core.selection import NoKernelFoundError, Target, select_spec
+from ..core.validation import check_same_device, check_tensor
 
 __all__ = [
     "MoEActivation",
@@ -278,7 +278,7 @@ def _check_topk(topk_ids: torch.Tensor, tokens: int, num_experts: int, name: str
     check_tensor(name, topk_ids, dtypes=(torch.int32,), dim=2, contiguous=True)
     if topk_ids.shape[0] != tokens:
         raise ValueError(f"{name}: expected {tokens} rows (one per token), got {topk_ids.shape[0]}")
-    from ..validation import debug_checks_enabled
+    from ..core.validation import debug_checks_enabled
 
     if debug_checks_enabled() and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import dispatch
-from ..contracts import define_op
-from ..formats import DTYPE_NAMES
-from ..selection import Target
-from ..validation import check_same_device, check_tensor
+from ..core import dispatch
+from ..core.contracts import define_op
+from ..core.formats import DTYPE_NAMES
+from ..core.selection import Target
+from ..core.validation import check_same_device, check_tensor
 
 __all__ = ["argmax", "top_k_top_p_sample"]
 

@@ -7,7 +7,7 @@ the public op's arguments (minus ``solution``/``override``, with
 
 from __future__ import annotations
 
-from ..registry import Priority, register_kernel
+from ..core.registry import Priority, register_kernel
 
 _FLOAT = ("fp32", "bf16", "fp16")
 _KV = (*_FLOAT, "fp8_e4m3")
@@ -17,7 +17,7 @@ _SPECS: dict[str, tuple[str, list[dict], dict]] = {}
 
 
 def _attention_traits(paged: bool, causal: bool) -> dict:
-    from ..contracts import ANY
+    from ..core.contracts import ANY
 
     t = {"head_dim": ANY, "gqa_group": ANY, "window": ANY, "sinks": ANY, "logit_cap": ANY, "return_lse": ANY}
     if causal:
@@ -28,7 +28,7 @@ def _attention_traits(paged: bool, causal: bool) -> dict:
 
 
 def _specs() -> dict[str, tuple[str, list[dict], dict]]:
-    from ..contracts import ANY
+    from ..core.contracts import ANY
     from ..ops.moe import WEIGHT_FORMATS
 
     fp8 = [f"fp8_e4m3:{g}" for g in ("per_tensor", "per_token", "block128")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import fp8_granularity
+from ..core.formats import fp8_granularity
 from .quantization import mxfp4_to_float
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from tokenspeed_kernel.contracts import Range
-from tokenspeed_kernel.registry import Capability, Priority, register_kernel
+from tokenspeed_kernel.core.contracts import Range
+from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel
 
 __all__ = ["HOPPER", "PRIORITY", "register"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed_kernel.platform import platform_for_device
+from tokenspeed_kernel.core.platform import platform_for_device
 
 __all__ = [
     "GemmConfig",

@@ -141,7 +141,7 @@ Shrink = Callable[[Case], Sequence[Case]]
 
 @dataclass
 class CapturedCall:
-    """A call as shape capture recorded it (see :mod:`tokenspeed_kernel.profiling`)."""
+    """A call as shape capture recorded it (see :mod:`tokenspeed_kernel.core.profiling`)."""
 
     op: str
     signature: tuple[str, ...]

@@ -72,7 +72,7 @@ def _run_register(name: str, fn, report: PluginReport) -> None:
 
 
 def _register_core() -> None:
-    from .reference import register as register_reference
+    from ..reference import register as register_reference
 
     report = PluginReport(
         "core", "tokenspeed_kernel.reference:register", "tokenspeed-kernel-core", _version(), "loaded"

@@ -160,7 +160,7 @@ def _describe(v: Any) -> tuple:
         return ("V", DTYPE_NAMES.get(v, str(v)))
     if isinstance(v, (tuple, list)):
         return ("L", tuple(_describe(x) for x in v))
-    from .ops.moe import MoEActivation, MoEWeights
+    from ..ops.moe import MoEActivation, MoEWeights
 
     if isinstance(v, MoEWeights):
         fields = ("w13", "w2", "w13_bias", "w2_bias", "w13_scale", "w2_scale")

@@ -17,7 +17,7 @@ from .selection import Target, select_for_device
 
 __all__ = ["run", "capture_hook"]
 
-#: Set by shape capture and other dispatch observers (see tokenspeed_kernel.profiling); None when off.
+#: Set by shape capture and other dispatch observers (see tokenspeed_kernel.core.profiling); None when off.
 capture_hook: Any = env_capture_hook()
 
 

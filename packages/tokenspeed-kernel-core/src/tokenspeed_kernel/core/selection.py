@@ -150,7 +150,7 @@ def _load_oracle_setting() -> Oracle | None:
         return None
     if not raw:
         return _shipped_oracle
-    from .benchmark.oracle import oracle_for_setting
+    from ..benchmark.oracle import oracle_for_setting
 
     return oracle_for_setting([p.strip() for p in raw.split(",") if p.strip()])
 
@@ -161,7 +161,7 @@ def _shipped_oracle(
     """The measured table shipped for the platform's device, if there is one (loaded on first use)."""
     if platform.vendor == "cpu" or not platform.device_name:
         return None  # tables are shipped for named accelerators only: a CPU never loads them
-    from .benchmark.oracle import shipped_oracle
+    from ..benchmark.oracle import shipped_oracle
 
     table = shipped_oracle(platform.device_name)
     return table(spec, signature, traits, platform) if table is not None else None

@@ -1,0 +1,1 @@
+"""The foundation: platform, formats, contracts, registry, selection, plugins, dispatch."""
