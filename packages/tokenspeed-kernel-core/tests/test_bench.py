@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from tokenspeed_kernel import ANY, register_kernel, registry, unregister_kernel
-from tokenspeed_kernel.benchmark import bench, cost_of, time_fn
+from tokenspeed_kernel.benchmark import bench, time_fn
 from tokenspeed_kernel.benchmark import cli as bench_cli
 from tokenspeed_kernel.benchmark.ceilings import Ceilings
-from tokenspeed_kernel.benchmark.models import attention_pairs
 from tokenspeed_kernel.benchmark.report import markdown, write_json, write_markdown, write_plot
 from tokenspeed_kernel.core.plugins import ensure_loaded
 from tokenspeed_kernel.numerics import Case, get_op_cases
+from tokenspeed_kernel.numerics.cases.attention import attention_pairs
 from tokenspeed_kernel.numerics.inputs import make_generator
 
 FAST = {"warmup_ms": 1.0, "rep_ms": 5.0, "progress": False, "ceilings": Ceilings(copy_tbps=0.01, bf16_tflops=0.05)}
@@ -83,14 +83,14 @@ def test_prefill_flops_count_the_causal_half_and_decode_bytes_the_kv_read():
         "mha_prefill", "bf16", {**oc.defaults, "seqlens_q": (64,), "heads_q": 8, "heads_kv": 2, "head_dim": 32}
     )
     call = oc.make(case, dev, make_generator(dev, 0))
-    cost = cost_of(case, call, {"out": torch.empty_like(call["q"])})
+    cost = oc.cost(case, call, {"out": torch.empty_like(call["q"])})
     assert cost.flops == 4 * 32 * 8 * (64 * 65 // 2)
     assert cost.bytes == 2 * (64 * 8 * 32 * 2) + 2 * (64 * 2 * 32 * 2)
     od = get_op_cases("mha_decode_with_kvcache")
     case = Case.make("mha_decode_with_kvcache", "bf16", {**od.defaults, "cache_lens": (10, 300), "window_left": 127})
     call = od.make(case, dev, make_generator(dev, 0))
     keys = 10 + 128
-    assert cost_of(case, call, {}).bytes == 2 * keys * case["heads_kv"] * case["head_dim"] * 2
+    assert od.cost(case, call, {}).bytes == 2 * keys * case["heads_kv"] * case["head_dim"] * 2
 
 
 def test_moe_cost_counts_only_active_experts_at_storage_size():
@@ -100,7 +100,7 @@ def test_moe_cost_counts_only_active_experts_at_storage_size():
     case = Case.make("moe_apply", "bf16", {**oc.defaults, "tokens": 1, "top_k": 2, "experts": 8, "hidden": 64,
                                            "inter": 32, "weight_format": "mxfp4", "bias": False})  # fmt: skip
     call = oc.make(case, dev, make_generator(dev, 0))
-    cost = cost_of(case, call, {"out": torch.empty_like(call["x"])})
+    cost = oc.cost(case, call, {"out": torch.empty_like(call["x"])})
     per_expert = (2 * 32 * 64 + 64 * 32) * (0.5 + 1 / 32)  # 4.25 bits a value
     assert cost.bytes == pytest.approx(
         2 * per_expert + call["x"].nbytes * 2 + call["topk_ids"].nbytes + call["topk_weights"].nbytes

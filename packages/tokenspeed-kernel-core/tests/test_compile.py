@@ -16,8 +16,10 @@ import torch
 
 import tokenspeed_kernel as tk
 from tokenspeed_kernel import ANY, Priority, register_kernel, unregister_kernel
-from tokenspeed_kernel.compile import OP_NAMES, _moe_apply_schema_args, ops, register_custom_ops
+from tokenspeed_kernel.compile import OP_NAMES, ops, register_custom_ops, schema_args
 from tokenspeed_kernel.models import gpt_oss as m
+from tokenspeed_kernel.numerics.cases import standard_cases
+from tokenspeed_kernel.numerics.inputs import make_generator
 
 NS = torch.ops.tokenspeed_kernel
 
@@ -67,81 +69,45 @@ def _paged(g: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
-def _cases() -> dict[str, tuple]:
-    """op name -> (public call, call through ``ops``, the custom op's schema arguments)."""
+def _generic_calls() -> dict[str, dict]:
+    """op -> the public op's keyword arguments for the op's first CPU verify case (every op)."""
+    calls = {}
+    for name in sorted(tk.all_contracts()):
+        case = standard_cases(name, "cpu", device_type="cpu")[0]
+        cpu = torch.device("cpu")
+        calls[name] = tk.get_contract(name).cases.make(case, cpu, make_generator(cpu, case.seed(0)))
+    return calls
+
+
+def _cases() -> dict[str, tuple[str, dict]]:
+    """case id -> (op, the public op's keyword arguments): every op, plus variants of the optional outputs."""
     g = _gen(0)
     x, w, res = _randn(6, 32, g=g, dtype=torch.bfloat16), _randn(32, g=g), _randn(6, 32, g=g, dtype=torch.bfloat16)
-    a, b, bias = _randn(6, 32, g=g), _randn(16, 32, g=g), _randn(16, g=g)
-    q6, k6 = _randn(6, 4, 16, g=g), _randn(6, 2, 16, g=g)
-    cos_sin, positions = _randn(20, 8, g=g), torch.tensor([0, 3, 1, 19, 7, 2])
-    gu = _randn(6, 64, g=g)
     q, k, v = _randn(7, 4, 16, g=g), _randn(7, 2, 16, g=g), _randn(7, 2, 16, g=g)
     cu, sinks = torch.tensor([0, 3, 7], dtype=torch.int32), _randn(4, g=g)
     p = _paged(g)
-    paged = (p["k_cache"], p["v_cache"], p["page_table"], p["cache_seqlens"])
-    q_ext, cu_ext, q_dec = _randn(5, 4, 16, g=g), torch.tensor([0, 2, 5], dtype=torch.int32), _randn(2, 4, 16, g=g)
-    kn, vn, slots = _randn(5, 2, 16, g=g), _randn(5, 2, 16, g=g), torch.tensor([0, 17, 5, -1, 23])
-    logits8 = _randn(6, 4, g=g)
+    q_dec = _randn(2, 4, 16, g=g)
+    a, logits8 = _randn(6, 32, g=g), _randn(6, 4, g=g)
     mw, act = _moe_weights(g), tk.MoEActivation()
     tw, tid = tk.moe_route(logits8, 2)
     vocab = _randn(3, 50, g=g)
-    top_k, top_p = torch.tensor([0, 5, 2], dtype=torch.int32), torch.tensor([1.0, 0.8, 0.5])
-    temp, uniform = torch.tensor([1.0, 0.7, 1.3]), torch.tensor([0.1, 0.5, 0.9])
-    ext_kw = {"causal": True, "window_left": 3, "sinks": sinks}
-    return {
-        "rmsnorm": (
-            lambda t: t.rmsnorm(x, w, 1e-6), lambda: ops.rmsnorm(x, w, 1e-6), (x, w, 1e-6, None, None)
-        ),
-        "rmsnorm_residual": (
-            lambda t: t.rmsnorm(x, w, residual=res), lambda: ops.rmsnorm(x, w, residual=res),
-            (x, w, 1e-5, res, None, None),
-        ),
-        "mm": (lambda t: t.mm(a, b, bias), lambda: ops.mm(a, b, bias), (a, b, bias, None, None, None, None, None)),
-        "apply_rotary": (
-            lambda t: t.apply_rotary(q6, k6, cos_sin, positions, style="gptj"),
-            lambda: ops.apply_rotary(q6, k6, cos_sin, positions, style="gptj"),
-            (q6, k6, cos_sin, positions, "gptj", None, None),
-        ),
-        "swiglu": (
-            lambda t: t.swiglu(gu, limit=1.5), lambda: ops.swiglu(gu, limit=1.5),
-            (gu, 1.702, 1.5, 1.0, True, None, None),
-        ),
-        "silu_and_mul": (lambda t: t.silu_and_mul(gu), lambda: ops.silu_and_mul(gu), (gu, None, None)),
-        "mha_prefill": (
-            lambda t: t.mha_prefill(q, k, v, cu, cu, 4, 4, window_left=2, sinks=sinks, return_lse=True),
-            lambda: ops.mha_prefill(q, k, v, cu, cu, 4, 4, window_left=2, sinks=sinks, return_lse=True),
-            (q, k, v, cu, cu, 4, 4, True, 2, sinks, None, 0.0, True, None, None),
-        ),
-        "mha_extend_with_kvcache": (
-            lambda t: t.mha_extend_with_kvcache(q_ext, *paged, cu_ext, 3, **ext_kw),
-            lambda: ops.mha_extend_with_kvcache(q_ext, *paged, cu_ext, 3, **ext_kw),
-            (q_ext, *paged, cu_ext, 3, True, 3, sinks, None, 0.0, False, None, None),
-        ),
-        "mha_decode_with_kvcache": (
-            lambda t: t.mha_decode_with_kvcache(q_dec, *paged, softmax_scale=0.3, logit_cap=5.0, return_lse=True),
-            lambda: ops.mha_decode_with_kvcache(q_dec, *paged, softmax_scale=0.3, logit_cap=5.0, return_lse=True),
-            (q_dec, *paged, -1, None, 0.3, 5.0, True, None, None),
-        ),
-        "kvcache_store": (
-            lambda t: t.kvcache_store(kn, vn, *paged[:2], slots),
-            lambda: ops.kvcache_store(kn, vn, *paged[:2], slots),
-            (kn, vn, *paged[:2], slots, None, None),
-        ),
-        "moe_route": (
-            lambda t: t.moe_route(logits8, 3, renormalize=False), lambda: ops.moe_route(logits8, 3, renormalize=False),
-            (logits8, 3, False, None, None),
-        ),
-        "moe_apply": (
-            lambda t: t.moe_apply(a, tw, tid, mw, act), lambda: ops.moe_apply(a, tw, tid, mw, act),
-            _moe_apply_schema_args(a, tw, tid, mw, act, None, None, None),
-        ),
-        "argmax": (lambda t: t.argmax(vocab), lambda: ops.argmax(vocab), (vocab, None, None)),
-        "top_k_top_p_sample": (
-            lambda t: t.top_k_top_p_sample(vocab, top_k, top_p, temperature=temp, uniform=uniform),
-            lambda: ops.top_k_top_p_sample(vocab, top_k, top_p, temperature=temp, uniform=uniform),
-            (vocab, top_k, top_p, temp, uniform, None, None),
-        ),
-    }  # fmt: skip
+    out = {name: (name, call) for name, call in _generic_calls().items()}
+    out.update({
+        "rmsnorm[residual]": ("rmsnorm", {"x": x, "weight": w, "residual": res}),
+        "mha_prefill[window,sinks,lse]": ("mha_prefill", {
+            "q": q, "k": k, "v": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": 4, "max_seqlen_k": 4,
+            "window_left": 2, "sinks": sinks, "return_lse": True}),
+        "mha_decode_with_kvcache[cap,lse]": ("mha_decode_with_kvcache", {
+            "q": q_dec, **p, "softmax_scale": 0.3, "logit_cap": 5.0, "return_lse": True}),
+        "moe_apply[mxfp4,bias]": ("moe_apply", {
+            "x": a, "topk_weights": tw, "topk_ids": tid, "weights": mw, "activation": act}),
+        "top_k_top_p_sample[scalars]": ("top_k_top_p_sample", {
+            "logits": vocab, "top_k": 5, "top_p": 0.8, "temperature": 0.7, "uniform": torch.tensor([0.1, 0.5, 0.9])}),
+    })  # fmt: skip
+    return out
+
+
+CASE_IDS = sorted(_cases())
 
 
 def _flat(result) -> list[torch.Tensor]:
@@ -173,44 +139,55 @@ def test_importing_the_package_registers_nothing():
 
 
 def test_every_op_is_covered():
+    """One custom op per op object, by construction: the registered ops are exactly the public ops."""
     register_custom_ops()
-    assert set(_cases()) == set(OP_NAMES)
-    public = set(tk.__all__)
+    assert set(OP_NAMES) == set(tk.all_contracts()) == {op for op, _ in _cases().values()}
     for name in OP_NAMES:
-        assert name == "rmsnorm_residual" or name in public
-        assert hasattr(ops, name.removesuffix("_residual"))
+        assert name in tk.__all__ and callable(getattr(ops, name))
+        assert hasattr(NS, name)
     schema = str(NS.kvcache_store.default._schema)
     assert "Tensor(a2!) k_cache" in schema and "Tensor(a3!) v_cache" in schema
 
 
-# ----------------------------------------------------------------------------- the ops themselves
+def _fresh(op: str, call: dict) -> dict:
+    """Copies of the tensors an op writes (so a check does not see the previous check's writes)."""
+    mutated = tk.get_contract(op).mutates
+    return {k: (v.clone() if k in mutated else v) for k, v in call.items()}
 
 
-@pytest.mark.parametrize("name", OP_NAMES)
-def test_opcheck(name):
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_opcheck(case_id):
     """Schema, fake implementation (shapes, dtypes, strides) and AOT dispatch agree with the real op."""
-    *_, args = _cases()[name]
-    if name == "kvcache_store":
-        args = (*args[:2], args[2].clone(), args[3].clone(), *args[4:])
-    torch.library.opcheck(getattr(NS, name).default, args)
+    op, call = _cases()[case_id]
+    torch.library.opcheck(getattr(NS, op).default, schema_args(op, **_fresh(op, call)))
 
 
-@pytest.mark.parametrize("name", OP_NAMES)
-def test_eager_call_through_ops_equals_public_op(name):
-    public, through_ops, args = _cases()[name]
-    if name == "kvcache_store":
-        k_cache, v_cache = args[2], args[3]
-        before = k_cache.clone(), v_cache.clone()
-        through_ops()
-        got = k_cache.clone(), v_cache.clone()
-        k_cache.copy_(before[0]), v_cache.copy_(before[1])
-        public(tk)
-        assert not torch.equal(got[0], before[0])  # the store did write
-        _assert_same(got, (k_cache, v_cache))
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_eager_call_through_ops_equals_public_op(case_id):
+    op, call = _cases()[case_id]
+    if op == "kvcache_store":
+        through, public = _fresh(op, call), _fresh(op, call)
+        getattr(ops, op)(**through)
+        getattr(tk, op)(**public)
+        assert not torch.equal(through["k_cache"], call["k_cache"])  # the store did write
+        _assert_same((through["k_cache"], through["v_cache"]), (public["k_cache"], public["v_cache"]))
         return
-    if name == "top_k_top_p_sample":
-        assert not torch.equal(public(tk), tk.argmax(_cases()["argmax"][2][0]))  # the filters did something
-    _assert_same(through_ops(), public(tk))
+    got, want = getattr(ops, op)(**call), getattr(tk, op)(**call)
+    if op == "moe_dispatch":
+        assert isinstance(got, tk.MoEDispatchResult)
+        got, want = (
+            (got.hidden, got.expert_offsets, got.permutation),
+            (want.hidden, want.expert_offsets, want.permutation),
+        )
+    _assert_same(got, want)
+
+
+def test_an_argument_that_cannot_cross_the_schema_is_named():
+    logits = _randn(2, 10, g=_gen(9))
+    with pytest.raises(TypeError, match="generator: cannot be passed through"):
+        ops.top_k_top_p_sample(logits, generator=torch.Generator())
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        ops.rmsnorm(logits, torch.ones(10), out=torch.empty_like(logits))
 
 
 def test_solution_and_override_cross_the_schema():
@@ -255,14 +232,16 @@ def test_moe_apply_plan_and_opaque_extra_cross_the_schema():
         packed = tk.moe_process_weights(plan, weights)
         x = _randn(5, 32, g=g)
         tw, tid = tk.moe_route(_randn(5, 4, g=g), 2)
-        want = tk.moe_apply(x, tw, tid, packed, act, plan=plan)
-        got = ops.moe_apply(x, tw, tid, packed, act, plan=plan)
+        # (the autouse fixture forces the references: this call needs the packed kernel)
+        with tk.kernel_override(moe_apply="packedtest"):
+            want = tk.moe_apply(x, tw, tid, packed, act, plan=plan)
+            got = ops.moe_apply(x, tw, tid, packed, act, plan=plan)
         _assert_same(got, want)
         _assert_same(got, 2.0 * tk.moe_apply(x, tw, tid, weights, act))  # the planned kernel ran, not the reference
         extra = seen[-1]
         assert len(seen) == 2 and torch.equal(extra[0], torch.arange(3))
         assert type(extra[1]) is int and extra[1] == 7 and extra[2] is True and extra[3] == 0.25
-        with pytest.raises(TypeError, match="weights.extra: a str"):
+        with pytest.raises(TypeError, match=r"weights\.extra: a str"):
             ops.moe_apply(x, tw, tid, replace(packed, extra=("no",)), act, plan=plan)
     finally:
         unregister_kernel("packedtest.moe_apply")
@@ -313,7 +292,7 @@ def test_compile_fullgraph_records_one_node_per_op():
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     ours = sorted(t for t in targets if t.startswith("tokenspeed_kernel."))
     assert ours == sorted(
-        ["tokenspeed_kernel.rmsnorm.default", "tokenspeed_kernel.rmsnorm_residual.default"]
+        ["tokenspeed_kernel.rmsnorm.default"] * 2
         + ["tokenspeed_kernel.mm.default"] * 2
         + ["tokenspeed_kernel.swiglu.default", "tokenspeed_kernel.apply_rotary.default"]
         + ["tokenspeed_kernel.mha_prefill.default", "tokenspeed_kernel.argmax.default"]

@@ -1,4 +1,4 @@
-"""Measured selection oracle: building from bench reports, ranking, persistence, activation (CPU)."""
+"""Measured tables: building from bench reports, ranking by size bucket, persistence, activation (CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel.benchmark.oracle import MeasuredOracle, call_signature, shipped_oracle
+from tokenspeed_kernel.benchmark.oracle import build_table, call_key
 from tokenspeed_kernel.core import selection
 from tokenspeed_kernel.core.registry import Priority, register_kernel, registry, unregister_kernel
 from tokenspeed_kernel.numerics import Case, get_op_cases
@@ -85,14 +85,14 @@ def _rank_of(cands, name) -> int:
 
 
 def test_scores_are_geometric_means_of_ratios_to_the_fastest_kernel_per_case():
-    table = MeasuredOracle.from_reports([_report([
-        (_case(1), {FAST: (10.0, 4.0), SLOW: (5.0, 2.0)}),  # graph times for both: used (FAST 2.0x)
-        (_case(64), {FAST: (10.0, 4.0), SLOW: 30.0}),  # SLOW has no graph time: plain medians (SLOW 3.0x)
-        (_case(4096), {FAST: 8.0, SLOW: 8.0}),
+    table = build_table([_report([
+        (_case(4), {FAST: (10.0, 4.0), SLOW: (5.0, 2.0)}),  # graph times for both: used (FAST 2.0x)
+        (_case(5), {FAST: (10.0, 4.0), SLOW: 30.0}),  # SLOW has no graph time: plain medians (SLOW 3.0x)
+        (_case(7), {FAST: 8.0, SLOW: 8.0}),  # 4, 5, 7 rows: one power-of-two bucket (4..7)
     ])])  # fmt: skip
     [entry] = table.entries
     assert (entry.arch, entry.device, entry.op, entry.signature) == ("sm90", GPU, "rmsnorm", ("bf16",))
-    assert entry.traits == {"fused_residual": False}
+    assert entry.traits == {"fused_residual": False} and entry.buckets == {"rows": 3}
     assert entry.cases == 3 and entry.timing == "mixed"
     assert entry.scores[FAST] == pytest.approx((2.0 * 1.0 * 1.0) ** (1 / 3))
     assert entry.scores[SLOW] == pytest.approx((1.0 * 3.0 * 1.0) ** (1 / 3))
@@ -101,9 +101,9 @@ def test_scores_are_geometric_means_of_ratios_to_the_fastest_kernel_per_case():
 
 def test_kernels_missing_from_a_case_leave_the_group_and_single_kernel_groups_are_dropped():
     other = "third.rmsnorm"
-    table = MeasuredOracle.from_reports([_report([
-        (_case(1), {FAST: 1.0, SLOW: 2.0, other: 0.5}),  # other is fastest here but missing below
-        (_case(64), {FAST: 1.0, SLOW: 4.0}),
+    table = build_table([_report([
+        (_case(64), {FAST: 1.0, SLOW: 2.0, other: 0.5}),  # other is fastest here but missing below
+        (_case(100), {FAST: 1.0, SLOW: 4.0}),
         (_case(8, residual=True), {FAST: 1.0}),  # a group with one kernel ranks nothing
     ])])  # fmt: skip
     [entry] = table.entries
@@ -114,14 +114,37 @@ def test_kernels_missing_from_a_case_leave_the_group_and_single_kernel_groups_ar
 def test_the_same_case_measured_twice_counts_once_graph_timing_preferred():
     eager = _report([(_case(1), {FAST: 1.0, SLOW: 3.0})], date="2026-02-01 00:00:00 UTC")
     graph = _report([(_case(1), {FAST: (9.0, 6.0), SLOW: (9.0, 2.0)})], date="2026-01-01 00:00:00 UTC")
-    table = MeasuredOracle.from_reports([graph, eager])
+    table = build_table([graph, eager])
     [entry] = table.entries
     assert entry.cases == 1 and entry.timing == "graph"
     assert entry.scores == pytest.approx({FAST: 3.0, SLOW: 1.0})
     assert [s["cases_used"] for s in table.sources] == [1, 0]
 
 
-def test_call_signature_reads_the_ops_dispatch_for_a_large_gpt_oss_decode_case():
+def test_each_size_bucket_is_its_own_group_and_lookup_takes_the_nearest_measured(kernels):
+    table = build_table([_report([
+        (_case(1), {FAST: 1.0, SLOW: 3.0}),  # rows bucket 1: FAST 3x faster
+        (_case(4096), {FAST: 4.0, SLOW: 1.0}),  # rows 4096..8191: SLOW 4x faster
+    ])])  # fmt: skip
+    assert sorted(e.buckets["rows"] for e in table.entries) == [1, 13]
+    plat = _sm90()
+    tk.set_selection_oracle(table)
+    try:
+        for rows, best in ((1, FAST), (2, FAST), (20, FAST), (4096, SLOW), (100_000, SLOW), (300, SLOW)):
+            cands = [c for c in tk.explain_selection("rmsnorm", ("bf16",), {}, sizes={"rows": rows}, platform=plat)
+                     if c.eligible]  # fmt: skip
+            assert cands[0].name == best, rows
+        nearest = tk.explain_selection("rmsnorm", ("bf16",), {}, sizes={"rows": 3000}, platform=plat)
+        assert "rows=4096..8191 (nearest measured)" in nearest[0].reason
+        # No sizes (moe_plan without a token count): the geometric mean over the buckets.
+        both = _ranked("rmsnorm", ("bf16",), {}, plat)
+        assert [c.name for c in both[:2]] == [SLOW, FAST] and "2 size buckets aggregated" in both[0].reason
+        assert both[0].score == pytest.approx(math.sqrt(3.0 * 1.0)) and both[1].score == pytest.approx(2.0)
+    finally:
+        tk.set_selection_oracle(None)
+
+
+def test_call_key_reads_the_op_objects_checks_for_a_large_gpt_oss_decode_case():
     # 256 sequences x 2048 tokens (a 512 MiB cache): built on fake tensors, read at dispatch.
     case = Case.make(
         "mha_decode_with_kvcache",
@@ -130,11 +153,13 @@ def test_call_signature_reads_the_ops_dispatch_for_a_large_gpt_oss_decode_case()
          "heads_kv": 8, "head_dim": 64, "sinks": True, "window_left": 127, "page_size": 16},
     )  # fmt: skip
     t0 = time.perf_counter()
-    sig, traits = call_signature(case)
+    sig, traits, buckets = call_key(case)
     assert time.perf_counter() - t0 < 60
     assert sig == ("bf16", "bf16")
     assert traits == {"head_dim": 64, "gqa_group": 8, "window": True, "sinks": True, "logit_cap": False,
                       "return_lse": False, "page_size": 16}  # fmt: skip
+    # batch 256 -> bucket 9 (256..511); context: 128 pages of 16 = 2048 slots -> bucket 12 (2048..4095)
+    assert buckets == {"batch": 9, "context": 12}
 
 
 # -- selection ----------------------------------------------------------------------
@@ -144,15 +169,13 @@ def test_measured_table_changes_the_selection_and_explain_says_measured(kernels)
     plat = _sm90()
     before = _ranked("rmsnorm", ("bf16",), {}, plat)
     assert before[0].name == SLOW and all(c.score is None for c in before)
-    table = MeasuredOracle.from_reports(
-        [_report([(_case(1), {FAST: 2.0, SLOW: 3.0}), (_case(64), {FAST: 5.0, SLOW: 9.0})])]
-    )
+    table = build_table([_report([(_case(64), {FAST: 2.0, SLOW: 3.0}), (_case(65), {FAST: 5.0, SLOW: 9.0})])])
     tk.set_selection_oracle(table)
     after = _ranked("rmsnorm", ("bf16",), {}, plat)
     assert [c.name for c in after[:2]] == [FAST, SLOW]
     assert after[0].selected and after[0].score == pytest.approx(1.0)
     assert after[1].score == pytest.approx(math.sqrt(1.5 * 1.8))
-    assert after[1].reason.startswith("measured 1.643; priority 300")
+    assert after[1].reason.startswith("measured 1.64 (Test GPU 9000, rows=64..127); priority 300")
     with tk.fake_platform(plat):
         selection.clear_selection_cache()
         assert tk.select_spec("rmsnorm", ("bf16",), {}).spec.name == FAST
@@ -161,7 +184,7 @@ def test_measured_table_changes_the_selection_and_explain_says_measured(kernels)
 
 
 def test_group_without_data_falls_back_to_priority(kernels):
-    tk.set_selection_oracle(MeasuredOracle.from_reports([_report([(_case(1), {FAST: 1.0, SLOW: 3.0})])]))
+    tk.set_selection_oracle(build_table([_report([(_case(1), {FAST: 1.0, SLOW: 3.0})])]))
     cands = _ranked("rmsnorm", ("bf16",), {"fused_residual": True}, _sm90())
     assert cands[0].name == SLOW
     assert all(c.score is None and "measured" not in c.reason for c in cands)
@@ -172,7 +195,7 @@ def test_group_without_data_falls_back_to_priority(kernels):
 def test_the_platforms_own_device_is_preferred_over_other_devices_of_the_arch(kernels):
     a = _report([(_case(1), {FAST: 1.0, SLOW: 2.0})], name="GPU A")
     b = _report([(_case(1), {FAST: 2.0, SLOW: 1.0})], name="GPU B")
-    tk.set_selection_oracle(MeasuredOracle.from_reports([a, b]))
+    tk.set_selection_oracle(build_table([a, b]))
     assert _ranked("rmsnorm", ("bf16",), {}, _sm90("GPU B"))[0].name == SLOW
     assert _ranked("rmsnorm", ("bf16",), {}, _sm90("GPU A"))[0].name == FAST
     assert _ranked("rmsnorm", ("bf16",), {}, _sm90("GPU C"))[0].name == FAST  # another device: the first measured
@@ -182,49 +205,50 @@ def test_the_platforms_own_device_is_preferred_over_other_devices_of_the_arch(ke
 
 
 def test_save_load_round_trip(tmp_path):
-    table = MeasuredOracle.from_reports(
-        [_report([(_case(1), {FAST: 1.0, SLOW: 1.7}), (_case(9), {FAST: 2.0, SLOW: 3.0})])]
-    )
+    table = build_table([_report([(_case(1), {FAST: 1.0, SLOW: 1.7}), (_case(9), {FAST: 2.0, SLOW: 3.0})])])
     path = tmp_path / "t.json"
     table.save(path)
-    loaded = MeasuredOracle.load(path)
+    loaded = tk.MeasuredTable.load(path)
     assert loaded.entries == table.entries and loaded.sources == table.sources and loaded.created == table.created
     assert loaded.sources[0]["date"] == "2026-01-01 00:00:00 UTC" and loaded.sources[0]["device"] == GPU
     data = json.loads(path.read_text())
-    assert data["kind"] == "tokenspeed-kernel-oracle" and data["created"]
+    assert data["kind"] == "tokenspeed-kernel-measured-table" and data["created"]
+    assert data["entries"][0]["sizes"] == {"rows": "1"} and data["entries"][1]["sizes"] == {"rows": "8..15"}
     data["kind"] = "something-else"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="not a TokenSpeed-kernel oracle table"):
-        MeasuredOracle.load(path)
+    with pytest.raises(ValueError, match="not a TokenSpeed-kernel measured table"):
+        tk.MeasuredTable.load(path)
 
 
 def test_environment_variable_names_tables_or_turns_measuring_off(kernels, env, tmp_path):
     path = tmp_path / "t.json"
-    MeasuredOracle.from_reports([_report([(_case(1), {FAST: 1.0, SLOW: 5.0})])]).save(path)
+    build_table([_report([(_case(1), {FAST: 1.0, SLOW: 5.0})])]).save(path)
     env.setenv("TOKENSPEED_KERNEL_ORACLE", str(path))
     selection.reload_settings()
     top = _ranked("rmsnorm", ("bf16",), {}, _sm90())[0]
-    assert top.name == FAST and top.reason.startswith("measured 1; ")
+    assert top.name == FAST and top.reason.startswith("measured 1 (")
     # A later table wins for a group both hold.
     flipped = tmp_path / "u.json"
-    MeasuredOracle.from_reports([_report([(_case(1), {FAST: 5.0, SLOW: 1.0})])]).save(flipped)
+    build_table([_report([(_case(1), {FAST: 5.0, SLOW: 1.0})])]).save(flipped)
     env.setenv("TOKENSPEED_KERNEL_ORACLE", f"{path},{flipped}")
     selection.reload_settings()
     assert _ranked("rmsnorm", ("bf16",), {}, _sm90())[0].name == SLOW
     # set_selection_oracle takes precedence over the environment.
-    tk.set_selection_oracle(lambda spec, sig, traits, plat: None)
+    tk.set_selection_oracle(lambda op, sig, traits, buckets, plat: None)
     assert _ranked("rmsnorm", ("bf16",), {}, _sm90())[0].score is None
     tk.set_selection_oracle(None)
     env.setenv("TOKENSPEED_KERNEL_ORACLE", "none")
     selection.reload_settings()
     assert _ranked("rmsnorm", ("bf16",), {}, _sm90())[0].name == SLOW
     env.setenv("TOKENSPEED_KERNEL_ORACLE", str(tmp_path / "missing.json"))
-    with pytest.raises(FileNotFoundError, match="TOKENSPEED_KERNEL_ORACLE: no such file"):
-        selection.reload_settings()
-    (tmp_path / "bad.json").write_text('{"kind": "tokenspeed-kernel-oracle", "schema": 1, "entries": [{}]}')
+    selection.reload_settings()
+    with pytest.raises(tk.SettingsError, match="TOKENSPEED_KERNEL_ORACLE: no such file"):
+        _ranked("rmsnorm", ("bf16",), {}, _sm90())
+    (tmp_path / "bad.json").write_text('{"kind": "tokenspeed-kernel-measured-table", "schema": 2, "entries": [{}]}')
     env.setenv("TOKENSPEED_KERNEL_ORACLE", str(tmp_path / "bad.json"))
-    with pytest.raises(ValueError, match=r"TOKENSPEED_KERNEL_ORACLE: .*bad.json"):
-        selection.reload_settings()
+    selection.reload_settings()
+    with pytest.raises(tk.SettingsError, match=r"TOKENSPEED_KERNEL_ORACLE: .*bad.json"):
+        _ranked("rmsnorm", ("bf16",), {}, _sm90())
 
 
 def test_cli_build_and_show(kernels, tmp_path, capsys):
@@ -233,10 +257,10 @@ def test_cli_build_and_show(kernels, tmp_path, capsys):
     report, table = tmp_path / "r.json", tmp_path / "t.json"
     report.write_text(json.dumps(_report([(_case(1), {FAST: 1.0, SLOW: 2.0})])))
     assert cli.main(["oracle", "build", str(report), "-o", str(table)]) == 0
-    assert MeasuredOracle.load(table).entries[0].scores == pytest.approx({FAST: 1.0, SLOW: 2.0})
+    assert tk.MeasuredTable.load(table).entries[0].scores == pytest.approx({FAST: 1.0, SLOW: 2.0})
     assert cli.main(["oracle", "show", str(table)]) == 0
     out = capsys.readouterr().out
-    assert f"{GPU} rmsnorm bf16 {{fused_residual=False}}" in out and "2.000  slowhigh.rmsnorm" in out
+    assert f"{GPU} rmsnorm bf16 {{fused_residual=False}} [rows=1]" in out and "2.000  slowhigh.rmsnorm" in out
     report.write_text("{}")
     assert cli.main(["oracle", "build", str(report), "-o", str(table)]) == 2
 
@@ -262,57 +286,13 @@ def test_bench_oracle_out_ranks_the_measured_faster_kernel_first(env, tmp_path):
         assert cli.main(argv) == 0
         cpu = tk.make_platform("cpu", device_name="cpu")
         assert _ranked("rmsnorm", ("fp32",), {}, cpu)[0].name == slow  # by priority
-        tk.set_selection_oracle(MeasuredOracle.load(table))
+        tk.set_selection_oracle(tk.MeasuredTable.load(table))
+        [entry] = tk.MeasuredTable.load(table).entries
+        assert entry.scores[slow] > 2 and entry.scores["reference.rmsnorm"] == 1.0
+        # The measured time says the reference is faster, but the reference is the last resort:
+        # it never outranks a kernel that can run the call.
+        tk.set_selection_oracle(tk.MeasuredTable.load(table))
         cands = _ranked("rmsnorm", ("fp32",), {}, cpu)
-        assert cands[0].name == "reference.rmsnorm" and cands[0].reason.startswith("measured 1;")
-        assert _rank_of(cands, slow) > 1 and next(c for c in cands if c.name == slow).score > 2
+        assert cands[0].name == slow and cands[-1].name == "reference.rmsnorm"
     finally:
         unregister_kernel(slow)
-
-
-# -- the shipped H200 table ---------------------------------------------------------
-
-_H200_KERNELS = (
-    "triton.mha_decode_with_kvcache",
-    "fa3.mha_decode_with_kvcache",
-    "triton.mha_prefill",
-    "fa3.mha_prefill",
-)
-GPT_OSS = {"head_dim": 64, "gqa_group": 8, "sinks": True}
-
-
-def test_shipped_h200_table_loads_with_its_sources():
-    table = shipped_oracle("NVIDIA H200")
-    assert table is not None and len(table) >= 3
-    assert shipped_oracle("NVIDIA H100 80GB HBM3") is None
-    assert all(s["device"] == "NVIDIA H200" and s["date"].startswith("2026-") for s in table.sources)
-    assert {e.op for e in table.entries} >= {"mha_prefill", "mha_decode_with_kvcache"}
-    assert all(min(e.scores.values()) == pytest.approx(1.0) for e in table.entries)
-
-
-def test_shipped_h200_table_ranks_triton_for_decode_and_fa3_for_full_causal_prefill(env):
-    tk.load_plugins()
-    missing = [k for k in _H200_KERNELS if registry.get(k) is None]
-    if missing:
-        pytest.skip(f"kernels not registered here: {missing} (the triton/nvidia plugins or tokenspeed-fa3 absent)")
-    for name in _H200_KERNELS:  # a selection elsewhere on this CPU machine may have failed to load FA3
-        env.delitem(selection._broken, name, raising=False)
-    sig = ("bf16", "bf16")
-    h200 = _sm90("NVIDIA H200")
-    for window in (False, True):
-        decode = _ranked("mha_decode_with_kvcache", sig, {**GPT_OSS, "window": window, "page_size": 16}, h200)
-        assert decode[0].name == "triton.mha_decode_with_kvcache" and decode[0].reason.startswith("measured")
-        assert _rank_of(decode, "fa3.mha_decode_with_kvcache") == 2
-    prefill = _ranked("mha_prefill", sig, {**GPT_OSS, "window": False}, h200)
-    assert [c.name for c in prefill[:2]] == ["fa3.mha_prefill", "triton.mha_prefill"]
-    windowed = _ranked("mha_prefill", sig, {**GPT_OSS, "window": True}, h200)
-    assert [c.name for c in windowed[:2]] == ["triton.mha_prefill", "fa3.mha_prefill"]
-    # Unnamed sm90 platforms, and TOKENSPEED_KERNEL_ORACLE=none, keep the priority order.
-    assert _ranked("mha_prefill", sig, {**GPT_OSS, "window": True}, _sm90(""))[0].name == "fa3.mha_prefill"
-    env.setenv("TOKENSPEED_KERNEL_ORACLE", "none")
-    selection.reload_settings()
-    assert _ranked("mha_prefill", sig, {**GPT_OSS, "window": True}, h200)[0].name == "fa3.mha_prefill"
-    # `default` applies the shipped tables to any device of their arch.
-    env.setenv("TOKENSPEED_KERNEL_ORACLE", "default")
-    selection.reload_settings()
-    assert _ranked("mha_prefill", sig, {**GPT_OSS, "window": True}, _sm90(""))[0].name == "triton.mha_prefill"

@@ -17,7 +17,7 @@ import tokenspeed_kernel as tk
 from tokenspeed_kernel.benchmark import bench
 from tokenspeed_kernel.benchmark import cli as bench_cli
 from tokenspeed_kernel.benchmark.ceilings import Ceilings
-from tokenspeed_kernel.core import dispatch, profiling
+from tokenspeed_kernel.core import profiling
 from tokenspeed_kernel.numerics.cases import cases_from_capture
 
 FAST = {"warmup_ms": 1.0, "rep_ms": 3.0, "progress": False, "ceilings": Ceilings()}
@@ -56,7 +56,9 @@ def test_kernel_scope_names_the_op_and_kernel_in_torch_profiler():
 
 def test_no_scope_when_no_profiler_runs(monkeypatch):
     entered = []
-    monkeypatch.setattr(dispatch, "kernel_scope", lambda op, kernel: entered.append(op))
+    from tokenspeed_kernel.core import op as op_module
+
+    monkeypatch.setattr(op_module, "kernel_scope", lambda op, kernel: entered.append(op))
     tk.rmsnorm(torch.randn(2, 16), torch.ones(16))
     assert entered == []
 
@@ -107,8 +109,8 @@ def test_shape_capture_dedups_counts_and_writes_json(tmp_path):
         for t in (1, 2, 2, 2, 3):
             tk.rmsnorm(torch.randn(t, 64), w)
         tk.rmsnorm(torch.randn(2, 64), w, residual=torch.randn(2, 64))
-        assert dispatch.capture_hook is cap
-    assert dispatch.capture_hook is None
+        assert profiling.dispatch_hook is cap
+    assert profiling.dispatch_hook is None
     data = json.loads(path.read_text())
     assert data["total_calls"] == 6 and data["dropped_calls"] == 0
     entries = data["entries"]
@@ -216,7 +218,7 @@ def test_profiling_off_overhead_is_small(capsys):
     from tokenspeed_kernel import register_kernel, unregister_kernel
     from tokenspeed_kernel.core.plugins import ensure_loaded
 
-    assert dispatch.capture_hook is None and not profiling.profiler_active()
+    assert profiling.dispatch_hook is None and not profiling.profiler_active()
     ensure_loaded()
     register_kernel("rmsnorm", name="test.rmsnorm_noop", solution="test", impl=_noop_rmsnorm, formats=[{"x": "fp32"}],
                     priority=400)  # fmt: skip

@@ -455,8 +455,8 @@ def test_plan_and_process_weights_on_cpu():
     assert_close_to(planned, loop_moe(x, tw, ids, w, GPT_OSS), torch.float32)
     with pytest.raises(ValueError, match="^activation:"):
         tk.moe_apply(x, tw, ids, w, SILU, plan=plan)
-    with pytest.raises(ValueError, match="^plan:"):
-        tk.moe_apply(x, tw, ids, w, GPT_OSS, plan=plan, solution=REF)
+    with pytest.raises(TypeError, match="^plan: expected a MoEPlan"):
+        tk.moe_apply(x, tw, ids, w, GPT_OSS, plan="reference.moe_apply")
     with pytest.raises(TypeError, match="^dtype:"):
         tk.moe_plan(w, GPT_OSS, dtype=torch.float64, solution=REF)
 

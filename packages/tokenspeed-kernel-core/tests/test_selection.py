@@ -180,12 +180,71 @@ def test_oracle_ranks_measured_first(scratch):
     scratch("rmsnorm", "fast.rmsnorm", priority=Priority.PORTABLE)
     scratch("rmsnorm", "slow.rmsnorm", priority=Priority.PERFORMANT)
     times = {"fast.rmsnorm": 1.0, "slow.rmsnorm": 2.0}
-    tk.set_selection_oracle(lambda spec, sig, traits, plat: times.get(spec.name))
+    tk.set_selection_oracle(lambda op, sig, traits, buckets, plat: times)
     try:
         assert tk.select_spec("rmsnorm", ("bf16",), {}).spec.name == "fast.rmsnorm"
     finally:
         tk.set_selection_oracle(None)
     assert tk.select_spec("rmsnorm", ("bf16",), {}).spec.name == "slow.rmsnorm"
+
+
+def test_measured_kernels_rank_by_score_and_unmeasured_ones_by_band(scratch):
+    """Fair ranking: a kernel missing from the measurements is placed by its band, not below them all."""
+    scratch("rmsnorm", "port.rmsnorm", priority=Priority.PORTABLE)
+    scratch("rmsnorm", "perf.rmsnorm", priority=Priority.PERFORMANT)
+    scratch("rmsnorm", "new.rmsnorm", priority=Priority.SPECIALIZED)  # a plugin's kernel nobody measured
+    scratch("rmsnorm", "late.rmsnorm", priority=Priority.PORTABLE + 50)  # unmeasured, lower band than perf
+    measured = {"port.rmsnorm": 1.0, "perf.rmsnorm": 1.4}
+    tk.set_selection_oracle(lambda op, sig, traits, buckets, plat: measured)
+    try:
+        cands = [c for c in tk.explain_selection("rmsnorm", ("bf16",), {}) if c.eligible]
+        order = [c.name for c in cands if c.name.split(".")[0] in ("port", "perf", "new", "late")]
+        assert order == ["new.rmsnorm", "port.rmsnorm", "perf.rmsnorm", "late.rmsnorm"]
+        assert cands[-1].name == "reference.rmsnorm"  # the last resort, whatever its score
+        why = {c.name: c.reason for c in cands}
+        assert "measured 1.4" in why["perf.rmsnorm"] and "above the measured" in why["new.rmsnorm"]
+        assert "below the measured kernels (band PERFORMANT)" in why["late.rmsnorm"]
+    finally:
+        tk.set_selection_oracle(None)
+
+
+def test_sizes_reach_the_oracle_and_the_cache_by_bucket(scratch):
+    """Selection sees the call's size buckets: the oracle answers per bucket, the cache keys by it."""
+    scratch("mm", "small.mm", priority=Priority.PERFORMANT, traits={"bias": ANY})
+    scratch("mm", "large.mm", priority=Priority.PERFORMANT + 1, traits={"bias": ANY})
+    seen = []
+
+    def oracle(op, sig, traits, buckets, plat):
+        seen.append(buckets)
+        if buckets is None:
+            return None
+        return {"small.mm": 1.0, "large.mm": 1.5} if buckets["m"] <= 4 else {"small.mm": 2.0, "large.mm": 1.0}
+
+    tk.set_selection_oracle(oracle)
+    try:
+        a, b = torch.randn(3, 16), torch.randn(8, 16)
+        assert tk.mm.selected_kernel(a, b).spec.name == "small.mm"
+        assert tk.mm.selected_kernel(torch.randn(300, 16), b).spec.name == "large.mm"
+        assert tk.mm.selected_kernel(torch.randn(2, 16), b).spec.name == "small.mm"  # m=2: bucket 2..3
+        assert seen == [{"m": 2}, {"m": 9}, {"m": 2}][: len(seen)] and len(seen) == 2  # the third was a cache hit
+        assert tk.select_spec("mm", ("fp32",) * 3, {}).spec.name == "large.mm"  # no sizes: priority
+        sel = tk.select_spec("mm", ("fp32",) * 3, {}, sizes={"m": 1000})
+        assert sel.spec.name == "large.mm"
+    finally:
+        tk.set_selection_oracle(None)
+
+
+def test_kernel_size_ranges_filter_and_must_cover_whole_buckets(scratch):
+    scratch("mm", "gemv.mm", priority=Priority.SPECIALIZED, traits={"bias": ANY}, sizes={"m": Range(1, 15)})
+    a, b = torch.randn(3, 16), torch.randn(8, 16)
+    assert tk.mm.selected_kernel(a, b).spec.name == "gemv.mm"
+    assert tk.mm.selected_kernel(torch.randn(16, 16), b).spec.name != "gemv.mm"
+    cands = {c.name: c for c in tk.explain_selection("mm", ("fp32",) * 3, {}, sizes={"m": 40})}
+    assert cands["gemv.mm"].reason == "size m=32..63 (supports 1..15)"
+    with pytest.raises(ValueError, match="whole power-of-two buckets"):
+        scratch("mm", "bad.mm", traits={"bias": ANY}, sizes={"m": Range(1, 10)})
+    with pytest.raises(ValueError, match=r"unknown size\(s\) \['tokens'\]"):
+        scratch("mm", "bad2.mm", traits={"bias": ANY}, sizes={"tokens": Range(1, 15)})
 
 
 # -- caching ------------------------------------------------------------------------
@@ -363,7 +422,7 @@ def _tiny_moe_weights():
 
 
 def test_prepacked_moe_kernel_needs_a_plan(scratch):
-    """A kernel with its own weight layout serves planned calls only; canonical calls go elsewhere."""
+    """A kernel with its own weight layout serves weights in that layout only; canonical calls go elsewhere."""
     calls = []
 
     def packed_apply(x, topk_weights, topk_ids, weights, activation, *, out=None):
@@ -391,6 +450,11 @@ def test_prepacked_moe_kernel_needs_a_plan(scratch):
     planned = tk.moe_apply(x, topk_w, topk_ids, packed, act, plan=plan)
     assert len(calls) == 1
     torch.testing.assert_close(planned, canonical)
-    with pytest.raises(ValueError, match="implies prepacked=True"):
+    assert torch.equal(tk.moe_apply(x, topk_w, topk_ids, packed, act), planned)  # the layout alone selects it
+    with pytest.raises(ValueError, match="is not the plan's"):
+        tk.moe_apply(x, topk_w, topk_ids, w, act, plan=plan)
+    with pytest.raises(tk.OverrideError, match="trait layout='canonical'"):
+        tk.moe_apply(x, topk_w, topk_ids, w, act, override="packed.moe_apply")
+    with pytest.raises(ValueError, match="writes its own layout"):
         register_kernel("moe_apply", name="bad.moe", solution="bad", formats=[{"x": "bf16", "w": "mxfp4"}],
-                        traits={"prepacked": False}, weight_preprocessor=pack, impl=packed_apply)  # fmt: skip
+                        traits={"layout": "canonical"}, weight_preprocessor=pack, impl=packed_apply)  # fmt: skip

@@ -18,7 +18,6 @@ from tokenspeed_kernel.numerics.bisect import shrink
 from tokenspeed_kernel.numerics.cases import all_op_cases, parse_value
 from tokenspeed_kernel.numerics.compare import check_close, check_codes, check_tokens
 from tokenspeed_kernel.numerics.inputs import decode_e2m1, make_generator, paged_kv_cache
-from tokenspeed_kernel.reference import _specs as reference_specs
 
 FLOATS = ("fp32", "bf16", "fp16")
 
@@ -139,10 +138,11 @@ def test_decode_e2m1_low_nibble_first():
     assert decode_e2m1(torch.tensor([0x91], dtype=torch.uint8)).tolist() == [0.5, -0.5]
 
 
-@pytest.mark.parametrize("op", sorted(reference_specs()))
+@pytest.mark.parametrize("op", sorted(tk.all_contracts()))
 def test_generated_inputs_pass_the_public_ops_validation(op, temp_kernels):
     """Every CPU case of every op builds arguments the public op accepts and dispatches."""
-    _, formats, traits = reference_specs()[op]
+    reference = tk.get_contract(op).reference
+    formats, traits = reference.formats, dict(reference.traits)
     seen = []
 
     def record(*args, **kwargs):

@@ -29,8 +29,9 @@ EXPECTED = {f"flashinfer.{op}{tail}" for op in ATTN_OPS for tail in ("", "_sink"
 }
 BF16 = ("bf16", "bf16")
 GPT_OSS = {"head_dim": 64, "gqa_group": 8, "window": True, "sinks": True}
-# Planned calls: flashinfer.moe_apply has a weight preprocessor, so it takes converted weights only.
-GPT_OSS_MOE = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "prepacked": True}
+# flashinfer.moe_apply has a weight preprocessor, so it takes weights converted to its layout only.
+GPT_OSS_MOE = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True,
+               "layout": "flashinfer.moe_apply"}  # fmt: skip
 
 
 def _traits(op: str, **kw) -> dict:
@@ -173,8 +174,8 @@ def test_rmsnorm_plain_only(with_flashinfer):
 def test_moe_apply_takes_gpt_oss_mxfp4_and_nothing_else(with_flashinfer):
     planned = _candidates("moe_apply", ("bf16", "mxfp4"), GPT_OSS_MOE)
     assert planned["flashinfer.moe_apply"].eligible and planned["flashinfer.moe_apply"].rank == 1
-    canonical = _candidates("moe_apply", ("bf16", "mxfp4"), {**GPT_OSS_MOE, "prepacked": False})
-    assert canonical["flashinfer.moe_apply"].reason == "trait prepacked=False (supports True)"
+    canonical = _candidates("moe_apply", ("bf16", "mxfp4"), {**GPT_OSS_MOE, "layout": "canonical"})
+    assert canonical["flashinfer.moe_apply"].reason == "trait layout='canonical' (supports 'flashinfer.moe_apply')"
     assert _candidates("moe_apply", ("bf16", "mxfp4"), {**GPT_OSS_MOE, "activation": "silu", "clamp": False})[
         "flashinfer.moe_apply"
     ].eligible

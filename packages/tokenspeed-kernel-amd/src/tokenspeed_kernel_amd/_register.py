@@ -11,8 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from tokenspeed_kernel.core.contracts import Range
-from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel
+from tokenspeed_kernel import Capability, Priority, Range, register_kernel
 
 __all__ = ["register", "GLUON_TARGETS"]
 

@@ -7,7 +7,9 @@ entry points on the first call that needs a selection.
 
 from __future__ import annotations
 
-from .core.contracts import ANY, Range, all_contracts, get_contract
+from .core.contracts import ANY, Range, Size, all_contracts, get_contract
+from .core.measured import MeasuredTable, register_measured_table
+from .core.op import Op
 from .core.platform import Platform, current_platform, fake_platform, make_platform
 from .core.plugins import load_plugins, plugin_reports
 from .core.registry import Capability, KernelSpec, Priority, register_kernel, registry, unregister_kernel
@@ -23,6 +25,7 @@ from .core.selection import (
     select_spec,
     set_selection_oracle,
 )
+from .core.settings import SettingsError
 from .ops import *  # noqa: F403
 from .ops import __all__ as _ops_all
 
@@ -32,6 +35,11 @@ __all__ = [
     *_ops_all,
     "ANY",
     "Range",
+    "Size",
+    "Op",
+    "MeasuredTable",
+    "register_measured_table",
+    "SettingsError",
     "Capability",
     "KernelSpec",
     "Priority",

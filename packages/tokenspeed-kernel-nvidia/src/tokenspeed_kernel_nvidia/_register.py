@@ -7,9 +7,13 @@ imported here); implementations load on first use.
 from __future__ import annotations
 
 import importlib.util
+from importlib.resources import files
 
-from tokenspeed_kernel.core.contracts import Range
-from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel
+from tokenspeed_kernel import Capability, Priority, Range, register_kernel, register_measured_table
+
+#: Measured tables shipped for NVIDIA devices (device-name substring -> file in data/), built with
+#: ``tokenspeed-kernel oracle build`` from the reports under docs/benchmarks/ (see each table's sources).
+MEASURED_TABLES = {"H200": "h200.json"}
 
 #: FlashAttention-3 runs on Hopper only (wgmma + TMA).
 HOPPER = Capability(
@@ -64,6 +68,7 @@ def register_fa3() -> None:
             tags=("cuda_graph_safe",),
             impl=f"{module}:{op}",
             doc=f"FlashAttention-3 {op}",
+            peer=True,
         )
 
 
@@ -82,6 +87,7 @@ def register_cublas() -> None:
             tags=("cuda_graph_safe",),
             impl=f"{module}:mm_dense",
             doc=f"torch.mm / torch.addmm ({fmt}, cuBLAS)",
+            peer=True,
         )
     register_kernel(
         "mm",
@@ -97,7 +103,15 @@ def register_cublas() -> None:
         tags=("cuda_graph_safe",),
         impl=f"{module}:mm_fp8",
         doc="torch._scaled_mm (cuBLASLt FP8, per-tensor or row-wise scales)",
+        peer=True,
     )
+
+
+def register_measurements() -> None:
+    """The measured tables of this package's devices (read on the first selection on such a device)."""
+    data = files("tokenspeed_kernel_nvidia").joinpath("data")
+    for device, filename in MEASURED_TABLES.items():
+        register_measured_table(data.joinpath(filename), device=device)
 
 
 def register() -> None:
@@ -106,3 +120,4 @@ def register() -> None:
     register_cublas()
     register_fa3()
     register_flashinfer()
+    register_measurements()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenspeed_kernel.core.registry import Capability, Priority
+from tokenspeed_kernel import Capability, Priority
 
 #: Triton kernels run wherever the platform advertises Triton (NVIDIA, AMD, or the
 #: CPU under TRITON_INTERPRET=1).

@@ -10,9 +10,8 @@ writes JSON, Markdown and PNG reports.
 
 from __future__ import annotations
 
+from ..numerics.cases import Cost, Peer, PeerCall, PeerSkip
 from .ceilings import Ceilings, measure_ceilings
-from .models import Cost, cost_of
-from .peers import Peer, PeerCall, PeerSkip, peers_for, register_peer
 from .runner import BenchReport, CaseResult, Entry, bench
 from .timer import Timing, time_fn
 
@@ -24,12 +23,9 @@ __all__ = [
     "Ceilings",
     "measure_ceilings",
     "Cost",
-    "cost_of",
     "Peer",
     "PeerCall",
     "PeerSkip",
-    "peers_for",
-    "register_peer",
     "Timing",
     "time_fn",
 ]

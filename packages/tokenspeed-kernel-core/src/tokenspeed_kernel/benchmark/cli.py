@@ -77,10 +77,10 @@ def add_oracle_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _oracle_build(args: argparse.Namespace) -> int:
-    from .oracle import MeasuredOracle
+    from .oracle import build_table
 
     try:
-        table = MeasuredOracle.from_reports(args.reports)
+        table = build_table(args.reports)
     except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
         print(f"tokenspeed-kernel oracle build: {exc}", file=sys.stderr)
         return 2
@@ -91,10 +91,10 @@ def _oracle_build(args: argparse.Namespace) -> int:
 
 
 def _oracle_show(args: argparse.Namespace) -> int:
-    from .oracle import MeasuredOracle
+    from ..core.measured import MeasuredTable
 
     try:
-        table = MeasuredOracle.load(args.table)
+        table = MeasuredTable.load(args.table)
     except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
         print(f"tokenspeed-kernel oracle show: {exc}", file=sys.stderr)
         return 2
@@ -201,9 +201,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         write_plot(report, args.plot)
     if args.oracle_out:
-        from .oracle import MeasuredOracle
+        from .oracle import build_table
 
-        table = MeasuredOracle.from_reports([report.to_json()])
+        table = build_table([report.to_json()])
         if args.json:
             table.sources[0]["path"] = args.json
         table.save(args.oracle_out)

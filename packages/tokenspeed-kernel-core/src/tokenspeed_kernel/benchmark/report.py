@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import TextIO
 
-from .models import PRIMARY_METRIC
+from ..numerics.cases import get_op_cases
 from .runner import BenchReport, CaseResult, Entry
 
 __all__ = ["write_json", "write_markdown", "write_plot", "print_summary", "markdown", "plot_available", "PLOT_HINT"]
@@ -28,7 +28,7 @@ def write_json(report: BenchReport, path: str) -> None:
 
 
 def _metric(op: str) -> str:
-    return PRIMARY_METRIC.get(op, "tbps")
+    return get_op_cases(op).metric
 
 
 def _rate(entry: Entry, metric: str) -> float | None:

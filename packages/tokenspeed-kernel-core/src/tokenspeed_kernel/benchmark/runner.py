@@ -26,12 +26,10 @@ from ..core.platform import platform_for_device
 from ..core.profiling import record_dispatches
 from ..core.registry import KernelSpec
 from ..core.selection import NoKernelFoundError, OverrideError, select_spec
-from ..numerics.cases import Case, OpCases, call_for_kernel, get_op_cases, standard_cases
+from ..numerics.cases import Case, Cost, OpCases, PeerSkip, call_for_kernel, get_op_cases, standard_cases
 from ..numerics.inputs import make_generator
 from ..numerics.runner import default_device, resolve_target
 from .ceilings import Ceilings, measure_ceilings
-from .models import Cost, cost_of
-from .peers import PeerSkip, peers_for
 from .progress import Progress
 from .timer import Timing, time_fn
 
@@ -54,6 +52,8 @@ class Entry:
     tbps: float | None = None
     pct_ceiling: float | None = None
     bound: str | None = None
+    #: a kernel registered with peer=True (a wrapper of the library users would pick instead).
+    peer: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +75,7 @@ class Entry:
             "tbps": self.tbps,
             "pct_ceiling": self.pct_ceiling,
             "bound": self.bound,
+            "peer": self.peer,
         }
 
 
@@ -184,9 +185,11 @@ def _rates(entry: Entry, cost: Cost, ceilings: Ceilings) -> None:
         entry.pct_ceiling = 100.0 * fractions[entry.bound]
 
 
-def _selected_kernel(op: str, signature: tuple, traits: dict, device: torch.device) -> str | None:
+def _selected_kernel(oc: OpCases, call: dict[str, Any], device: torch.device) -> str | None:
+    """The kernel selection picks for the case's call (signature, traits and size buckets)."""
     try:
-        return select_spec(op, signature, traits, platform=platform_for_device(device)).spec.name
+        signature, traits, sizes = oc.fn.call_key(**call)
+        return select_spec(oc.op, signature, traits, sizes=sizes, platform=platform_for_device(device)).spec.name
     except NoKernelFoundError:
         return None
 
@@ -280,7 +283,7 @@ def bench(
         "flush_l2": flush_l2 and dev.type == "cuda",
     }
     report = BenchReport(_device_info(dev), ceil, settings, unavailable=unavailable)
-    total = sum(len(specs) + (len(peers_for(oc.op)) if peers else 0) for oc, _, specs in work)
+    total = sum(len(specs) + (len(oc.peers) if peers else 0) for oc, _, specs in work)
     bar = Progress(total, stream=stream, enabled=progress)
     timing = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "flush_l2": flush_l2}
     for oc, case, specs in work:
@@ -320,10 +323,9 @@ def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar) -> 
             bar.step(f"{op} {spec.name}")
         return res
     cost: Cost | None = None
-    signature = None
     for spec in specs:
         bar.step(f"{op} {desc[:60]} {spec.name}")
-        entry = Entry(spec.name, "kernel", spec.solution)
+        entry = Entry(spec.name, "kernel", spec.solution, peer=spec.peer)
         res.entries.append(entry)
         try:
             kcall = call_for_kernel(op, dict(call), spec)
@@ -341,18 +343,16 @@ def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar) -> 
         if first is None:
             entry.status, entry.reason = "error", "the public op dispatched nothing"
             continue
-        _, sig, traits, args, kwargs = first
-        if signature is None:
-            signature = (sig, traits)
+        _, _, _, args, kwargs = first
         if cost is None:
             try:
-                cost = cost_of(case, call, oc.outputs(kcall, result))
+                cost = oc.cost(case, call, oc.outputs(kcall, result))
             except Exception as exc:
                 res.error = f"cost model failed: {_short(exc)}"
         fn = spec.resolve()
         _time_entry(entry, lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs), dev, graph, timing)
     if peers:
-        for peer in peers_for(op):
+        for peer in oc.peers:
             bar.step(f"{op} {desc[:60]} {peer.name}")
             entry = Entry(peer.name, "peer", "peer")
             res.entries.append(entry)
@@ -374,8 +374,8 @@ def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar) -> 
         res.flops, res.bytes, res.compute = cost.flops, cost.bytes, cost.compute
         for e in res.entries:
             _rates(e, cost, ceil)
-    if signature is not None:
-        res.selected = _selected_kernel(op, signature[0], signature[1], dev)
+    if any(e.timing is not None for e in res.entries if e.kind == "kernel"):
+        res.selected = _selected_kernel(oc, call, dev)
     timed = [e for e in res.entries if e.kind == "kernel" and e.timing is not None]
     if timed:
         best = min(timed, key=lambda e: e.timing.median_us)  # type: ignore[union-attr]

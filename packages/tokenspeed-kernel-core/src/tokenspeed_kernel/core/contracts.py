@@ -21,10 +21,14 @@ __all__ = [
     "REQUIRED",
     "ANY",
     "Range",
+    "Size",
     "TraitSpec",
     "OpContract",
     "TraitMatcher",
-    "define_op",
+    "size_bucket",
+    "bucket_range",
+    "describe_bucket",
+    "add_to_catalog",
     "get_contract",
     "all_contracts",
 ]
@@ -67,11 +71,49 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Size:
+    """A size of a call that selection sees through its power-of-two bucket.
+
+    The best kernel depends on it (``mm`` at M = 1 and at M = 4096), so it is part
+    of the selection cache key and of the measured tables' groups as a bucket:
+    bucket ``b = n.bit_length()`` holds ``2**(b-1) <= n < 2**b`` (bucket 0 holds 0).
+    """
+
+    name: str
+    doc: str = ""
+
+
+def size_bucket(n: int) -> int:
+    """The power-of-two bucket of a size: ``n.bit_length()`` (1 -> 1, 2..3 -> 2, 4..7 -> 3, ...)."""
+    return n.bit_length()
+
+
+def bucket_range(bucket: int) -> tuple[int, int]:
+    """The sizes ``(lo, hi)`` (inclusive) bucket ``bucket`` holds."""
+    if bucket <= 0:
+        return 0, 0
+    return 1 << (bucket - 1), (1 << bucket) - 1
+
+
+def describe_bucket(bucket: int) -> str:
+    lo, hi = bucket_range(bucket)
+    return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+@dataclass(frozen=True)
 class TraitSpec:
+    """One trait of an op: its type, default (or REQUIRED), allowed values and doc.
+
+    ``measured=False`` marks a trait that belongs to the kernel rather than to the
+    call (MoE's weight ``layout``): measured times of kernels that differ only in it
+    are compared with each other, so it is left out of the measured tables' groups.
+    """
+
     type: type
     default: Any = REQUIRED
     allowed: tuple | Range | None = None
     doc: str = ""
+    measured: bool = True
 
     def check_value(self, op: str, name: str, value: object, *, who: str) -> None:
         ok_type = isinstance(value, self.type) and not (self.type is int and isinstance(value, bool))
@@ -93,7 +135,7 @@ class TraitMatcher:
         self.values = None if self.everything else values
 
     def __contains__(self, value: object) -> bool:
-        return self.everything or value in self.values  # type: ignore[operator]
+        return self.everything or value is ANY or value in self.values  # type: ignore[operator]
 
     def __repr__(self) -> str:
         if self.everything:
@@ -103,15 +145,24 @@ class TraitMatcher:
         return "|".join(repr(v) for v in sorted(self.values, key=lambda v: (str(type(v)), v)))  # type: ignore[union-attr]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpContract:
-    """A public op: its family, format roles and trait schema."""
+    """A public op's contract: its family, format roles, trait schema and size buckets.
+
+    :class:`tokenspeed_kernel.core.op.Op` (every public op) extends it with the
+    argument checks, the call and everything the tooling needs.
+    """
 
     name: str
     family: str
     roles: tuple[str, ...]
     traits: Mapping[str, TraitSpec]
+    sizes: tuple[Size, ...] = ()
     doc: str = ""
+
+    def measured_traits(self, traits: Mapping[str, object]) -> dict[str, object]:
+        """``traits`` without the ones measured tables do not group by (see :class:`TraitSpec`)."""
+        return {k: v for k, v in traits.items() if k not in self.traits or self.traits[k].measured}
 
     def normalize_traits(self, traits: Mapping[str, object]) -> dict[str, object]:
         """Check a call's traits against the schema and fill the defaults."""
@@ -124,7 +175,8 @@ class OpContract:
         for name, spec in self.traits.items():
             if name in traits:
                 value = traits[name]
-                spec.check_value(self.name, name, value, who="call")
+                if value is not ANY:  # ANY: every kernel's value (moe_plan lets every layout compete)
+                    spec.check_value(self.name, name, value, who="call")
             elif spec.default is REQUIRED:
                 raise ValueError(f"traits: op {self.name!r} needs trait {name!r}")
             else:
@@ -164,6 +216,29 @@ class OpContract:
             matchers[name] = TraitMatcher(frozenset(values))
         return matchers
 
+    def build_size_ranges(self, declared: Mapping[str, Range], *, kernel: str) -> dict[str, Range]:
+        """Check a kernel's supported sizes: a :class:`Range` per size name, on bucket boundaries."""
+        who = f"kernel {kernel!r}"
+        names = {s.name for s in self.sizes}
+        unknown = set(declared) - names
+        if unknown:
+            raise ValueError(
+                f"{who}: unknown size(s) {sorted(unknown)} for op {self.name!r}; its sizes: {sorted(names)}"
+            )
+        out: dict[str, Range] = {}
+        for name, rng in declared.items():
+            if not isinstance(rng, Range) or rng.power_of_two:
+                raise TypeError(f"{who}: size {name!r} takes a Range(lo, hi), got {rng!r}")
+            lo_ok = rng.lo == 0 or (rng.lo > 0 and rng.lo & (rng.lo - 1) == 0)
+            hi_ok = rng.hi >= 1 << 40 or ((rng.hi + 1) & rng.hi) == 0
+            if not (lo_ok and hi_ok and rng.lo <= rng.hi):
+                raise ValueError(
+                    f"{who}: size {name!r} range {rng!r} must cover whole power-of-two buckets "
+                    "(lo 0 or a power of two, hi + 1 a power of two, e.g. Range(1, 63) or Range(64, 2**62))"
+                )
+            out[name] = rng
+        return out
+
     def build_formats(
         self, declared: Iterable[Mapping[str, str | Iterable[str]]], *, kernel: str
     ) -> tuple[dict[str, frozenset[str]], ...]:
@@ -192,45 +267,24 @@ class OpContract:
         return tuple(alternatives)
 
 
-_CONTRACTS: dict[str, OpContract] = {}
+_CATALOG: dict[str, OpContract] = {}
 
 
-def define_op(
-    name: str,
-    *,
-    family: str,
-    roles: Iterable[str],
-    traits: Mapping[str, TraitSpec] | None = None,
-    doc: str = "",
-) -> OpContract:
-    """Declare a public op's contract (done once, by the op's module)."""
-    if name in _CONTRACTS:
-        raise ValueError(f"op {name!r} is already defined")
-    contract = OpContract(name=name, family=family, roles=tuple(roles), traits=dict(traits or {}), doc=doc)
-    _CONTRACTS[name] = contract
-    return contract
+def add_to_catalog(contract: OpContract) -> None:
+    """Record a public op (done once, when its module defines it)."""
+    if contract.name in _CATALOG:
+        raise ValueError(f"op {contract.name!r} is already defined")
+    _CATALOG[contract.name] = contract
 
 
 def get_contract(op: str) -> OpContract:
-    _ensure_ops_defined()
+    """The public op named ``op`` (its :class:`~tokenspeed_kernel.core.op.Op` object)."""
     try:
-        return _CONTRACTS[op]
+        return _CATALOG[op]
     except KeyError:
-        raise ValueError(f"op: unknown op {op!r}; known ops: {sorted(_CONTRACTS)}") from None
+        raise ValueError(f"op: unknown op {op!r}; known ops: {', '.join(sorted(_CATALOG))}") from None
 
 
 def all_contracts() -> dict[str, OpContract]:
-    _ensure_ops_defined()
-    return dict(_CONTRACTS)
-
-
-_ops_loaded = False
-
-
-def _ensure_ops_defined() -> None:
-    # The ops package defines the contracts when it is imported; importing
-    # tokenspeed_kernel imports it, but a plugin could import this module first.
-    global _ops_loaded
-    if not _ops_loaded:
-        _ops_loaded = True
-        import tokenspeed_kernel.ops  # noqa: F401
+    """Every public op by name."""
+    return dict(_CATALOG)

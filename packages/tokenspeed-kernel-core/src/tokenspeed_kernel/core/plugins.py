@@ -1,13 +1,17 @@
 """Plugin discovery through the ``tokenspeed_kernel.plugins`` entry-point group.
 
 Each entry point names a zero-argument ``register()``. Discovery runs once, on the
-first selection (or the ``plugins`` CLI), under a lock; a plugin that fails to
-load or register is reported by name (a warning, and in :func:`plugin_reports`)
-and skipped. ``TOKENSPEED_KERNEL_PLUGINS`` filters what loads: a comma-separated
-list of names to allow, or of ``-name`` entries to deny (``-amd,-nvidia``);
-``none`` loads no plugin.
+first selection (or the ``plugins`` CLI), under a lock. A plugin that fails to
+load or register (any exception but ``KeyboardInterrupt``, ``SystemExit``
+included) is reported by name (one warning, and in :func:`plugin_reports`) and
+skipped, and everything it registered before failing is removed again: a plugin
+is in or out, never half. ``TOKENSPEED_KERNEL_PLUGINS`` filters what loads: a
+comma-separated list of names to allow, or of ``-name`` entries to deny
+(``-amd,-nvidia``); ``none`` loads no plugin; a name no installed plugin has is
+warned about.
 
-The core's own reference kernels load the same way, before any plugin.
+The core's reference kernels (one per op, from the op objects) load first, the
+same way.
 """
 
 from __future__ import annotations
@@ -15,16 +19,18 @@ from __future__ import annotations
 import os
 import threading
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from .registry import _current_source, registry
+from . import measured
+from .contracts import all_contracts
+from .registry import Priority, _current_source, register_kernel, registry
 
-__all__ = ["PLUGIN_GROUP", "PluginReport", "load_plugins", "plugin_reports", "ensure_loaded"]
+__all__ = ["PLUGIN_GROUP", "PLUGINS_ENV", "PluginReport", "load_plugins", "plugin_reports", "ensure_loaded"]
 
 PLUGIN_GROUP = "tokenspeed_kernel.plugins"
+PLUGINS_ENV = "TOKENSPEED_KERNEL_PLUGINS"
 
 
 @dataclass
@@ -37,6 +43,8 @@ class PluginReport:
     kernels: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    #: measured tables the plugin registered (sources).
+    tables: list[str] = field(default_factory=list)
 
 
 _lock = threading.RLock()
@@ -45,7 +53,7 @@ _reports: dict[str, PluginReport] = {}
 
 
 def _plugin_filter() -> tuple[set[str] | None, set[str]]:
-    raw = os.environ.get("TOKENSPEED_KERNEL_PLUGINS", "").strip()
+    raw = os.environ.get(PLUGINS_ENV, "").strip()
     if not raw:
         return None, set()
     if raw.lower() == "none":
@@ -60,25 +68,40 @@ def _plugin_filter() -> tuple[set[str] | None, set[str]]:
 
 
 def _run_register(name: str, fn, report: PluginReport) -> None:
+    """Run a plugin's ``register()``; on failure, remove what it registered and re-raise."""
     before = {s.name for s in registry.all()}
+    tables_before = {w for _, w in measured.registered_tables()}
     token = _current_source.set(name)
     t0 = time.perf_counter()
     try:
         fn()
+    except BaseException:
+        for kernel in {s.name for s in registry.all()} - before:
+            registry.unregister(kernel)
+        measured._forget_registered({w for _, w in measured.registered_tables()} - tables_before)
+        raise
     finally:
         _current_source.reset(token)
         report.seconds = time.perf_counter() - t0
     report.kernels = sorted({s.name for s in registry.all()} - before)
+    report.tables = sorted({w for _, w in measured.registered_tables()} - tables_before)
 
 
-def _register_core() -> None:
-    from ..reference import register as register_reference
-
-    report = PluginReport(
-        "core", "tokenspeed_kernel.reference:register", "tokenspeed-kernel-core", _version(), "loaded"
-    )
-    _run_register("core", register_reference, report)
-    _reports["core"] = report
+def _register_references() -> None:
+    """One ``reference.<op>`` kernel per public op, from the op objects."""
+    for op in all_contracts().values():
+        ref = op.reference
+        register_kernel(
+            op.name,
+            name=f"reference.{op.name}",
+            solution="reference",
+            formats=ref.formats,
+            traits=ref.traits,
+            priority=Priority.REFERENCE,
+            tags=ref.tags,
+            impl=ref.impl,
+            doc=f"PyTorch reference for {op.name}",
+        )
 
 
 def _version() -> str | None:
@@ -95,9 +118,22 @@ def load_plugins(*, force: bool = False) -> dict[str, PluginReport]:
         if _loaded and not force:
             return dict(_reports)
         if "core" not in _reports:
-            _register_core()
+            report = PluginReport(
+                "core", "tokenspeed_kernel.core.op:Op.reference", "tokenspeed-kernel-core", _version(), "loaded"
+            )
+            _run_register("core", _register_references, report)
+            _reports["core"] = report
         allow, deny = _plugin_filter()
-        for ep in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        found = sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name)
+        unknown = sorted(((allow or set()) | deny) - {ep.name for ep in found})
+        if unknown:
+            warnings.warn(
+                f"tokenspeed_kernel: {PLUGINS_ENV} names plugin(s) {unknown} that are not installed; "
+                f"installed plugins: {', '.join(ep.name for ep in found) or 'none'}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        for ep in found:
             if ep.name in _reports and _reports[ep.name].status == "loaded":
                 continue
             dist = getattr(ep, "dist", None)
@@ -114,13 +150,16 @@ def load_plugins(*, force: bool = False) -> dict[str, PluginReport]:
                 continue
             try:
                 _run_register(ep.name, ep.load(), report)
-            except Exception as exc:  # a broken plugin must never take the process down
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # a broken plugin must never take the process down
                 report.status = "failed"
                 report.error = f"{type(exc).__name__}: {exc}"
                 report.kernels = []
+                report.tables = []
                 warnings.warn(
-                    f"tokenspeed_kernel: plugin {ep.name!r} ({ep.value}) failed and was skipped: {report.error}\n"
-                    + "".join(traceback.format_exception_only(exc)).strip(),
+                    f"tokenspeed_kernel: plugin {ep.name!r} ({ep.value}) failed and was skipped "
+                    f"(nothing it registered is kept): {report.error}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -146,5 +185,6 @@ def _reset_for_tests() -> None:
             for name in report.kernels:
                 if registry.get(name) is not None:
                     registry.unregister(name)
+            measured._forget_registered(report.tables)
         _reports.clear()
         _loaded = False

@@ -12,13 +12,14 @@ Shape capture (``TOKENSPEED_KERNEL_CAPTURE_SHAPES=path``, or
 (op, format signature, traits, tensor shapes and dtypes, scalar arguments) once
 with a count, keeps at most ``max_entries`` distinct calls (later new ones are
 only counted), and writes JSON at exit / on close; ``bench --replay path``
-benchmarks exactly those calls. It hooks in through ``dispatch.capture_hook``.
+benchmarks exactly those calls. It hooks in through :data:`dispatch_hook`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -85,7 +86,7 @@ def kernel_scope(op: str, kernel: str) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------
-# Dispatch hooks: several observers share dispatch.capture_hook.
+# Dispatch hooks: several observers share one hook, which every op call reads.
 
 Hook = Callable[[str, tuple, Any, tuple, dict], None]
 _hooks: list[Hook] = []
@@ -107,9 +108,8 @@ def _combined_hook() -> Hook | None:
 
 
 def _install() -> None:
-    from . import dispatch
-
-    dispatch.capture_hook = _combined_hook()
+    global dispatch_hook
+    dispatch_hook = _combined_hook()
 
 
 def add_dispatch_hook(hook: Hook) -> None:
@@ -160,13 +160,9 @@ def _describe(v: Any) -> tuple:
         return ("V", DTYPE_NAMES.get(v, str(v)))
     if isinstance(v, (tuple, list)):
         return ("L", tuple(_describe(x) for x in v))
-    from ..ops.moe import MoEActivation, MoEWeights
-
-    if isinstance(v, MoEWeights):
-        fields = ("w13", "w2", "w13_bias", "w2_bias", "w13_scale", "w2_scale")
-        return ("W", v.format, v.layout, v.gate_up_interleaved, tuple((f, _describe(getattr(v, f))) for f in fields))
-    if isinstance(v, MoEActivation):
-        return ("A", v.kind, v.alpha, v.limit, v.up_offset)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        # Typed argument objects (MoEWeights, MoEActivation): their fields, by name.
+        return ("D", type(v).__name__, tuple((f.name, _describe(getattr(v, f.name))) for f in dataclasses.fields(v)))
     return ("O", type(v).__name__)
 
 
@@ -178,13 +174,9 @@ def _to_json(d: tuple) -> Any:
         return {"value": d[1]}
     if tag == "L":
         return {"list": [_to_json(x) for x in d[1]]}
-    if tag == "W":
-        w: dict[str, Any] = {"format": d[1], "layout": d[2], "gate_up_interleaved": d[3]}
-        for name, sub in d[4]:
-            w[name] = None if sub == ("V", None) else _to_json(sub)
-        return {"moe_weights": w}
-    if tag == "A":
-        return {"moe_activation": {"kind": d[1], "alpha": d[2], "limit": d[3], "up_offset": d[4]}}
+    if tag == "D":
+        fields = {name: sub[1] if sub[0] == "V" else _to_json(sub) for name, sub in d[2]}
+        return {"object": d[1], "fields": fields}
     return {"object": d[1]}
 
 
@@ -346,7 +338,7 @@ _env_capture: ShapeCapture | None = None
 
 def env_capture_hook() -> Hook | None:
     """The dispatch hook to start with: a capture writing ``$TOKENSPEED_KERNEL_CAPTURE_SHAPES``
-    at exit when that variable is set, else None. Called once, by ``dispatch`` at import."""
+    at exit when that variable is set, else None. Called once, when this module is imported."""
     global _env_capture
     path = os.environ.get(CAPTURE_ENV, "").strip()
     if path and _env_capture is None:
@@ -357,3 +349,7 @@ def env_capture_hook() -> Hook | None:
             _hooks.append(_env_capture)
         atexit.register(_env_capture.write)
     return _combined_hook()
+
+
+#: Called as ``hook(op, signature, traits, args, kwargs)`` before every kernel an op runs; None when off.
+dispatch_hook: Hook | None = env_capture_hook()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from .contracts import TraitMatcher, get_contract
+from .contracts import Range, TraitMatcher, bucket_range, describe_bucket, get_contract
 from .platform import KNOWN_FEATURES, Platform, arch_version
 
 __all__ = [
@@ -40,11 +40,21 @@ class Priority(IntEnum):
     SPECIALIZED = 300
 
     @staticmethod
-    def band_of(value: int) -> str:
+    def band_value(value: int) -> int:
+        """The band a priority falls in, as the band's base value (REFERENCE for anything below PORTABLE)."""
         for band in reversed(Priority):
             if value >= band:
-                return band.name
-        return Priority.REFERENCE.name
+                return int(band)
+        return int(Priority.REFERENCE)
+
+    @staticmethod
+    def band_name(value: int) -> str:
+        return Priority(Priority.band_value(value)).name
+
+    @staticmethod
+    def band_of(value: int) -> str:
+        """The name of the band a priority falls in."""
+        return Priority.band_name(value)
 
 
 #: Tags selection and the tooling understand.
@@ -119,6 +129,11 @@ class KernelSpec:
     #: False for kernels that compile but have never been run on real hardware.
     hardware_validated: bool = True
     doc: str = ""
+    #: size name -> the sizes the kernel supports (a call outside is not offered to it).
+    sizes: dict[str, Range] = field(default_factory=dict)
+    #: True for a thin wrapper of an external library users would call instead:
+    #: bench also reports it as the peer (every kernel's time relative to it).
+    peer: bool = False
     _resolved: Callable[..., Any] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -149,6 +164,26 @@ class KernelSpec:
         got = ", ".join(f"{r}={f}" for r, f in zip(roles, signature, strict=True))
         return f"formats {got} not supported (supports {self.describe_formats()})"
 
+    def size_reject_reason(self, buckets: Mapping[str, int] | None) -> str | None:
+        """Why a call of these size buckets is outside the kernel's declared sizes (None: it is not)."""
+        if not self.sizes or buckets is None:
+            return None
+        bad = []
+        for name, rng in self.sizes.items():
+            lo, hi = bucket_range(buckets[name])
+            if lo < rng.lo or hi > rng.hi:
+                bad.append(f"{name}={describe_bucket(buckets[name])} (supports {rng.lo}..{rng.hi})")
+        return ("size " + "; ".join(bad)) if bad else None
+
+    @property
+    def weight_layout(self) -> str:
+        """The MoE weight layout the kernel takes: its preprocessor's, else ``"canonical"``
+        if it takes canonical weights, else the layout it declares."""
+        matcher = self.traits.get("layout")
+        if matcher is None or matcher.everything or "canonical" in matcher:
+            return "canonical" if self.weight_preprocessor is None else _single(matcher, self.name)
+        return _single(matcher, self.name)
+
     def trait_reject_reason(self, traits: Mapping[str, object]) -> str | None:
         bad = [f"{k}={v!r} (supports {self.traits[k]!r})" for k, v in traits.items() if v not in self.traits[k]]
         return ("trait " + "; ".join(bad)) if bad else None
@@ -160,6 +195,13 @@ class KernelSpec:
 
     def describe_traits(self) -> str:
         return ", ".join(f"{k}={m!r}" for k, m in self.traits.items())
+
+
+def _single(matcher: TraitMatcher, kernel: str) -> str:
+    values = sorted(matcher.values) if not matcher.everything else []
+    if len(values) != 1:
+        raise ValueError(f"kernel {kernel!r}: expected one weight layout, declares {matcher!r}")
+    return values[0]
 
 
 def _load_attr(target: Callable[..., Any] | str, *, what: str) -> Callable[..., Any]:
@@ -253,6 +295,8 @@ def register_kernel(
     impl: Callable[..., Any] | str | None = None,
     weight_preprocessor: Callable[..., Any] | str | None = None,
     hardware_validated: bool = True,
+    sizes: Mapping[str, Range] | None = None,
+    peer: bool = False,
     replace: bool = False,
     doc: str = "",
 ) -> Any:
@@ -261,18 +305,27 @@ def register_kernel(
     With ``impl`` given (a callable or a lazy ``"module:attr"`` string) the spec is
     registered at once and returned; without it, this is a decorator that
     registers the decorated function and returns it unchanged.
+
+    ``sizes`` limits the call sizes the kernel is offered (``{"m": Range(1, 63)}``);
+    ranges cover whole power-of-two buckets (``lo`` 0 or a power of two, ``hi + 1``
+    a power of two), since selection decides per bucket. A MoE kernel with a
+    ``weight_preprocessor`` takes only weights in its own layout: the ``layout``
+    trait (default: the kernel's name).
     """
 
     def _do(fn: Callable[..., Any] | str) -> KernelSpec:
         contract = get_contract(op)
         declared = dict(traits or {})
         if weight_preprocessor is not None:
-            # A kernel with its own weight layout takes converted weights only.
-            if "prepacked" not in contract.traits:
+            # A kernel with its own weight layout takes weights converted to it only.
+            if "layout" not in contract.traits:
                 raise ValueError(f"weight_preprocessor: op {op!r} takes no preprocessed weights")
-            if declared.get("prepacked", True) is not True:
-                raise ValueError(f"kernel {name!r}: a weight preprocessor implies prepacked=True")
-            declared["prepacked"] = True
+            layout = declared.setdefault("layout", name)
+            if not isinstance(layout, str) or layout == "canonical":
+                raise ValueError(
+                    f"kernel {name!r}: a weight preprocessor writes its own layout: declare layout='<name>' "
+                    f"(one string, not 'canonical'), got {layout!r}"
+                )
         if not name or not isinstance(name, str):
             raise ValueError("name: a kernel needs a non-empty string name")
         if not solution or not isinstance(solution, str):
@@ -298,6 +351,8 @@ def register_kernel(
             source=_current_source.get(),
             hardware_validated=hardware_validated,
             doc=doc or (getattr(fn, "__doc__", None) or "").strip().split("\n")[0],
+            sizes=contract.build_size_ranges(sizes or {}, kernel=name),
+            peer=bool(peer),
         )
         return registry.register(spec, replace=replace)
 

@@ -1,34 +1,30 @@
 """Kernel selection: filter, rank, cache, explain, obey overrides.
 
 ``select_kernel`` filters an op's registered kernels by capability, format
-signature and traits, ranks the survivors (measured oracle if any, then the
-objective's tag, then priority, then name), caches the decision by everything
-that can change it, and returns the implementation.
+signature, traits and supported sizes, ranks the survivors, caches the decision
+by everything that can change it (the call's size *buckets* included: the best
+``mm`` kernel at M = 1 is not the best at M = 4096), and returns the
+implementation.
+
+Ranking (fair: a plugin's kernel competes on the same terms as ours):
+
+1. kernels with a measured score (:mod:`tokenspeed_kernel.core.measured`) are
+   ordered by it, and sit together at the band of the highest-banded of them;
+2. a kernel without a score ranks above them when its band is higher, below them
+   otherwise; unmeasured kernels order by the objective's tag, then priority;
+3. REFERENCE-band kernels (the PyTorch references) come last: the last resort.
 
 Overrides, strongest first:
 
 1. per call: ``solution="triton"`` or ``override="triton.rmsnorm"``;
 2. :func:`kernel_override` (a ``contextvars`` context manager, thread/task local);
-3. ``TOKENSPEED_KERNEL_OVERRIDE``: ``"triton"`` (every op) or
-   ``"rmsnorm=reference,mha_prefill=fa3.mha_prefill"``;
-4. a TOML file named by ``TOKENSPEED_KERNEL_CONFIG``::
-
-       [override]
-       "*" = "triton"          # every op
-       rmsnorm = "reference"
+3. ``TOKENSPEED_KERNEL_OVERRIDE`` and 4. the ``TOKENSPEED_KERNEL_CONFIG`` file
+   (:mod:`tokenspeed_kernel.core.settings`).
 
 A target is a kernel name or a solution name; a tuple/list (or ``a|b`` in the env
 var and the file) tries each in order. An override that no eligible kernel
 satisfies raises :class:`OverrideError` with every candidate's reason; it never
-falls back silently. Environment and file are read once; call
-:func:`reload_settings` after changing them at run time.
-
-Measured ranking: an oracle installed with :func:`set_selection_oracle` scores
-candidates (lower is better; scored ones rank first). Without one,
-``TOKENSPEED_KERNEL_ORACLE=table.json[,more.json]`` names measured tables
-(:mod:`tokenspeed_kernel.benchmark.oracle`; ``default`` = the shipped ones), unset
-means the table shipped for the platform's device if there is one (NVIDIA H200),
-and ``none`` turns measured ranking off. Oracles run on cache misses only.
+falls back silently.
 """
 
 from __future__ import annotations
@@ -36,24 +32,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import threading
-import tomllib
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .contracts import get_contract
+from . import measured
+from . import settings as _settings
+from .contracts import describe_bucket, get_contract, size_bucket
 from .platform import Platform, _fake, current_platform, platform_for_device
 from .plugins import ensure_loaded
 from .registry import KernelSpec, Priority, registry
+from .settings import Target
 
 __all__ = [
     "NoKernelFoundError",
     "OverrideError",
     "Candidate",
     "Selection",
+    "Target",
     "select_kernel",
     "select_spec",
     "explain_selection",
@@ -65,8 +63,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tokenspeed_kernel.selection")
-
-Target = str | tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -105,125 +101,7 @@ class Selection:
 
 
 # ---------------------------------------------------------------------------
-# Override state
-
-
-def _parse_targets(raw: str) -> Target:
-    parts = tuple(p.strip() for p in raw.split("|") if p.strip())
-    if not parts:
-        raise ValueError(f"override: empty target in {raw!r}")
-    return parts[0] if len(parts) == 1 else parts
-
-
-def _parse_override_string(raw: str, *, where: str) -> dict[str, Target]:
-    out: dict[str, Target] = {}
-    for item in (x.strip() for x in raw.split(",")):
-        if not item:
-            continue
-        op, sep, target = item.partition("=")
-        if not sep:
-            op, target = "*", item
-        out[op.strip()] = _parse_targets(target)
-    if not out:
-        raise ValueError(f"{where}: no override in {raw!r}")
-    return out
-
-
-#: ``oracle(spec, signature, traits, platform)`` -> a score (lower is better) or None.
-Oracle = Callable[[KernelSpec, tuple[str, ...], Mapping[str, object], Platform], float | None]
-
-
-@dataclass(frozen=True)
-class _Settings:
-    env: Mapping[str, Target]
-    config: Mapping[str, Target]
-    config_path: str | None
-    log_selection: bool
-    debug: bool
-    #: the measured oracle TOKENSPEED_KERNEL_ORACLE names (or the shipped default); None when off.
-    oracle: Oracle | None = None
-
-
-def _load_oracle_setting() -> Oracle | None:
-    raw = os.environ.get("TOKENSPEED_KERNEL_ORACLE", "").strip()
-    if raw.lower() in ("none", "off", "0"):
-        return None
-    if not raw:
-        return _shipped_oracle
-    from ..benchmark.oracle import oracle_for_setting
-
-    return oracle_for_setting([p.strip() for p in raw.split(",") if p.strip()])
-
-
-def _shipped_oracle(
-    spec: KernelSpec, signature: tuple[str, ...], traits: Mapping[str, object], platform: Platform
-) -> float | None:
-    """The measured table shipped for the platform's device, if there is one (loaded on first use)."""
-    if platform.vendor == "cpu" or not platform.device_name:
-        return None  # tables are shipped for named accelerators only: a CPU never loads them
-    from ..benchmark.oracle import shipped_oracle
-
-    table = shipped_oracle(platform.device_name)
-    return table(spec, signature, traits, platform) if table is not None else None
-
-
-def _load_settings() -> _Settings:
-    env_raw = os.environ.get("TOKENSPEED_KERNEL_OVERRIDE", "").strip()
-    env = _parse_override_string(env_raw, where="TOKENSPEED_KERNEL_OVERRIDE") if env_raw else {}
-    path = os.environ.get("TOKENSPEED_KERNEL_CONFIG") or None
-    config: dict[str, Target] = {}
-    if path:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"TOKENSPEED_KERNEL_CONFIG: no such file {path!r}") from None
-        unknown = set(data) - {"override"}
-        if unknown:
-            raise ValueError(
-                f"TOKENSPEED_KERNEL_CONFIG {path}: unknown table(s) {sorted(unknown)}; expected [override]"
-            )
-        for op, target in data.get("override", {}).items():
-            if isinstance(target, str):
-                config[op] = _parse_targets(target)
-            elif isinstance(target, list) and target and all(isinstance(t, str) for t in target):
-                config[op] = tuple(target)
-            else:
-                raise TypeError(
-                    f"TOKENSPEED_KERNEL_CONFIG {path}: override for {op!r} must be a string or list of strings"
-                )
-    log = os.environ.get("TOKENSPEED_KERNEL_LOG", "")
-    return _Settings(
-        env=env,
-        config=config,
-        config_path=path,
-        log_selection="selection" in {x.strip() for x in log.split(",")},
-        debug=os.environ.get("TOKENSPEED_KERNEL_DEBUG", "") not in ("", "0"),
-        oracle=_load_oracle_setting(),
-    )
-
-
-_settings: _Settings | None = None
-_settings_lock = threading.Lock()
-
-
-def settings() -> _Settings:
-    global _settings
-    s = _settings
-    if s is None:
-        with _settings_lock:
-            if _settings is None:
-                _settings = _load_settings()
-            s = _settings
-    return s
-
-
-def reload_settings() -> None:
-    """Re-read the environment and the config file, and forget cached decisions."""
-    global _settings
-    with _settings_lock:
-        _settings = _load_settings()
-    clear_selection_cache()
+# Overrides
 
 
 # Context overrides: an immutable tuple of (op, target) pairs, innermost last,
@@ -234,11 +112,14 @@ _context: contextvars.ContextVar[tuple[tuple[str, Target], ...]] = contextvars.C
 
 
 def _as_target(value: object, *, what: str) -> Target:
-    if isinstance(value, str):
+    if isinstance(value, str) and value.strip():
         return value
-    if isinstance(value, (tuple, list)) and value and all(isinstance(v, str) for v in value):
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, str) and v.strip() for v in value):
         return tuple(value)
-    raise TypeError(f"{what}: an override target is a kernel or solution name, or a list of them; got {value!r}")
+    raise TypeError(
+        f"{what}: expected a kernel or solution name, or a non-empty list of them; got {value!r} "
+        f"({type(value).__name__})"
+    )
 
 
 @contextlib.contextmanager
@@ -274,21 +155,66 @@ def _mapping_target(op: str, mapping: Mapping[str, Target]) -> Target | None:
 
 
 # ---------------------------------------------------------------------------
-# Oracle
+# Measured scores
 
-
+#: ``oracle(op, signature, traits, buckets, platform)`` -> {kernel: score} (lower is better) or None.
+Oracle = Callable[[str, tuple[str, ...], Mapping[str, object], Mapping[str, int] | None, Platform], Any]
 _oracle: Oracle | None = None
 
 
 def set_selection_oracle(oracle: Oracle | None) -> None:
-    """Install a measured-cost oracle: ``oracle(spec, signature, traits, platform)``
-    returns an expected time (lower is better) or None when it has no measurement.
+    """Install a measured-cost oracle: a :class:`~tokenspeed_kernel.core.measured.MeasuredTable`,
+    or ``oracle(op, signature, traits, buckets, platform)`` returning ``{kernel name: score}`` (lower is better; kernels it has not measured are
+    absent) or None. ``buckets`` maps size names to power-of-two buckets, or is None
+    when the caller gives no sizes.
 
-    It takes precedence over ``TOKENSPEED_KERNEL_ORACLE`` and the shipped tables;
+    It takes precedence over ``TOKENSPEED_KERNEL_ORACLE`` and the plugins' tables;
     ``None`` removes it (they apply again)."""
     global _oracle
     _oracle = oracle
     clear_selection_cache()
+
+
+_env_tables: dict[tuple[str, ...], measured.MeasuredTable] = {}
+
+
+def _env_table(paths: tuple[str, ...], platform: Platform) -> list[measured.MeasuredTable]:
+    out: list[measured.MeasuredTable] = []
+    for p in paths:
+        if p == "default":
+            out += measured.tables_for_device(platform.device_name) if platform.device_name else []
+            continue
+        table = _env_tables.get((p,))
+        if table is None:
+            var = _settings.ENV["oracle"]
+            try:
+                table = measured.MeasuredTable.load(p)
+            except FileNotFoundError:
+                raise _settings.SettingsError(f"{var}: no such file {p!r}") from None
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _settings.SettingsError(f"{var}: {p}: {exc}") from None
+            _env_tables[(p,)] = table
+        out.append(table)
+    return out
+
+
+def _scores(
+    op: str, signature: tuple[str, ...], traits: Mapping[str, object], buckets: dict[str, int] | None, plat: Platform
+) -> tuple[Mapping[str, float], str] | None:
+    if _oracle is not None:
+        if isinstance(_oracle, measured.MeasuredTable):
+            return _oracle.lookup(op, signature, traits, buckets, plat)
+        got = _oracle(op, signature, traits, buckets, plat)
+        return (got, "set_selection_oracle") if got else None
+    if plat.vendor == "cpu":
+        return None  # tables are measured on accelerators
+    tables = _env_table(_settings.settings().oracle, plat)
+    # A later table wins for a group both hold (TOKENSPEED_KERNEL_ORACLE's order).
+    for table in reversed(tables):
+        found = table.lookup(op, signature, traits, buckets, plat)
+        if found is not None:
+            return found
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -311,13 +237,28 @@ def clear_selection_cache() -> None:
         _device_cache.clear()
 
 
+def reload_settings() -> None:
+    """Re-read the environment and the config file, and forget cached decisions."""
+    _env_tables.clear()
+    _settings.reload()
+
+
 registry.add_listener(clear_selection_cache)
+measured._listeners.append(clear_selection_cache)
+_settings._listeners.append(clear_selection_cache)
+
+
+def _named_buckets(op: Any, buckets: tuple[int, ...] | None) -> dict[str, int] | None:
+    if buckets is None:
+        return None
+    return {s.name: b for s, b in zip(op.sizes, buckets, strict=True)}
 
 
 def _evaluate(
     op: str,
     signature: tuple[str, ...],
     traits: Mapping[str, object],
+    buckets: tuple[int, ...] | None,
     platform: Platform,
     objective: str | None,
 ) -> list[Candidate]:
@@ -327,8 +268,11 @@ def _evaluate(
             f"signature: op {op!r} has format roles {contract.roles}, got {len(signature)} format(s) {signature}"
         )
     full = contract.normalize_traits(traits)
-    oracle = _oracle if _oracle is not None else settings().oracle
-    rows: list[tuple[tuple, Candidate]] = []
+    named = _named_buckets(contract, buckets)
+    found = _scores(op, signature, full, named, platform)
+    scores, matched = found if found is not None else ({}, "")
+    eligible: list[tuple[KernelSpec, float | None]] = []
+    rejected: list[Candidate] = []
     for spec in registry.for_op(op):
         broken = _broken.get(spec.name)
         reason = (
@@ -336,51 +280,71 @@ def _evaluate(
             or spec.capability.reject_reason(platform)
             or spec.format_reject_reason(signature, contract.roles)
             or spec.trait_reject_reason(full)
+            or spec.size_reject_reason(named)
         )
         if reason:
-            rows.append(((2,), Candidate(spec.name, spec.solution, spec.priority, False, reason)))
+            rejected.append(Candidate(spec.name, spec.solution, spec.priority, False, reason))
             continue
-        score = oracle(spec, signature, full, platform) if oracle is not None else None
-        wants = objective is not None and objective in spec.tags
-        key = (0 if score is not None else 1, score or 0.0, 0 if wants else 1, -spec.priority, spec.name)
+        score = scores.get(spec.name) if spec.priority >= Priority.PORTABLE else None
+        eligible.append((spec, score))
+    measured_bands = [Priority.band_value(s.priority) for s, score in eligible if score is not None]
+    block = max(measured_bands) if measured_bands else None
+    rows: list[tuple[tuple, Candidate]] = []
+    for spec, score in eligible:
+        wants = 0 if objective is not None and objective in spec.tags else 1
+        band = Priority.band_value(spec.priority)
         why = f"priority {spec.priority} ({spec.band})"
-        if score is not None:
-            why = f"measured {score:.4g}; " + why
-        if wants:
+        if objective is not None and not wants:
             why += f"; tagged {objective}"
+        if spec.priority < Priority.PORTABLE:
+            key: tuple = (3, wants, -spec.priority, spec.name)
+            why += "; the last resort"
+        elif score is not None:
+            key = (1, score, wants, -spec.priority, spec.name)
+            why = f"measured {score:.3g} ({matched}); " + why
+        elif block is None:
+            key = (0, wants, -spec.priority, spec.name)
+        elif band > block:
+            key = (0, wants, -spec.priority, spec.name)
+            why += f"; not measured, above the measured kernels' {Priority.band_name(block)} band"
+        else:
+            key = (2, wants, -spec.priority, spec.name)
+            why += f"; not measured, below the measured kernels (band {Priority.band_name(block)})"
         rows.append((key, Candidate(spec.name, spec.solution, spec.priority, True, why, score)))
     rows.sort(key=lambda r: r[0])
-    out = []
-    rank = 0
-    for _, cand in rows:
-        if cand.eligible:
-            rank += 1
-            cand = Candidate(**{**cand.__dict__, "rank": rank})
-        out.append(cand)
-    return out
+    out = [replace(c, rank=i + 1) for i, (_, c) in enumerate(rows)]
+    return out + rejected
 
 
-def _restrict(cands: list[Candidate], target: Target) -> tuple[list[Candidate], list[Candidate]]:
-    """Split candidates into those the target allows and the others, target order first."""
+def _restrict(cands: list[Candidate], target: Target, where: str) -> list[Candidate]:
+    """The candidates the target allows, in target order."""
     targets = (target,) if isinstance(target, str) else target
     known_solutions = registry.solutions()
     for t in targets:
         if registry.get(t) is None and t not in known_solutions:
             raise OverrideError(
-                f"override: {t!r} is neither a registered kernel nor a solution "
-                f"(solutions: {', '.join(sorted(known_solutions))})"
+                f"{where}: {t!r} is neither a registered kernel nor a solution "
+                f"(solutions: {', '.join(sorted(known_solutions))}); the candidates are:",
+                cands,
             )
     allowed: list[Candidate] = []
     for t in targets:
         allowed += [c for c in cands if (c.name == t or c.solution == t) and c not in allowed]
-    others = [c for c in cands if c not in allowed]
-    return allowed, others
+    return allowed
+
+
+def _describe_call(signature, traits, buckets, contract) -> str:
+    text = f"signature {signature}, traits {dict(traits)}"
+    if buckets is not None and contract.sizes:
+        text += ", sizes " + ", ".join(f"{s.name}={describe_bucket(b)}" for s, b in zip(contract.sizes, buckets))
+    return text
 
 
 def _decide(
     op: str,
     signature: tuple[str, ...],
     traits: Mapping[str, object],
+    buckets: tuple[int, ...] | None,
     platform: Platform,
     objective: str | None,
     solution: Target | None,
@@ -388,36 +352,38 @@ def _decide(
     ctx: tuple[tuple[str, Target], ...],
 ) -> tuple[list[Candidate], Candidate, str | None]:
     ensure_loaded()
-    cands = _evaluate(op, signature, traits, platform, objective)
-    s = settings()
+    contract = get_contract(op)
+    if solution is not None:
+        solution = _as_target(solution, what="solution")
+    if override is not None:
+        override = _as_target(override, what="override")
+    cands = _evaluate(op, signature, traits, buckets, platform, objective)
+    s = _settings.settings()
     forced: tuple[str, Target] | None = None
     for where, target in (
         ("override=", override),
         ("solution=", solution),
         ("kernel_override()", _context_target(op, ctx)),
-        ("TOKENSPEED_KERNEL_OVERRIDE", _mapping_target(op, s.env)),
-        (f"TOKENSPEED_KERNEL_CONFIG ({s.config_path})", _mapping_target(op, s.config)),
+        (_settings.ENV["override"], _mapping_target(op, s.env_override)),
+        (f"{_settings.ENV['config']} ({s.config_path})", _mapping_target(op, s.config_override)),
     ):
         if target is not None:
             forced = (where, target)
             break
+    call = _describe_call(signature, traits, buckets, contract)
     pool = cands
     if forced is not None:
         where, target = forced
-        allowed, _ = _restrict(cands, target)
-        pool = allowed
-        if not any(c.eligible for c in allowed):
-            shown = allowed or cands
+        pool = _restrict(cands, target, where)
+        if not any(c.eligible for c in pool):
             raise OverrideError(
                 f"{where} forces {target!r} for op {op!r} on {platform.arch}, but no such kernel can run this call "
-                f"(signature {signature}, traits {dict(traits)}):",
-                shown,
+                f"({call}):",
+                pool or cands,
             )
     eligible = [c for c in pool if c.eligible]
     if not eligible:
-        raise NoKernelFoundError(
-            f"no kernel for op {op!r} on {platform.arch} with signature {signature} and traits {dict(traits)}:", cands
-        )
+        raise NoKernelFoundError(f"no kernel for op {op!r} on {platform.arch} with {call}:", cands)
     if forced is not None:
         targets = (forced[1],) if isinstance(forced[1], str) else forced[1]
         # The first target (in the caller's order) that has an eligible kernel wins.
@@ -428,30 +394,55 @@ def _decide(
     return cands, eligible[0], None
 
 
+def _buckets_of(op: str, sizes: Mapping[str, int] | None) -> tuple[int, ...] | None:
+    if sizes is None:
+        return None
+    return get_contract(op).buckets(sizes)
+
+
 def select_spec(
     op: str,
     signature: tuple[str, ...],
     traits: Mapping[str, object],
     *,
+    sizes: Mapping[str, int] | None = None,
     platform: Platform | None = None,
     objective: str | None = None,
     solution: Target | None = None,
     override: Target | None = None,
 ) -> Selection:
     """Select (and cache) the kernel for a call; see :func:`select_kernel`."""
-    plat = platform or current_platform()
+    return _select(
+        op, signature, traits, _buckets_of(op, sizes), platform or current_platform(), objective, solution, override
+    )
+
+
+def _select(
+    op: str,
+    signature: tuple[str, ...],
+    traits: Mapping[str, object] | tuple,
+    buckets: tuple[int, ...] | None,
+    plat: Platform,
+    objective: str | None,
+    solution: Target | None,
+    override: Target | None,
+) -> Selection:
     ctx = _context.get()
-    if isinstance(traits, dict):
+    if isinstance(traits, Mapping):
         trait_key = tuple(traits.items())
     else:
         trait_key = tuple(traits)
         traits = dict(traits)
-    key = (op, signature, trait_key, plat.cache_key, objective, solution, override, ctx)
+    if solution is not None and type(solution) is not str:
+        solution = _as_target(solution, what="solution")
+    if override is not None and type(override) is not str:
+        override = _as_target(override, what="override")
+    key = (op, signature, trait_key, buckets, plat.cache_key, objective, solution, override, ctx)
     hit = _cache.get(key)
     if hit is not None:
         return hit
     while True:
-        cands, chosen, forced_by = _decide(op, signature, traits, plat, objective, solution, override, ctx)
+        cands, chosen, forced_by = _decide(op, signature, traits, buckets, plat, objective, solution, override, ctx)
         spec = registry.get(chosen.name)
         assert spec is not None
         try:
@@ -462,12 +453,12 @@ def select_spec(
             warnings.warn(
                 f"tokenspeed_kernel: kernel {spec.name!r} failed to load and is skipped: {_broken[spec.name]}",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
     selection = Selection(spec, fn, forced_by)
     with _cache_lock:
         _cache[key] = selection
-    _log_decision(op, signature, traits, plat, selection, cands)
+    _log_decision(op, signature, traits, buckets, plat, selection, cands)
     return selection
 
 
@@ -475,32 +466,40 @@ def select_for_device(
     op: str,
     signature: tuple[str, ...],
     traits: Mapping[str, object] | tuple[tuple[str, object], ...],
+    sizes: tuple[int, ...],
     device: Any,
     solution: Target | None,
     override: Target | None,
 ) -> Selection:
-    """The dispatch hot path: :func:`select_spec` for the platform of ``device``.
+    """The dispatch hot path: the selection for a call on ``device``.
 
-    ``traits`` may be a tuple of ``(name, value)`` pairs, which hashes without a copy.
+    ``traits`` may be a tuple of ``(name, value)`` pairs, which hashes without a copy;
+    ``sizes`` are the call's sizes (bucketed here).
     """
     fake = _fake.get()
+    buckets = (sizes[0].bit_length(),) if len(sizes) == 1 else tuple(size_bucket(n) for n in sizes)
     key = (
         op,
         signature,
         traits if type(traits) is tuple else tuple(traits.items()),
+        buckets,
         device,
         fake.cache_key if fake is not None else None,
         solution,
         override,
         _context.get(),
     )
-    hit = _device_cache.get(key)
+    try:
+        hit = _device_cache.get(key)
+    except TypeError:
+        hit = None  # an unhashable target (a list): _select normalises it or names it
     if hit is None:
-        hit = select_spec(
-            op, signature, dict(traits), platform=platform_for_device(device), solution=solution, override=override
-        )
-        with _cache_lock:
-            _device_cache[key] = hit
+        hit = _select(op, signature, traits, buckets, platform_for_device(device), None, solution, override)
+        try:
+            with _cache_lock:
+                _device_cache[key] = hit
+        except TypeError:
+            pass
     return hit
 
 
@@ -509,6 +508,7 @@ def select_kernel(
     signature: tuple[str, ...],
     traits: Mapping[str, object],
     *,
+    sizes: Mapping[str, int] | None = None,
     platform: Platform | None = None,
     objective: str | None = None,
     solution: Target | None = None,
@@ -518,24 +518,25 @@ def select_kernel(
 
     ``signature``: one format string per role of the op's contract, in order.
     ``traits``: the call's traits (missing ones take the contract's defaults).
+    ``sizes``: the call's sizes by name (the contract's ``sizes``), or None when
+    unknown (ranked by measurements over every size).
     """
     return select_spec(
-        op, signature, traits, platform=platform, objective=objective, solution=solution, override=override
+        op, signature, traits, sizes=sizes, platform=platform, objective=objective, solution=solution, override=override
     ).fn
 
 
-def _log_decision(op, signature, traits, plat, selection: Selection, cands) -> None:
-    s = settings()
+def _log_decision(op, signature, traits, buckets, plat, selection: Selection, cands) -> None:
+    s = _settings.settings()
     if s.log_selection:
         others = ", ".join(
             f"{c.name}" + ("" if c.eligible else " (rejected)") for c in cands if c.name != selection.spec.name
         )
         how = f" forced by {selection.forced_by}" if selection.forced_by else ""
         logger.warning(
-            "tokenspeed_kernel: %s %s %s on %s -> %s%s; others: %s",
+            "tokenspeed_kernel: %s %s on %s -> %s%s; others: %s",
             op,
-            signature,
-            dict(traits),
+            _describe_call(signature, traits, buckets, get_contract(op)),
             plat.arch,
             selection.spec.name,
             how,
@@ -548,7 +549,7 @@ def _log_decision(op, signature, traits, plat, selection: Selection, cands) -> N
                 f"tokenspeed_kernel: no accelerated kernel for {op} {signature} {dict(traits)} on {plat.arch}; "
                 f"using the PyTorch reference ({selection.spec.name})",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
 
 
@@ -557,6 +558,7 @@ def explain_selection(
     signature: tuple[str, ...],
     traits: Mapping[str, object],
     *,
+    sizes: Mapping[str, int] | None = None,
     platform: Platform | None = None,
     objective: str | None = None,
     solution: Target | None = None,
@@ -569,11 +571,14 @@ def explain_selection(
     none selected, and the error is not raised.
     """
     plat = platform or current_platform()
+    buckets = _buckets_of(op, sizes)
     try:
-        cands, chosen, _ = _decide(op, signature, dict(traits), plat, objective, solution, override, _context.get())
+        cands, chosen, _ = _decide(
+            op, signature, dict(traits), buckets, plat, objective, solution, override, _context.get()
+        )
     except NoKernelFoundError as exc:
-        return exc.candidates or _evaluate(op, signature, dict(traits), plat, objective)
-    return [Candidate(**{**c.__dict__, "selected": c.name == chosen.name}) for c in cands]
+        return exc.candidates or _evaluate(op, signature, dict(traits), buckets, plat, objective)
+    return [replace(c, selected=c.name == chosen.name) for c in cands]
 
 
 def format_explanation(cands: Sequence[Candidate]) -> str:

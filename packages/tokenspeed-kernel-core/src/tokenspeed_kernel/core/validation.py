@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import torch
 
 from .formats import DTYPE_NAMES, dtype_name
+from .settings import debug_checks_enabled
 
 __all__ = [
     "check_tensor",
@@ -88,9 +89,3 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, *, batch: int | None = None) -
         if int(c[0]) != 0 or bool((c[1:] < c[:-1]).any()):
             raise ValueError(f"{name}: must start at 0 and be non-decreasing, got {c.tolist()}")
     return b
-
-
-def debug_checks_enabled() -> bool:
-    from .selection import settings
-
-    return settings().debug

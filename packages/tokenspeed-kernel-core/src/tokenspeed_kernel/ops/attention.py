@@ -24,11 +24,10 @@ import math
 
 import torch
 
-from ..core import dispatch
-from ..core.contracts import Range, TraitSpec, define_op
+from ..core.contracts import ANY, Range, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
-from ..core.selection import Target
-from ..core.validation import check_cu_seqlens, check_same_device, check_tensor
+from ..core.op import KernelCall, Op, Reference, kernel_call
+from ..core.validation import check_cu_seqlens, check_same_device, check_tensor, debug_checks_enabled
 
 __all__ = ["mha_prefill", "mha_extend_with_kvcache", "mha_decode_with_kvcache", "kvcache_store"]
 
@@ -45,35 +44,6 @@ _COMMON_TRAITS = {
 }
 _CAUSAL = {"causal": TraitSpec(bool, default=True, doc="causal mask")}
 _PAGED = {"page_size": TraitSpec(int, allowed=Range(1, 4096), doc="tokens per KV-cache page")}
-
-PREFILL = define_op(
-    "mha_prefill",
-    family="attention",
-    roles=("q", "kv"),
-    traits={**_COMMON_TRAITS, **_CAUSAL},
-    doc="Packed varlen attention over fresh K/V.",
-)
-EXTEND = define_op(
-    "mha_extend_with_kvcache",
-    family="attention",
-    roles=("q", "kv"),
-    traits={**_COMMON_TRAITS, **_CAUSAL, **_PAGED},
-    doc="Multi-token queries over the paged KV cache (chunked prefill).",
-)
-DECODE = define_op(
-    "mha_decode_with_kvcache",
-    family="attention",
-    roles=("q", "kv"),
-    traits={**_COMMON_TRAITS, **_PAGED},
-    doc="One query token per sequence over the paged KV cache.",
-)
-STORE = define_op(
-    "kvcache_store",
-    family="attention",
-    roles=("kv",),
-    traits={},
-    doc="Write new K/V rows into the paged cache by slot.",
-)
 
 
 def _check_heads(q: torch.Tensor, hkv: int, kname: str) -> int:
@@ -116,8 +86,6 @@ def _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch: int) -> 
         raise ValueError(f"page_table: expected {batch} rows (one per sequence), got {page_table.shape[0]}")
     check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
     check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)
-    from ..core.validation import debug_checks_enabled
-
     if debug_checks_enabled():
         num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
         lens = cache_seqlens.cpu()
@@ -145,7 +113,7 @@ def _traits(q, hkv, window_left, sinks, logit_cap, return_lse, **extra) -> dict[
     }
 
 
-def mha_prefill(
+def _bind_mha_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -161,9 +129,7 @@ def mha_prefill(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> KernelCall:
     """Packed variable-length attention over fresh keys and values.
 
     Args:
@@ -200,15 +166,15 @@ def mha_prefill(
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k.dtype])
     traits = _traits(q, hkv, window_left, sinks, logit_cap, return_lse, causal=bool(causal))
-    return dispatch.run(
-        "mha_prefill", q.device, sig, traits, solution, override,
+    return kernel_call(
+        q.device, sig, traits, (q.shape[0],),
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=bool(causal), window_left=window_left, sinks=sinks, softmax_scale=scale,
         logit_cap=float(logit_cap), return_lse=return_lse, out=out,
     )  # fmt: skip
 
 
-def mha_extend_with_kvcache(
+def _bind_mha_extend_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -224,9 +190,7 @@ def mha_extend_with_kvcache(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> KernelCall:
     """Multi-token queries over the paged KV cache (chunked prefill, speculative verify).
 
     The cache already holds the new tokens: query ``i`` of sequence ``b`` (with
@@ -251,15 +215,15 @@ def mha_extend_with_kvcache(
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k_cache.dtype])
     traits = _traits(q, hkv, window_left, sinks, logit_cap, return_lse, causal=bool(causal), page_size=k_cache.shape[1])
-    return dispatch.run(
-        "mha_extend_with_kvcache", q.device, sig, traits, solution, override,
+    return kernel_call(
+        q.device, sig, traits, (q.shape[0],),
         q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,
         causal=bool(causal), window_left=window_left, sinks=sinks, softmax_scale=scale,
         logit_cap=float(logit_cap), return_lse=return_lse, out=out,
     )  # fmt: skip
 
 
-def mha_decode_with_kvcache(
+def _bind_mha_decode_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -272,9 +236,7 @@ def mha_decode_with_kvcache(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> KernelCall:
     """One new token per sequence over the paged KV cache.
 
     The new token's K/V are already in the cache (see :func:`kvcache_store`), so
@@ -295,24 +257,21 @@ def mha_decode_with_kvcache(
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k_cache.dtype])
     traits = _traits(q, hkv, window_left, sinks, logit_cap, return_lse, page_size=k_cache.shape[1])
-    return dispatch.run(
-        "mha_decode_with_kvcache", q.device, sig, traits, solution, override,
+    return kernel_call(
+        q.device, sig, traits, (batch, page_table.shape[1] * k_cache.shape[1]),
         q, k_cache, v_cache, page_table, cache_seqlens,
         window_left=window_left, sinks=sinks, softmax_scale=scale,
         logit_cap=float(logit_cap), return_lse=return_lse, out=out,
     )  # fmt: skip
 
 
-def kvcache_store(
+def _bind_kvcache_store(
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    *,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> None:
+) -> KernelCall:
     """Write ``k, v [T, Hkv, D]`` into the paged caches, in place.
 
     ``slot_mapping int32/int64 [T]``: token ``t`` goes to page ``slot // page_size``,
@@ -326,11 +285,89 @@ def kvcache_store(
     check_tensor("v", v, dtypes=(k.dtype,), shape=tuple(k.shape), last_dim_contiguous=True)
     check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int32, torch.int64), shape=(k.shape[0],))
     check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    from ..core.validation import debug_checks_enabled
-
     if debug_checks_enabled() and slot_mapping.numel():
         hi = int(slot_mapping.max())
         if hi >= k_cache.shape[0] * k_cache.shape[1]:
             raise ValueError(f"slot_mapping: slot {hi} is past the cache's {k_cache.shape[0] * k_cache.shape[1]} slots")
     sig = (DTYPE_NAMES[k_cache.dtype],)
-    return dispatch.run("kvcache_store", k.device, sig, {}, solution, override, k, v, k_cache, v_cache, slot_mapping)
+    return kernel_call(k.device, sig, (), (k.shape[0],), k, v, k_cache, v_cache, slot_mapping)
+
+
+def _fake_attention(q, *args, return_lse=False, **kwargs):
+    out = q.new_empty(q.shape)
+    # lse is [total_q, Hq] for prefill/extend and [B, Hq] for decode: q's first two dims either way.
+    return (out, q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)) if return_lse else out
+
+
+def _fake_kvcache_store(k, v, k_cache, v_cache, slot_mapping):
+    return None
+
+
+_FLOAT = ("fp32", "bf16", "fp16")
+_KV = (*_FLOAT, "fp8_e4m3")
+_REFERENCE = "tokenspeed_kernel.reference.attention"
+_CASES = "tokenspeed_kernel.numerics.cases.attention"
+_ANY_ATTENTION = {name: ANY for name in _COMMON_TRAITS}
+
+mha_prefill = Op(
+    name="mha_prefill",
+    family="attention",
+    roles=("q", "kv"),
+    traits={**_COMMON_TRAITS, **_CAUSAL},
+    sizes=(Size("tokens", "total_q, the packed query tokens"),),
+    doc="Packed varlen attention over fresh K/V.",
+    bind=_bind_mha_prefill,
+    fake=_fake_attention,
+    reference=Reference(
+        f"{_REFERENCE}:mha_prefill", formats=[{"q": _FLOAT, "kv": _FLOAT}], traits={**_ANY_ATTENTION, "causal": ANY}
+    ),
+    workload=f"{_CASES}:MHA_PREFILL",
+)
+mha_extend_with_kvcache = Op(
+    name="mha_extend_with_kvcache",
+    family="attention",
+    roles=("q", "kv"),
+    traits={**_COMMON_TRAITS, **_CAUSAL, **_PAGED},
+    sizes=(Size("tokens", "total_q, the packed query tokens"),),
+    doc="Multi-token queries over the paged KV cache (chunked prefill).",
+    bind=_bind_mha_extend_with_kvcache,
+    fake=_fake_attention,
+    reference=Reference(
+        f"{_REFERENCE}:mha_extend_with_kvcache",
+        formats=[{"q": _FLOAT, "kv": _KV}],
+        traits={**_ANY_ATTENTION, "causal": ANY, "page_size": ANY},
+    ),
+    workload=f"{_CASES}:MHA_EXTEND_WITH_KVCACHE",
+)
+mha_decode_with_kvcache = Op(
+    name="mha_decode_with_kvcache",
+    family="attention",
+    roles=("q", "kv"),
+    traits={**_COMMON_TRAITS, **_PAGED},
+    sizes=(
+        Size("batch", "B, one query token per sequence"),
+        Size("context", "the cache capacity a sequence can see: page_table columns x page_size"),
+    ),
+    doc="One query token per sequence over the paged KV cache.",
+    bind=_bind_mha_decode_with_kvcache,
+    fake=_fake_attention,
+    reference=Reference(
+        f"{_REFERENCE}:mha_decode_with_kvcache",
+        formats=[{"q": _FLOAT, "kv": _KV}],
+        traits={**_ANY_ATTENTION, "page_size": ANY},
+    ),
+    workload=f"{_CASES}:MHA_DECODE_WITH_KVCACHE",
+)
+kvcache_store = Op(
+    name="kvcache_store",
+    family="attention",
+    roles=("kv",),
+    traits={},
+    sizes=(Size("tokens", "T, the new K/V rows"),),
+    doc="Write new K/V rows into the paged cache by slot.",
+    bind=_bind_kvcache_store,
+    fake=_fake_kvcache_store,
+    reference=Reference(f"{_REFERENCE}:kvcache_store", formats=[{"kv": _KV}]),
+    workload=f"{_CASES}:KVCACHE_STORE",
+    mutates=("k_cache", "v_cache"),
+)

@@ -12,27 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from ..core import dispatch
-from ..core.contracts import TraitSpec, define_op
+from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES, fp8_format, fp8_granularity
-from ..core.selection import Target
+from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.validation import check_same_device, check_tensor
 
 __all__ = ["mm"]
 
-MM = define_op(
-    "mm",
-    family="gemm",
-    roles=("a", "b", "out"),
-    traits={"bias": TraitSpec(bool, default=False, doc="bias added to the output")},
-    doc="out = a @ b.T (+ bias).",
-)
-
 _FP8 = (torch.float8_e4m3fn,)
 _DENSE = (torch.bfloat16, torch.float16, torch.float32)
+_FLOAT = ("fp32", "bf16", "fp16")
 
 
-def mm(
+def _bind_mm(
     a: torch.Tensor,
     b: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -41,9 +33,7 @@ def mm(
     b_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor:
+) -> KernelCall:
     """``out [M, N] = a [M, K] @ b [N, K].T + bias [N]``.
 
     Args:
@@ -97,7 +87,38 @@ def mm(
     if out is not None:
         check_tensor("out", out, dtypes=(out_dtype,), shape=(m, n))
     check_same_device("a", a, b=b, bias=bias, a_scale=a_scale, b_scale=b_scale, out=out)
-    return dispatch.run(
-        "mm", a.device, (fa, fb, DTYPE_NAMES[out_dtype]), {"bias": bias is not None}, solution, override,
+    return kernel_call(
+        a.device, (fa, fb, DTYPE_NAMES[out_dtype]), {"bias": bias is not None}, (m,),
         a, b, bias, a_scale=a_scale, b_scale=b_scale, out_dtype=out_dtype, out=out,
     )  # fmt: skip
+
+
+def _fake_mm(a, b, bias=None, *, a_scale=None, b_scale=None, out_dtype=None, out=None):
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if a.dtype in _FP8 else a.dtype
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+_FP8_A = [f"fp8_e4m3:{g}" for g in ("per_tensor", "per_token", "block128")]
+_FP8_B = [f"fp8_e4m3:{g}" for g in ("per_tensor", "per_channel", "block128")]
+
+mm = Op(
+    name="mm",
+    family="gemm",
+    roles=("a", "b", "out"),
+    traits={"bias": TraitSpec(bool, default=False, doc="bias added to the output")},
+    sizes=(Size("m", "M, rows of a (tokens)"),),
+    doc="out = a @ b.T (+ bias).",
+    bind=_bind_mm,
+    fake=_fake_mm,
+    reference=Reference(
+        "tokenspeed_kernel.reference.gemm:mm",
+        formats=[
+            {"a": _FLOAT, "b": _FLOAT, "out": _FLOAT},
+            {"a": _FP8_A, "b": _FP8_B, "out": _FLOAT},
+            {"a": ("bf16", "fp16"), "b": "mxfp4", "out": _FLOAT},
+        ],
+        traits={"bias": ANY},
+    ),
+    workload="tokenspeed_kernel.numerics.cases.gemm:MM",
+)

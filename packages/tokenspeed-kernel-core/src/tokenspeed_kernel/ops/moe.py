@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..core import dispatch
-from ..core.contracts import TraitSpec, define_op
+from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
+from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.platform import platform_for_device
-from ..core.registry import KernelSpec, registry
-from ..core.selection import NoKernelFoundError, Target, select_spec
-from ..core.validation import check_same_device, check_tensor
+from ..core.registry import registry
+from ..core.selection import Target, select_spec
+from ..core.validation import check_same_device, check_tensor, debug_checks_enabled
 
 __all__ = [
     "MoEActivation",
@@ -213,7 +213,13 @@ class MoEDispatchResult:
 
 @dataclass(frozen=True)
 class MoEPlan:
-    """A kernel picked once for a MoE layer (see :func:`moe_plan`)."""
+    """A MoE layer's weight layout, picked once (see :func:`moe_plan`).
+
+    ``kernel`` is the kernel the plan ranked first; ``layout`` the weight layout
+    it takes (``"canonical"``, or the layout its weight preprocessor writes).
+    Calls with weights in that layout select, per token-count bucket, among the
+    kernels that take it.
+    """
 
     kernel: str
     layout: str
@@ -226,32 +232,19 @@ _MOE_TRAITS = {
     "clamp": TraitSpec(bool, default=False, doc="activation limit set"),
     "bias": TraitSpec(bool, default=False, doc="expert biases"),
     "gate_up_interleaved": TraitSpec(bool, default=False, doc="gate/up rows alternate"),
-    # Set by the registry for kernels with a weight preprocessor: they take only
-    # weights that moe_process_weights converted, never canonical ones.
-    "prepacked": TraitSpec(bool, default=False, doc="weights converted by moe_process_weights"),
+    # The weights' layout: "canonical", or the one a kernel's weight preprocessor writes
+    # (set by the registry for such kernels). It belongs to the kernel, not to the call,
+    # so measured tables compare kernels of every layout with each other.
+    "layout": TraitSpec(str, default="canonical", doc="weight layout (moe_process_weights)", measured=False),
 }
-
-ROUTE = define_op(
-    "moe_route",
-    family="moe",
-    roles=("logits",),
-    traits={"renormalize": TraitSpec(bool, default=True, doc="renormalize the top-k weights to sum to 1")},
-    doc="Softmax top-k routing.",
-)
-DISPATCH = define_op("moe_dispatch", family="moe", roles=("x",), doc="Group token rows by expert.")
-EXPERTS = define_op("moe_experts", family="moe", roles=("x", "w"), traits=_MOE_TRAITS, doc="Grouped expert MLPs.")
-COMBINE = define_op("moe_combine", family="moe", roles=("x",), doc="Weighted sum of expert rows per token.")
-APPLY = define_op("moe_apply", family="moe", roles=("x", "w"), traits=_MOE_TRAITS, doc="Fused MoE layer.")
+_FLOAT = ("fp32", "bf16", "fp16")
+_REFERENCE = "tokenspeed_kernel.reference.moe"
+_CASES = "tokenspeed_kernel.numerics.cases.moe"
+_TOKENS = (Size("tokens", "T, the tokens routed"),)
+_ANY_MOE = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY}
 
 
-def moe_route(
-    router_logits: torch.Tensor,
-    top_k: int,
-    *,
-    renormalize: bool = True,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _bind_moe_route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True) -> KernelCall:
     """Softmax top-k routing.
 
     Args:
@@ -268,32 +261,45 @@ def moe_route(
     if not isinstance(top_k, int) or not 1 <= top_k <= router_logits.shape[1]:
         raise ValueError(f"top_k: expected an int in [1, {router_logits.shape[1]}], got {top_k!r}")
     sig = (DTYPE_NAMES[router_logits.dtype],)
-    return dispatch.run(
-        "moe_route", router_logits.device, sig, {"renormalize": bool(renormalize)}, solution, override,
+    return kernel_call(
+        router_logits.device, sig, {"renormalize": bool(renormalize)}, (router_logits.shape[0],),
         router_logits, top_k, renormalize=bool(renormalize),
     )  # fmt: skip
+
+
+def _fake_moe_route(router_logits, top_k, *, renormalize=True):
+    t = router_logits.shape[0]
+    return (
+        router_logits.new_empty((t, top_k), dtype=torch.float32),
+        router_logits.new_empty((t, top_k), dtype=torch.int32),
+    )
+
+
+moe_route = Op(
+    name="moe_route",
+    family="moe",
+    roles=("logits",),
+    traits={"renormalize": TraitSpec(bool, default=True, doc="renormalize the top-k weights to sum to 1")},
+    sizes=_TOKENS,
+    doc="Softmax top-k routing.",
+    bind=_bind_moe_route,
+    fake=_fake_moe_route,
+    reference=Reference(f"{_REFERENCE}:moe_route", formats=[{"logits": _FLOAT}], traits={"renormalize": ANY}),
+    workload=f"{_CASES}:MOE_ROUTE",
+)
 
 
 def _check_topk(topk_ids: torch.Tensor, tokens: int, num_experts: int, name: str = "topk_ids") -> None:
     check_tensor(name, topk_ids, dtypes=(torch.int32,), dim=2, contiguous=True)
     if topk_ids.shape[0] != tokens:
         raise ValueError(f"{name}: expected {tokens} rows (one per token), got {topk_ids.shape[0]}")
-    from ..core.validation import debug_checks_enabled
-
     if debug_checks_enabled() and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= num_experts:
             raise ValueError(f"{name}: expert ids must lie in [0, {num_experts}), got [{lo}, {hi}]")
 
 
-def moe_dispatch(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    num_experts: int,
-    *,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> MoEDispatchResult:
+def _bind_moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> KernelCall:
     """Group the ``T * k`` (token, expert) pairs by expert, without a host sync.
 
     Args:
@@ -306,9 +312,30 @@ def moe_dispatch(
         raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
     _check_topk(topk_ids, x.shape[0], num_experts)
     check_same_device("x", x, topk_ids=topk_ids)
-    return dispatch.run(
-        "moe_dispatch", x.device, (DTYPE_NAMES[x.dtype],), {}, solution, override, x, topk_ids, num_experts
+    return kernel_call(x.device, (DTYPE_NAMES[x.dtype],), (), (x.shape[0],), x, topk_ids, num_experts)
+
+
+def _fake_moe_dispatch(x, topk_ids, num_experts):
+    rows = topk_ids.numel()
+    return MoEDispatchResult(
+        hidden=x.new_empty((rows, x.shape[1])),
+        expert_offsets=x.new_empty((num_experts + 1,), dtype=torch.int32),
+        permutation=x.new_empty((rows,), dtype=torch.int32),
     )
+
+
+moe_dispatch = Op(
+    name="moe_dispatch",
+    family="moe",
+    roles=("x",),
+    traits={},
+    sizes=_TOKENS,
+    doc="Group token rows by expert.",
+    bind=_bind_moe_dispatch,
+    fake=_fake_moe_dispatch,
+    reference=Reference(f"{_REFERENCE}:moe_dispatch", formats=[{"x": _FLOAT}]),
+    workload=f"{_CASES}:MOE_DISPATCH",
+)
 
 
 def _weight_traits(weights: MoEWeights, activation: MoEActivation) -> dict[str, object]:
@@ -317,7 +344,7 @@ def _weight_traits(weights: MoEWeights, activation: MoEActivation) -> dict[str, 
         "clamp": activation.limit is not None,
         "bias": weights.w13_bias is not None or weights.w2_bias is not None,
         "gate_up_interleaved": weights.gate_up_interleaved,
-        "prepacked": weights.layout != "canonical",
+        "layout": weights.layout,
     }
 
 
@@ -332,25 +359,14 @@ def _check_weights(x: torch.Tensor, weights: MoEWeights, activation: MoEActivati
         raise ValueError(f"weights: expected device {x.device} (like x), got {weights.w13.device}")
 
 
-def _check_layout(spec: KernelSpec, weights: MoEWeights) -> None:
-    want = spec.name if spec.weight_preprocessor is not None else "canonical"
-    if weights.layout != want:
-        raise ValueError(
-            f"weights: layout {weights.layout!r} does not fit kernel {spec.name!r}, which expects {want!r}; "
-            "convert them with moe_plan + moe_process_weights and pass plan="
-        )
-
-
-def moe_experts(
+def _bind_moe_experts(
     hidden: torch.Tensor,
     expert_offsets: torch.Tensor,
     weights: MoEWeights,
     activation: MoEActivation,
     *,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor:
+) -> KernelCall:
     """Run each expert's MLP on its rows (no routing weight applied).
 
     Args:
@@ -367,26 +383,37 @@ def moe_experts(
     if out is not None:
         check_tensor("out", out, dtypes=(hidden.dtype,), shape=tuple(hidden.shape))
     sig = (DTYPE_NAMES[hidden.dtype], weights.format)
-    traits = _weight_traits(weights, activation)
-    sel = select_spec(
-        "moe_experts", sig, traits, platform=platform_for_device(hidden.device), solution=solution, override=override
-    )
-    _check_layout(sel.spec, weights)
-    return dispatch.run(
-        "moe_experts", hidden.device, sig, traits, solution, override,
+    return kernel_call(
+        hidden.device, sig, _weight_traits(weights, activation), (hidden.shape[0],),
         hidden, expert_offsets, weights, activation, out=out,
     )  # fmt: skip
 
 
-def moe_combine(
+def _fake_rows_like(x, *args, **kwargs):
+    return x.new_empty(x.shape)
+
+
+moe_experts = Op(
+    name="moe_experts",
+    family="moe",
+    roles=("x", "w"),
+    traits=_MOE_TRAITS,
+    sizes=(Size("rows", "N, the dispatched (token, expert) rows"),),
+    doc="Grouped expert MLPs.",
+    bind=_bind_moe_experts,
+    fake=_fake_rows_like,
+    reference=Reference(f"{_REFERENCE}:moe_experts", formats=[{"x": _FLOAT, "w": WEIGHT_FORMATS}], traits=_ANY_MOE),
+    workload=f"{_CASES}:MOE_EXPERTS",
+)
+
+
+def _bind_moe_combine(
     expert_out: torch.Tensor,
     permutation: torch.Tensor,
     topk_weights: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor:
+) -> KernelCall:
     """``out[t] = sum_s topk_weights[t, s] * expert_out[row of (t, s)]``.
 
     Args:
@@ -403,13 +430,31 @@ def moe_combine(
     check_same_device("expert_out", expert_out, permutation=permutation, topk_weights=topk_weights, out=out)
     if out is not None:
         check_tensor("out", out, dtypes=(expert_out.dtype,), shape=(topk_weights.shape[0], expert_out.shape[1]))
-    return dispatch.run(
-        "moe_combine", expert_out.device, (DTYPE_NAMES[expert_out.dtype],), {}, solution, override,
+    return kernel_call(
+        expert_out.device, (DTYPE_NAMES[expert_out.dtype],), (), (topk_weights.shape[0],),
         expert_out, permutation, topk_weights, out=out,
     )  # fmt: skip
 
 
-def moe_apply(
+def _fake_moe_combine(expert_out, permutation, topk_weights, *, out=None):
+    return expert_out.new_empty((topk_weights.shape[0], expert_out.shape[1]))
+
+
+moe_combine = Op(
+    name="moe_combine",
+    family="moe",
+    roles=("x",),
+    traits={},
+    sizes=_TOKENS,
+    doc="Weighted sum of expert rows per token.",
+    bind=_bind_moe_combine,
+    fake=_fake_moe_combine,
+    reference=Reference(f"{_REFERENCE}:moe_combine", formats=[{"x": _FLOAT}]),
+    workload=f"{_CASES}:MOE_COMBINE",
+)
+
+
+def _bind_moe_apply(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -418,9 +463,7 @@ def moe_apply(
     *,
     plan: MoEPlan | None = None,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor:
+) -> KernelCall:
     """The fused MoE layer: ``sum_s w[t,s] * expert_{ids[t,s]}(x[t])``.
 
     Args:
@@ -428,8 +471,9 @@ def moe_apply(
         topk_weights: ``float32 [T, k]``; topk_ids: ``int32 [T, k]``.
         weights: :class:`MoEWeights`, canonical or processed for ``plan``.
         activation: :class:`MoEActivation`.
-        plan: from :func:`moe_plan`; runs that kernel without selecting again
-            (``solution``/``override`` must then be None).
+        plan: from :func:`moe_plan`, for weights processed for it: checked against
+            the weights and the activation (each call selects among the kernels
+            of the plan's layout, by token count).
         out: optional ``[T, H]`` of ``x``'s dtype.
     """
     check_tensor("x", x, dtypes=_X_DTYPES, dim=2)
@@ -439,22 +483,35 @@ def moe_apply(
     check_same_device("x", x, topk_weights=topk_weights, topk_ids=topk_ids, out=out)
     if out is not None:
         check_tensor("out", out, dtypes=(x.dtype,), shape=tuple(x.shape))
-    sig = (DTYPE_NAMES[x.dtype], weights.format)
-    traits = _weight_traits(weights, activation)
     if plan is not None:
-        if solution is not None or override is not None:
-            raise ValueError("plan: a planned call takes no solution=/override= (the plan already names the kernel)")
+        if not isinstance(plan, MoEPlan):
+            raise TypeError(f"plan: expected a MoEPlan (from moe_plan), got {type(plan).__name__}")
         if plan.activation != activation:
             raise ValueError(f"activation: {activation} differs from the plan's {plan.activation}")
-        override = plan.kernel
-    sel = select_spec(
-        "moe_apply", sig, traits, platform=platform_for_device(x.device), solution=solution, override=override
-    )
-    _check_layout(sel.spec, weights)
-    return dispatch.run(
-        "moe_apply", x.device, sig, traits, solution, override,
+        if plan.layout != weights.layout:
+            raise ValueError(
+                f"weights: layout {weights.layout!r} is not the plan's {plan.layout!r}; "
+                "convert them with moe_process_weights(plan, weights)"
+            )
+    sig = (DTYPE_NAMES[x.dtype], weights.format)
+    return kernel_call(
+        x.device, sig, _weight_traits(weights, activation), (x.shape[0],),
         x, topk_weights, topk_ids, weights, activation, out=out,
     )  # fmt: skip
+
+
+moe_apply = Op(
+    name="moe_apply",
+    family="moe",
+    roles=("x", "w"),
+    traits=_MOE_TRAITS,
+    sizes=_TOKENS,
+    doc="Fused MoE layer.",
+    bind=_bind_moe_apply,
+    fake=_fake_rows_like,
+    reference=Reference(f"{_REFERENCE}:moe_apply", formats=[{"x": _FLOAT, "w": WEIGHT_FORMATS}], traits=_ANY_MOE),
+    workload=f"{_CASES}:MOE_APPLY",
+)
 
 
 def moe_plan(
@@ -463,10 +520,12 @@ def moe_plan(
     *,
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str | None = None,
+    tokens: int | None = None,
     solution: Target | None = None,
     override: Target | None = None,
 ) -> MoEPlan:
-    """Pick the ``moe_apply`` kernel for this layer once (host-side work only).
+    """Pick this layer's weight layout once: the layout of the ``moe_apply`` kernel
+    ranked first (host-side work only).
 
     Args:
         weights: canonical :class:`MoEWeights` (their format, biases, interleaving
@@ -474,6 +533,8 @@ def moe_plan(
         activation: :class:`MoEActivation`.
         dtype: the activations' dtype.
         device: where the layer runs (default: the weights' device).
+        tokens: the typical tokens per call, if known (ranks kernels for that
+            bucket); None ranks by the measurements of every token count.
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected MoEWeights, got {type(weights).__name__}")
@@ -482,21 +543,13 @@ def moe_plan(
         raise TypeError(f"dtype: expected bf16, fp16 or fp32, got {dtype}")
     dev = torch.device(device) if device is not None else weights.w13.device
     sig = (DTYPE_NAMES[dtype], weights.format)
-    platform = platform_for_device(dev)
-    # Kernels that take canonical weights and kernels that take converted ones
-    # (prepacked) are two pools; the plan takes the better-ranked pick of the two.
-    picks, errors = [], []
-    for prepacked in (False, True):
-        traits = {**_weight_traits(weights, activation), "prepacked": prepacked}
-        try:
-            picks.append(select_spec("moe_apply", sig, traits, platform=platform, solution=solution, override=override))
-        except NoKernelFoundError as exc:
-            errors.append(exc)
-    if not picks:
-        raise errors[0]
-    sel = max(picks, key=lambda p: p.spec.priority)
-    layout = sel.spec.name if sel.spec.weight_preprocessor is not None else "canonical"
-    return MoEPlan(kernel=sel.spec.name, layout=layout, format=weights.format, activation=activation)
+    # layout=ANY: kernels of every layout compete; the winner's layout is the plan's.
+    traits = {**_weight_traits(weights, activation), "layout": ANY}
+    sizes = None if tokens is None else {"tokens": tokens}
+    sel = select_spec(
+        "moe_apply", sig, traits, sizes=sizes, platform=platform_for_device(dev), solution=solution, override=override
+    )
+    return MoEPlan(kernel=sel.spec.name, layout=sel.spec.weight_layout, format=weights.format, activation=activation)
 
 
 def moe_process_weights(plan: MoEPlan, weights: MoEWeights) -> MoEWeights:
@@ -513,10 +566,13 @@ def moe_process_weights(plan: MoEPlan, weights: MoEWeights) -> MoEWeights:
     spec = registry.get(plan.kernel)
     if spec is None:
         raise ValueError(f"plan: kernel {plan.kernel!r} is no longer registered")
-    pre = spec.resolve_weight_preprocessor()
-    if pre is None:
-        return weights
-    converted = pre(weights)
+    if spec.weight_preprocessor is None:
+        # The plan's kernel reads a layout another kernel's preprocessor writes.
+        spec = next((s for s in registry.for_op("moe_apply") if s.weight_preprocessor is not None
+                     and s.weight_layout == plan.layout), None)  # fmt: skip
+        if spec is None:
+            raise ValueError(f"plan: no registered kernel converts weights to layout {plan.layout!r}")
+    converted = spec.resolve_weight_preprocessor()(weights)
     if not isinstance(converted, MoEWeights):
         raise TypeError(f"weight preprocessor of {spec.name!r} returned {type(converted).__name__}, not MoEWeights")
     return replace(converted, layout=plan.layout)

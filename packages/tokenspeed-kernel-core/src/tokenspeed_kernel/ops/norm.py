@@ -4,34 +4,25 @@ from __future__ import annotations
 
 import torch
 
-from ..core import dispatch
-from ..core.contracts import TraitSpec, define_op
+from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
-from ..core.selection import Target
+from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.validation import check_same_device, check_tensor
 
 __all__ = ["rmsnorm"]
 
-RMSNORM = define_op(
-    "rmsnorm",
-    family="norm",
-    roles=("x",),
-    traits={"fused_residual": TraitSpec(bool, default=False, doc="add a residual first and return the sum")},
-    doc="RMSNorm (+ residual).",
-)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FLOAT = ("fp32", "bf16", "fp16")
 
 
-def rmsnorm(
+def _bind_rmsnorm(
     x: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-5,
     *,
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> KernelCall:
     """``y = (x / sqrt(mean(x^2) + eps)) * weight`` over the last dim.
 
     GPT-OSS numerics: ``x`` is upcast to fp32, normalised, multiplied by
@@ -59,7 +50,29 @@ def rmsnorm(
     device = x.device
     if weight.device != device or (residual is not None or out is not None):
         check_same_device("x", x, weight=weight, residual=residual, out=out)
-    return dispatch.run(
-        "rmsnorm", device, (DTYPE_NAMES[x.dtype],), (("fused_residual", residual is not None),), solution, override,
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return kernel_call(
+        device, (DTYPE_NAMES[x.dtype],), (("fused_residual", residual is not None),), (rows,),
         x, weight, float(eps), residual=residual, out=out,
     )  # fmt: skip
+
+
+def _fake_rmsnorm(x, weight, eps=1e-5, *, residual=None, out=None):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return (y, torch.empty_like(y)) if residual is not None else y
+
+
+rmsnorm = Op(
+    name="rmsnorm",
+    family="norm",
+    roles=("x",),
+    traits={"fused_residual": TraitSpec(bool, default=False, doc="add a residual first and return the sum")},
+    sizes=(Size("rows", "rows of x (every dim but the last)"),),
+    doc="RMSNorm (+ residual).",
+    bind=_bind_rmsnorm,
+    fake=_fake_rmsnorm,
+    reference=Reference(
+        "tokenspeed_kernel.reference.norm:rmsnorm", formats=[{"x": _FLOAT}], traits={"fused_residual": ANY}
+    ),
+    workload="tokenspeed_kernel.numerics.cases.norm:RMSNORM",
+)

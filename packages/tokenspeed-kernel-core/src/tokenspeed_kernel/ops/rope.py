@@ -4,37 +4,24 @@ from __future__ import annotations
 
 import torch
 
-from ..core import dispatch
-from ..core.contracts import TraitSpec, define_op
+from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
-from ..core.selection import Target
+from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.validation import check_same_device, check_tensor
 
 __all__ = ["apply_rotary"]
 
-ROTARY = define_op(
-    "apply_rotary",
-    family="rope",
-    roles=("x",),
-    traits={
-        "style": TraitSpec(str, default="neox", allowed=("neox", "gptj"), doc="half-split or adjacent pairs"),
-        "partial": TraitSpec(bool, default=False, doc="rotary dim < head dim"),
-    },
-    doc="Rotary embedding of q and k.",
-)
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def apply_rotary(
+def _bind_apply_rotary(
     q: torch.Tensor,
     k: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     positions: torch.Tensor,
     *,
     style: str = "neox",
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> KernelCall:
     """Rotate the first ``R`` dims of each head of ``q`` and ``k``; returns new tensors.
 
     Args:
@@ -45,6 +32,9 @@ def apply_rotary(
         style: ``"neox"``: pairs ``(x[i], x[i + R/2])`` (GPT-OSS); ``"gptj"``:
             pairs ``(x[2i], x[2i+1])``. Each pair becomes ``(x1*cos - x2*sin,
             x2*cos + x1*sin)``, computed in fp32; dims past ``R`` pass through.
+
+    Returns:
+        ``(q_rotated, k_rotated)``.
     """
     check_tensor("q", q, dtypes=_DTYPES, dim=3, last_dim_contiguous=True)
     check_tensor("k", k, dtypes=(q.dtype,), shape=(q.shape[0], None, q.shape[2]), last_dim_contiguous=True)
@@ -57,7 +47,31 @@ def apply_rotary(
         raise ValueError(f"style: expected 'neox' or 'gptj', got {style!r}")
     check_same_device("q", q, k=k, cos_sin_cache=cos_sin_cache, positions=positions)
     traits = {"style": style, "partial": rot < q.shape[-1]}
-    return dispatch.run(
-        "apply_rotary", q.device, (DTYPE_NAMES[q.dtype],), traits, solution, override,
-        q, k, cos_sin_cache, positions, style=style,
-    )  # fmt: skip
+    return kernel_call(
+        q.device, (DTYPE_NAMES[q.dtype],), traits, (q.shape[0],), q, k, cos_sin_cache, positions, style=style
+    )
+
+
+def _fake_apply_rotary(q, k, cos_sin_cache, positions, *, style="neox"):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+apply_rotary = Op(
+    name="apply_rotary",
+    family="rope",
+    roles=("x",),
+    traits={
+        "style": TraitSpec(str, default="neox", allowed=("neox", "gptj"), doc="half-split or adjacent pairs"),
+        "partial": TraitSpec(bool, default=False, doc="rotary dim < head dim"),
+    },
+    sizes=(Size("tokens", "T, rows of q and k"),),
+    doc="Rotary embedding of q and k.",
+    bind=_bind_apply_rotary,
+    fake=_fake_apply_rotary,
+    reference=Reference(
+        "tokenspeed_kernel.reference.rope:apply_rotary",
+        formats=[{"x": ("fp32", "bf16", "fp16")}],
+        traits={"style": ANY, "partial": ANY},
+    ),
+    workload="tokenspeed_kernel.numerics.cases.rope:APPLY_ROTARY",
+)

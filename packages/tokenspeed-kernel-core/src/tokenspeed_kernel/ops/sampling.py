@@ -17,23 +17,40 @@ from __future__ import annotations
 
 import torch
 
-from ..core import dispatch
-from ..core.contracts import define_op
+from ..core.contracts import Size
 from ..core.formats import DTYPE_NAMES
-from ..core.selection import Target
+from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.validation import check_same_device, check_tensor
 
 __all__ = ["argmax", "top_k_top_p_sample"]
 
-ARGMAX = define_op("argmax", family="sampling", roles=("logits",), doc="Greedy token per row.")
-SAMPLE = define_op("top_k_top_p_sample", family="sampling", roles=("logits",), doc="Top-k/top-p sampling.")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_FLOAT = ("fp32", "bf16", "fp16")
+_BATCH = (Size("batch", "B, rows of logits"),)
 
 
-def argmax(logits: torch.Tensor, *, solution: Target | None = None, override: Target | None = None) -> torch.Tensor:
+def _fake_tokens(logits, *args, **kwargs):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+def _bind_argmax(logits: torch.Tensor) -> KernelCall:
     """Index of the largest logit per row of ``logits [B, V]`` (first on ties) -> ``int64 [B]``."""
     check_tensor("logits", logits, dtypes=_DTYPES, dim=2, last_dim_contiguous=True)
-    return dispatch.run("argmax", logits.device, (DTYPE_NAMES[logits.dtype],), {}, solution, override, logits)
+    return kernel_call(logits.device, (DTYPE_NAMES[logits.dtype],), (), (logits.shape[0],), logits)
+
+
+argmax = Op(
+    name="argmax",
+    family="sampling",
+    roles=("logits",),
+    traits={},
+    sizes=_BATCH,
+    doc="Greedy token per row.",
+    bind=_bind_argmax,
+    fake=_fake_tokens,
+    reference=Reference("tokenspeed_kernel.reference.sampling:argmax", formats=[{"logits": _FLOAT}]),
+    workload="tokenspeed_kernel.numerics.cases.sampling:ARGMAX",
+)
 
 
 def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -> torch.Tensor:
@@ -47,7 +64,7 @@ def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -
     return torch.full((batch,), value, dtype=dtype, device=device)
 
 
-def top_k_top_p_sample(
+def _bind_top_k_top_p_sample(
     logits: torch.Tensor,
     top_k: int | torch.Tensor = 0,
     top_p: float | torch.Tensor = 1.0,
@@ -55,10 +72,9 @@ def top_k_top_p_sample(
     temperature: float | torch.Tensor = 1.0,
     generator: torch.Generator | None = None,
     uniform: torch.Tensor | None = None,
-    solution: Target | None = None,
-    override: Target | None = None,
-) -> torch.Tensor:
-    """Sample one token per row of ``logits [B, V]`` -> ``int64 [B]`` (see module doc).
+) -> KernelCall:
+    """Sample one token per row of ``logits [B, V]`` -> ``int64 [B]`` (see the module doc of
+    ``tokenspeed_kernel.ops.sampling``).
 
     Args:
         top_k: int or ``int32 [B]``; 0 disables top-k.
@@ -81,7 +97,20 @@ def top_k_top_p_sample(
     else:
         check_tensor("uniform", uniform, dtypes=(torch.float32,), shape=(b,))
         check_same_device("logits", logits, uniform=uniform)
-    return dispatch.run(
-        "top_k_top_p_sample", dev, (DTYPE_NAMES[logits.dtype],), {}, solution, override,
-        logits, top_k_t, top_p_t, temp_t, uniform,
-    )  # fmt: skip
+    return kernel_call(dev, (DTYPE_NAMES[logits.dtype],), (), (b,), logits, top_k_t, top_p_t, temp_t, uniform)
+
+
+top_k_top_p_sample = Op(
+    name="top_k_top_p_sample",
+    family="sampling",
+    roles=("logits",),
+    traits={},
+    sizes=_BATCH,
+    doc="Top-k/top-p sampling.",
+    bind=_bind_top_k_top_p_sample,
+    fake=_fake_tokens,
+    reference=Reference(
+        "tokenspeed_kernel.reference.sampling:top_k_top_p_sample", formats=[{"logits": _FLOAT}], tags=()
+    ),
+    workload="tokenspeed_kernel.numerics.cases.sampling:TOP_K_TOP_P_SAMPLE",
+)

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tokenspeed_kernel.core.contracts import Range
-from tokenspeed_kernel.core.registry import Capability, Priority, register_kernel
+from tokenspeed_kernel import Capability, Priority, Range, register_kernel
 
 __all__ = ["HOPPER", "PRIORITY", "register"]
 

@@ -16,7 +16,7 @@ _MODULE = "tokenspeed_kernel_triton.attention"
 
 
 def _attention_traits(*, causal: bool, paged: bool) -> dict[str, Any]:
-    from tokenspeed_kernel.core.contracts import Range
+    from tokenspeed_kernel import Range
 
     traits: dict[str, Any] = {
         "head_dim": HEAD_DIMS,
@@ -35,7 +35,7 @@ def _attention_traits(*, causal: bool, paged: bool) -> dict[str, Any]:
 
 
 def register() -> None:
-    from tokenspeed_kernel.core.registry import register_kernel
+    from tokenspeed_kernel import register_kernel
 
     from .._common import TRITON_CAPABILITY, TRITON_PRIORITY
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenspeed_kernel.core.registry import register_kernel
+from tokenspeed_kernel import register_kernel
 
 from .._common import TRITON_CAPABILITY, TRITON_PRIORITY
 

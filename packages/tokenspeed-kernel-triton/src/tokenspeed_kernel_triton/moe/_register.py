@@ -20,7 +20,7 @@ _EXPERT_TRAITS = {
 
 
 def register() -> None:
-    from tokenspeed_kernel.core.registry import register_kernel
+    from tokenspeed_kernel import register_kernel
 
     from .._common import TRITON_CAPABILITY, TRITON_PRIORITY
 

@@ -1,7 +1,8 @@
 """Per-op cases: shapes, input generators, comparisons, shrinking, capture replay.
 
-One :class:`OpCases` entry per public op (found by the op's name, defined in the
-module named like the op's family), shared by ``verify`` and ``bench``:
+One :class:`OpCases` per public op, in the module named like the op's family; the
+op object names it (``Op.workload``) and :func:`get_op_cases` finds it by the op's
+name. Shared by ``verify`` and ``bench``:
 
 - ``defaults``: a complete small case; a :class:`Case` is the op, a dtype and the
   parameters that differ from nothing (every parameter is stored);
@@ -12,13 +13,20 @@ module named like the op's family), shared by ``verify`` and ``bench``:
 - ``outputs``: the named output tensors of a call's result;
 - ``compare``: kernel outputs vs reference outputs -> checks with tolerances;
 - ``shrink``: for ``--bisect``, moves that make a case smaller;
-- ``from_capture``: a :class:`Case` from a shape-capture entry (``bench --replay``).
+- ``from_capture``: a :class:`Case` from a shape-capture entry (``bench --replay``);
+- ``cost``: the FLOP/byte model of a call (``bench``'s rates and % of ceilings),
+  ``metric``: the rate a report plots (``tflops`` or ``tbps``);
+- ``peers``: external libraries timed next to the kernels (never selectable).
+
+Cost conventions (so numbers compare with PERFORMANCE.md): a multiply-add is 2
+FLOPs; attention counts only the (query, key) pairs the mask lets through; MoE
+weights are counted for active experts only at their storage size; element-wise
+ops count every input read and output written.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,14 +35,21 @@ from typing import Any
 
 import torch
 
+from ...core.contracts import all_contracts, get_contract
+
 __all__ = [
     "Case",
+    "Cost",
+    "Peer",
+    "PeerCall",
+    "PeerSkip",
+    "io_cost",
+    "nbytes",
     "OpCases",
     "Shrink",
     "CapturedCall",
     "get_op_cases",
     "all_op_cases",
-    "register_op_cases",
     "standard_cases",
     "custom_case",
     "cases_from_file",
@@ -43,8 +58,6 @@ __all__ = [
     "call_for_kernel",
     "clone_call",
 ]
-
-_FAMILIES = ("norm", "activation", "rope", "attention", "moe", "gemm", "quantization", "sampling")
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,64 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What a call must compute and move at least; ``compute`` names the matmul ceiling
+    the FLOP rate is compared with (``fp8`` for FP8 GEMMs, ``bf16`` otherwise)."""
+
+    flops: float
+    bytes: float
+    compute: str = "bf16"
+
+
+class PeerSkip(Exception):
+    """The peer cannot run this case (the message says why)."""
+
+
+@dataclass
+class PeerCall:
+    """A prepared peer call: ``fn()`` runs it; ``context`` (optional) wraps the whole timing."""
+
+    fn: Callable[[], Any]
+    note: str = ""
+    context: Callable[[], Any] | None = None
+
+
+@dataclass
+class Peer:
+    """An external library timed next to an op's kernels on the same case, never selected.
+
+    ``prepare(case, call, device)`` converts the case's call outside the timed region;
+    ``available(device)`` is None if the peer can run there, else why not. A library
+    that wraps as a kernel is registered as one instead, with ``peer=True``.
+    """
+
+    name: str
+    prepare: Callable[[Case, dict[str, Any], torch.device], PeerCall]
+    available: Callable[[torch.device], str | None] = lambda device: None
+    doc: str = ""
+
+
+def nbytes(*tensors: Any) -> float:
+    """Bytes of the tensors given (None and non-tensors count 0)."""
+    return float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
+
+
+def io_cost(flops_per_output: float = 0.0) -> Callable[[Case, dict[str, Any], Mapping[str, Any]], Cost]:
+    """The cost model of an element-wise op: every input tensor read, every output written."""
+
+    def cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+        inputs = [v for v in call.values() if isinstance(v, torch.Tensor)]
+        out_elems = sum(t.numel() for t in outputs.values() if isinstance(t, torch.Tensor))
+        return Cost(flops_per_output * out_elems, nbytes(*inputs) + nbytes(*outputs.values()))
+
+    return cost
+
+
+def needs_cuda(device: torch.device) -> str | None:
+    return None if device.type == "cuda" else "needs a CUDA device"
+
+
 #: A bisect move: a case -> smaller candidate cases, most aggressive first.
 Shrink = Callable[[Case], Sequence[Case]]
 
@@ -203,44 +274,30 @@ class OpCases:
     for_kernel: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
     #: parameters holding tuples of ints (a bare int given for one becomes a 1-tuple).
     tuple_params: tuple[str, ...] = ()
-    #: the public function (resolved lazily from tokenspeed_kernel).
-    fn_name: str = ""
+    #: the FLOP/byte model of a call (see the module doc).
+    cost: Callable[[Case, dict[str, Any], Mapping[str, Any]], Cost] = field(default_factory=io_cost)
+    #: which rate a report plots: "tflops" (compute-bound work) or "tbps".
+    metric: str = "tbps"
+    #: external libraries timed next to the kernels.
+    peers: list[Peer] = field(default_factory=list)
 
     @property
     def fn(self) -> Callable[..., Any]:
-        import tokenspeed_kernel
-
-        return getattr(tokenspeed_kernel, self.fn_name or self.op)
-
-
-_REGISTRY: dict[str, OpCases] = {}
-_loaded = False
-
-
-def register_op_cases(entry: OpCases) -> OpCases:
-    _REGISTRY[entry.op] = entry
-    return entry
-
-
-def _load() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for fam in _FAMILIES:
-            importlib.import_module(f"{__name__}.{fam}")
+        """The public op (its :class:`~tokenspeed_kernel.core.op.Op` object)."""
+        return get_contract(self.op)
 
 
 def get_op_cases(op: str) -> OpCases:
-    _load()
-    try:
-        return _REGISTRY[op]
-    except KeyError:
-        raise KeyError(f"op: no verify/bench cases for {op!r}; known: {sorted(_REGISTRY)}") from None
+    """The cases of the public op named ``op`` (its ``Op.workload``)."""
+    found = all_contracts().get(op)
+    if found is None:
+        raise KeyError(f"op: no verify/bench cases for {op!r}; known: {sorted(all_contracts())}")
+    return found.cases
 
 
 def all_op_cases() -> dict[str, OpCases]:
-    _load()
-    return dict(_REGISTRY)
+    """Every public op's cases, by op name."""
+    return {name: op.cases for name, op in all_contracts().items()}
 
 
 def _expand(op: str, entries: Iterable[Mapping[str, Any]], dtypes: Sequence[str] | None, default_dtypes) -> list[Case]:

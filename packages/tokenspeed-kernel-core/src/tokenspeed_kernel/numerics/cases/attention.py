@@ -9,12 +9,13 @@ windows larger than the sequence, queries shorter than keys, empty sequences.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..inputs import cu_seqlens, paged_kv_cache, randn, torch_dtype
-from . import CapturedCall, Case, OpCases, register_op_cases
+from . import CapturedCall, Case, Cost, OpCases, Peer, PeerCall, PeerSkip, nbytes
 from ._common import close, compare_by, dim, exact, upcast
 
 _GPT_OSS = {"heads_q": 64, "heads_kv": 8, "head_dim": 64, "sinks": True}
@@ -165,50 +166,184 @@ def _prefill_from_capture(c: CapturedCall) -> Case | None:
 
 _prefill_bench_shapes = ((1, 1024), (1, 4096), (1, 8192), (4, 2048), (16, 1024), (8, 8192))
 
-register_op_cases(
-    OpCases(
-        op="mha_prefill",
-        defaults={"seqlens_q": (5, 17), "seqlens_k": None, "causal": True, **_COMMON},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
-        sets={
-            "cpu": [
-                {"seqlens_q": (5, 17)},
-                {"seqlens_q": (5, 17), "window_left": 3},
-                {"seqlens_q": (9, 4), "window_left": 100, "label": "window larger than the sequence"},
-                {"seqlens_q": (7, 12), "sinks": True, "window_left": 4, "return_lse": True},
-                {"seqlens_q": (6,), "causal": False, "return_lse": True},
-                {"seqlens_q": (3, 8), "seqlens_k": (10, 8), "label": "fewer queries than keys (bottom-right)"},
-                {"seqlens_q": (11,), "logit_cap": 5.0},
-                {"seqlens_q": (1, 0, 6), "return_lse": True, "label": "empty sequence"},
-                {"seqlens_q": (13,), "heads_q": 8, "heads_kv": 1, "head_dim": 128, "sinks": True},
-            ],
-            "gpu": [
-                {"seqlens_q": (1024,), **_GPT_OSS},
-                {"seqlens_q": (1024,), "window_left": 127, **_GPT_OSS},
-                {"seqlens_q": (100, 1000, 2500), "return_lse": True, **_GPT_OSS, "label": "ragged"},
-                {"seqlens_q": (100, 1000, 2500), "window_left": 127, **_GPT_OSS, "label": "ragged"},
-                {"seqlens_q": (64, 100), "window_left": 127, **_GPT_OSS, "label": "window larger than the sequence"},
-                {"seqlens_q": (4096,), "window_left": 127, **_GPT_OSS},
-                {"seqlens_q": (2048, 2048), **{**_GPT_OSS, "sinks": False}},
-                {"seqlens_q": (513,), "seqlens_k": (1537,), **_GPT_OSS, "label": "fewer queries than keys"},
-                {"seqlens_q": (777,), "window_left": 127, **_GPT_OSS, "dtype": "fp16"},
-            ],
-            "bench-cpu": [{"seqlens_q": (64, 64)}, {"seqlens_q": (128,), "window_left": 16, "sinks": True}],
-            "bench-gpu": [
-                {"seqlens_q": (s,) * b, "window_left": w, **_GPT_OSS, "dtype": "bf16", "label": f"{b}x{s}"}
-                for w in (-1, 127)
-                for b, s in _prefill_bench_shapes
-            ],
-        },
-        make=_make_prefill,
-        reference_call=lambda case, call: upcast(call, ("q", "k", "v")),
-        outputs=_attn_outputs,
-        compare=_ATTN_COMPARE,
-        shrink=[_prefill_batch_move, _prefill_seq_move, _heads_move],
-        from_capture=_prefill_from_capture,
-        always_show=("seqlens_q", "heads_q", "heads_kv"),
-        tuple_params=("seqlens_q", "seqlens_k"),
-    )
+# ---------------------------------------------------------------------------
+# Cost models: attention counts only the (query, key) pairs the mask lets through
+# (causal halves the work, a window of w keeps w + 1 keys); FLOPs are
+# 4 * D * Hq * pairs (Q K^T and P V). Prefill bytes: q, k, v read and the output
+# written; decode: the K/V rows the visible keys occupy, read once; extend adds q
+# and the output.
+
+
+def _visible(p: int, lk: int, causal: bool, window: int) -> tuple[int, int]:
+    hi = min(p, lk - 1) if causal else lk - 1
+    lo = max(0, p - window) if window >= 0 else 0
+    return lo, hi
+
+
+def attention_pairs(q_lens, k_lens, *, causal: bool, window: int) -> int:
+    """Visible (query, key) pairs; query ``i`` of sequence ``b`` sits at ``k_lens[b] - q_lens[b] + i``."""
+    total = 0
+    for lq, lk in zip(q_lens, k_lens):
+        if lq <= 0 or lk <= 0:
+            continue
+        start = lk - lq
+        for p in range(start, start + lq):
+            lo, hi = _visible(p, lk, causal, window)
+            if hi >= lo:
+                total += hi - lo + 1
+    return total
+
+
+def _key_span(lq: int, lk: int, causal: bool, window: int) -> int:
+    """Keys of one sequence any of its queries sees (each is read once)."""
+    if lq <= 0 or lk <= 0:
+        return 0
+    lo, _ = _visible(lk - lq, lk, causal, window)
+    _, hi = _visible(lk - 1, lk, causal, window)
+    return max(0, hi - lo + 1)
+
+
+def _prefill_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    lq = case["seqlens_q"]
+    lk = case["seqlens_k"] or lq
+    pairs = attention_pairs(lq, lk, causal=case["causal"], window=case["window_left"])
+    flops = 4.0 * case["head_dim"] * case["heads_q"] * pairs
+    return Cost(flops, nbytes(call["q"], call["k"], call["v"]) + nbytes(*outputs.values()))
+
+
+def _paged_kv_bytes(call: dict[str, Any], keys: int) -> float:
+    kc = call["k_cache"]
+    return 2.0 * keys * kc.shape[2] * kc.shape[3] * kc.element_size()
+
+
+def _extend_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    ql, cl = case["q_lens"], case["cache_lens"]
+    pairs = attention_pairs(ql, cl, causal=case["causal"], window=case["window_left"])
+    keys = sum(_key_span(q, n, case["causal"], case["window_left"]) for q, n in zip(ql, cl))
+    flops = 4.0 * case["head_dim"] * case["heads_q"] * pairs
+    return Cost(flops, _paged_kv_bytes(call, keys) + nbytes(call["q"]) + nbytes(*outputs.values()))
+
+
+def _decode_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    cl = case["cache_lens"]
+    pairs = attention_pairs((1,) * len(cl), cl, causal=True, window=case["window_left"])
+    return Cost(4.0 * case["head_dim"] * case["heads_q"] * pairs, _paged_kv_bytes(call, pairs))
+
+
+def _store_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    kc = call["k_cache"]
+    written = 2.0 * (case["tokens"] - case["pad"]) * kc.shape[2] * kc.shape[3] * kc.element_size()
+    return Cost(0.0, nbytes(call["k"], call["v"], call["slot_mapping"]) + written)
+
+
+# ---------------------------------------------------------------------------
+# Peers: torch SDPA (equal-length batches only, no window; it has no sinks, so a
+# case with sinks is timed without them and says so). FlashAttention-3 is the
+# nvidia package's fa3.* kernels, registered with peer=True.
+
+
+def _equal_batch(case: Case) -> tuple[int, int]:
+    lq = tuple(case["seqlens_q"])
+    lk = tuple(case["seqlens_k"]) if case["seqlens_k"] is not None else lq
+    if not lq or len(set(lq)) != 1 or lq != lk:
+        raise PeerSkip("needs a batch of equal query and key lengths (a padded [B, S] layout)")
+    return len(lq), lq[0]
+
+
+def _sdpa_peer(backend_name: str) -> Peer:
+    def available(device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs a CUDA device"
+        from torch.nn.attention import SDPBackend
+
+        return None if hasattr(SDPBackend, backend_name) else f"this torch has no SDPA backend {backend_name}"
+
+    def prepare(case: Case, call: dict[str, Any], device: torch.device) -> PeerCall:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        b, s = _equal_batch(case)
+        if case["window_left"] >= 0:
+            raise PeerSkip("no sliding window")
+        if case["logit_cap"]:
+            raise PeerSkip("no logit soft-capping")
+        hq, hkv, d = case["heads_q"], case["heads_kv"], case["head_dim"]
+        q = call["q"].view(b, s, hq, d).transpose(1, 2)
+        k = call["k"].view(b, s, hkv, d).transpose(1, 2)
+        v = call["v"].view(b, s, hkv, d).transpose(1, 2)
+        scale = call["softmax_scale"]
+        backend = getattr(SDPBackend, backend_name)
+        note = "no sinks" if case["sinks"] else ""
+
+        def run(kk: torch.Tensor, vv: torch.Tensor, gqa: bool) -> torch.Tensor:
+            return sdpa(q, kk, vv, is_causal=case["causal"], scale=scale, enable_gqa=gqa)
+
+        ctx = lambda: sdpa_kernel(backend)
+        try:
+            with ctx():
+                run(k, v, hq != hkv)
+            fn = lambda: run(k, v, hq != hkv)
+        except Exception:
+            if hq == hkv:
+                raise
+            # This backend has no grouped-query path: give it K/V expanded to Hq heads.
+            ke = k.repeat_interleave(hq // hkv, dim=1)
+            ve = v.repeat_interleave(hq // hkv, dim=1)
+            with ctx():
+                run(ke, ve, False)
+            fn = lambda: run(ke, ve, False)
+            note = ", ".join(x for x in (note, "K/V expanded to Hq heads") if x)
+        return PeerCall(fn, note, ctx)
+
+    name = f"torch.sdpa[{backend_name.lower().replace('_attention', '')}]"
+    return Peer(name, prepare, available, f"torch scaled_dot_product_attention, {backend_name} backend")
+
+
+MHA_PREFILL = OpCases(
+    op="mha_prefill",
+    cost=_prefill_cost,
+    metric="tflops",
+    peers=[_sdpa_peer("FLASH_ATTENTION"), _sdpa_peer("CUDNN_ATTENTION")],
+    defaults={"seqlens_q": (5, 17), "seqlens_k": None, "causal": True, **_COMMON},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [
+            {"seqlens_q": (5, 17)},
+            {"seqlens_q": (5, 17), "window_left": 3},
+            {"seqlens_q": (9, 4), "window_left": 100, "label": "window larger than the sequence"},
+            {"seqlens_q": (7, 12), "sinks": True, "window_left": 4, "return_lse": True},
+            {"seqlens_q": (6,), "causal": False, "return_lse": True},
+            {"seqlens_q": (3, 8), "seqlens_k": (10, 8), "label": "fewer queries than keys (bottom-right)"},
+            {"seqlens_q": (11,), "logit_cap": 5.0},
+            {"seqlens_q": (1, 0, 6), "return_lse": True, "label": "empty sequence"},
+            {"seqlens_q": (13,), "heads_q": 8, "heads_kv": 1, "head_dim": 128, "sinks": True},
+        ],
+        "gpu": [
+            {"seqlens_q": (1024,), **_GPT_OSS},
+            {"seqlens_q": (1024,), "window_left": 127, **_GPT_OSS},
+            {"seqlens_q": (100, 1000, 2500), "return_lse": True, **_GPT_OSS, "label": "ragged"},
+            {"seqlens_q": (100, 1000, 2500), "window_left": 127, **_GPT_OSS, "label": "ragged"},
+            {"seqlens_q": (64, 100), "window_left": 127, **_GPT_OSS, "label": "window larger than the sequence"},
+            {"seqlens_q": (4096,), "window_left": 127, **_GPT_OSS},
+            {"seqlens_q": (2048, 2048), **{**_GPT_OSS, "sinks": False}},
+            {"seqlens_q": (513,), "seqlens_k": (1537,), **_GPT_OSS, "label": "fewer queries than keys"},
+            {"seqlens_q": (777,), "window_left": 127, **_GPT_OSS, "dtype": "fp16"},
+        ],
+        "bench-cpu": [{"seqlens_q": (64, 64)}, {"seqlens_q": (128,), "window_left": 16, "sinks": True}],
+        "bench-gpu": [
+            {"seqlens_q": (s,) * b, "window_left": w, **_GPT_OSS, "dtype": "bf16", "label": f"{b}x{s}"}
+            for w in (-1, 127)
+            for b, s in _prefill_bench_shapes
+        ],
+    },
+    make=_make_prefill,
+    reference_call=lambda case, call: upcast(call, ("q", "k", "v")),
+    outputs=_attn_outputs,
+    compare=_ATTN_COMPARE,
+    shrink=[_prefill_batch_move, _prefill_seq_move, _heads_move],
+    from_capture=_prefill_from_capture,
+    always_show=("seqlens_q", "heads_q", "heads_kv"),
+    tuple_params=("seqlens_q", "seqlens_k"),
 )
 
 
@@ -313,66 +448,66 @@ def _extend_from_capture(c: CapturedCall) -> Case | None:
 
 _PAGED = {"page_size": 16, "kv_dtype": "same", "num_pages": None}
 
-register_op_cases(
-    OpCases(
-        op="mha_extend_with_kvcache",
-        defaults={"q_lens": (3, 9), "cache_lens": (20, 9), "causal": True, **_PAGED, **_COMMON},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
-        sets={
-            "cpu": [
-                {"q_lens": (3, 9), "cache_lens": (20, 9)},
-                {"q_lens": (3, 9), "cache_lens": (40, 30), "window_left": 4, "sinks": True, "return_lse": True},
-                {
-                    "q_lens": (5,),
-                    "cache_lens": (40,),
-                    "page_size": 4,
-                    "window_left": 100,
-                    "label": "window larger than the sequence",
-                },
-                {"q_lens": (2, 4), "cache_lens": (33, 17), "kv_dtype": "fp8_e4m3"},
-                {"q_lens": (4,), "cache_lens": (21,), "causal": False, "logit_cap": 5.0},
-            ],
-            "gpu": [
-                {
-                    "q_lens": (128, 37, 512),
-                    "cache_lens": (1000, 37, 3000),
-                    **_GPT_OSS,
-                    "label": "ragged, page-crossing",
-                },
-                {"q_lens": (128, 37, 512), "cache_lens": (1000, 37, 3000), "window_left": 127, **_GPT_OSS},
-                {
-                    "q_lens": (16, 16),
-                    "cache_lens": (50, 100),
-                    "window_left": 127,
-                    **_GPT_OSS,
-                    "label": "window larger than the sequence",
-                },
-                {"q_lens": (64, 200), "cache_lens": (2000, 900), "kv_dtype": "fp8_e4m3", **_GPT_OSS},
-                {"q_lens": (256,), "cache_lens": (4096,), "page_size": 64, "return_lse": True, **_GPT_OSS},
-            ],
-            "bench-cpu": [{"q_lens": (16, 16), "cache_lens": (64, 64)}],
-            "bench-gpu": [
-                {
-                    "q_lens": (q,) * b,
-                    "cache_lens": (n,) * b,
-                    "window_left": w,
-                    **_GPT_OSS,
-                    "dtype": "bf16",
-                    "label": f"{b}x{q}/{n}",
-                }
-                for w in (-1, 127)
-                for b, q, n in ((1, 512, 4096), (4, 1024, 8192), (16, 128, 2048))
-            ],
-        },
-        make=_make_extend,
-        reference_call=_upcast_paged,
-        outputs=_attn_outputs,
-        compare=_ATTN_COMPARE,
-        shrink=[_extend_batch_move, _extend_seq_move, _heads_move, _page_move],
-        from_capture=_extend_from_capture,
-        always_show=("q_lens", "cache_lens", "heads_q", "heads_kv", "page_size"),
-        tuple_params=("q_lens", "cache_lens"),
-    )
+MHA_EXTEND_WITH_KVCACHE = OpCases(
+    op="mha_extend_with_kvcache",
+    cost=_extend_cost,
+    metric="tflops",
+    defaults={"q_lens": (3, 9), "cache_lens": (20, 9), "causal": True, **_PAGED, **_COMMON},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [
+            {"q_lens": (3, 9), "cache_lens": (20, 9)},
+            {"q_lens": (3, 9), "cache_lens": (40, 30), "window_left": 4, "sinks": True, "return_lse": True},
+            {
+                "q_lens": (5,),
+                "cache_lens": (40,),
+                "page_size": 4,
+                "window_left": 100,
+                "label": "window larger than the sequence",
+            },
+            {"q_lens": (2, 4), "cache_lens": (33, 17), "kv_dtype": "fp8_e4m3"},
+            {"q_lens": (4,), "cache_lens": (21,), "causal": False, "logit_cap": 5.0},
+        ],
+        "gpu": [
+            {
+                "q_lens": (128, 37, 512),
+                "cache_lens": (1000, 37, 3000),
+                **_GPT_OSS,
+                "label": "ragged, page-crossing",
+            },
+            {"q_lens": (128, 37, 512), "cache_lens": (1000, 37, 3000), "window_left": 127, **_GPT_OSS},
+            {
+                "q_lens": (16, 16),
+                "cache_lens": (50, 100),
+                "window_left": 127,
+                **_GPT_OSS,
+                "label": "window larger than the sequence",
+            },
+            {"q_lens": (64, 200), "cache_lens": (2000, 900), "kv_dtype": "fp8_e4m3", **_GPT_OSS},
+            {"q_lens": (256,), "cache_lens": (4096,), "page_size": 64, "return_lse": True, **_GPT_OSS},
+        ],
+        "bench-cpu": [{"q_lens": (16, 16), "cache_lens": (64, 64)}],
+        "bench-gpu": [
+            {
+                "q_lens": (q,) * b,
+                "cache_lens": (n,) * b,
+                "window_left": w,
+                **_GPT_OSS,
+                "dtype": "bf16",
+                "label": f"{b}x{q}/{n}",
+            }
+            for w in (-1, 127)
+            for b, q, n in ((1, 512, 4096), (4, 1024, 8192), (16, 128, 2048))
+        ],
+    },
+    make=_make_extend,
+    reference_call=_upcast_paged,
+    outputs=_attn_outputs,
+    compare=_ATTN_COMPARE,
+    shrink=[_extend_batch_move, _extend_seq_move, _heads_move, _page_move],
+    from_capture=_extend_from_capture,
+    always_show=("q_lens", "cache_lens", "heads_q", "heads_kv", "page_size"),
+    tuple_params=("q_lens", "cache_lens"),
 )
 
 
@@ -432,53 +567,52 @@ def _spread(batch: int, hi: int) -> tuple[int, ...]:
     return tuple(1 + (i * 2654435761) % hi for i in range(batch))
 
 
-register_op_cases(
-    OpCases(
-        op="mha_decode_with_kvcache",
-        defaults={"cache_lens": (1, 37, 70), **_PAGED, **_COMMON},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
-        sets={
-            "cpu": [
-                {"cache_lens": (1, 37, 70)},
-                {"cache_lens": (1, 37, 70), "window_left": 8, "sinks": True, "return_lse": True},
-                {"cache_lens": (5, 30), "window_left": 200, "label": "window larger than the sequence"},
-                {"cache_lens": (17, 33), "kv_dtype": "fp8_e4m3"},
-                {"cache_lens": (9, 3), "page_size": 1, "heads_q": 8, "heads_kv": 1, "logit_cap": 5.0},
-            ],
-            "gpu": [
-                {"cache_lens": _spread(32, 4096), **_GPT_OSS, "label": "ragged 32"},
-                {
-                    "cache_lens": _spread(32, 4096),
-                    "window_left": 127,
-                    "return_lse": True,
-                    **_GPT_OSS,
-                    "label": "ragged 32",
-                },
-                {
-                    "cache_lens": _spread(8, 100),
-                    "window_left": 127,
-                    **_GPT_OSS,
-                    "label": "window larger than the sequence",
-                },
-                {"cache_lens": _spread(16, 8192), "kv_dtype": "fp8_e4m3", **_GPT_OSS, "label": "ragged 16"},
-                {"cache_lens": (8192,), "page_size": 64, **_GPT_OSS},
-            ],
-            "bench-cpu": [{"cache_lens": (64,) * 4}],
-            "bench-gpu": [
-                {"cache_lens": (n,) * b, "window_left": w, **_GPT_OSS, "dtype": "bf16", "label": f"{b}x{n}"}
-                for w in (-1, 127)
-                for b, n in ((1, 8192), (32, 4096), (64, 8192), (256, 2048))
-            ],
-        },
-        make=_make_decode,
-        reference_call=_upcast_paged,
-        outputs=_attn_outputs,
-        compare=_ATTN_COMPARE,
-        shrink=[_decode_batch_move, _decode_seq_move, _heads_move, _page_move],
-        from_capture=_decode_from_capture,
-        always_show=("cache_lens", "heads_q", "heads_kv", "page_size"),
-        tuple_params=("cache_lens",),
-    )
+MHA_DECODE_WITH_KVCACHE = OpCases(
+    op="mha_decode_with_kvcache",
+    cost=_decode_cost,
+    defaults={"cache_lens": (1, 37, 70), **_PAGED, **_COMMON},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [
+            {"cache_lens": (1, 37, 70)},
+            {"cache_lens": (1, 37, 70), "window_left": 8, "sinks": True, "return_lse": True},
+            {"cache_lens": (5, 30), "window_left": 200, "label": "window larger than the sequence"},
+            {"cache_lens": (17, 33), "kv_dtype": "fp8_e4m3"},
+            {"cache_lens": (9, 3), "page_size": 1, "heads_q": 8, "heads_kv": 1, "logit_cap": 5.0},
+        ],
+        "gpu": [
+            {"cache_lens": _spread(32, 4096), **_GPT_OSS, "label": "ragged 32"},
+            {
+                "cache_lens": _spread(32, 4096),
+                "window_left": 127,
+                "return_lse": True,
+                **_GPT_OSS,
+                "label": "ragged 32",
+            },
+            {
+                "cache_lens": _spread(8, 100),
+                "window_left": 127,
+                **_GPT_OSS,
+                "label": "window larger than the sequence",
+            },
+            {"cache_lens": _spread(16, 8192), "kv_dtype": "fp8_e4m3", **_GPT_OSS, "label": "ragged 16"},
+            {"cache_lens": (8192,), "page_size": 64, **_GPT_OSS},
+        ],
+        "bench-cpu": [{"cache_lens": (64,) * 4}],
+        "bench-gpu": [
+            {"cache_lens": (n,) * b, "window_left": w, **_GPT_OSS, "dtype": "bf16", "label": f"{b}x{n}"}
+            for w in (-1, 127)
+            for b, n in ((1, 8192), (32, 4096), (64, 8192), (256, 2048))
+        ],
+    },
+    make=_make_decode,
+    reference_call=_upcast_paged,
+    outputs=_attn_outputs,
+    compare=_ATTN_COMPARE,
+    shrink=[_decode_batch_move, _decode_seq_move, _heads_move, _page_move],
+    from_capture=_decode_from_capture,
+    always_show=("cache_lens", "heads_q", "heads_kv", "page_size"),
+    tuple_params=("cache_lens",),
 )
 
 
@@ -528,47 +662,46 @@ def _store_from_capture(c: CapturedCall) -> Case | None:
     )
 
 
-register_op_cases(
-    OpCases(
-        op="kvcache_store",
-        defaults={
-            "tokens": 10,
-            "heads_kv": 2,
-            "head_dim": 64,
-            "page_size": 16,
-            "num_pages": 4,
-            "pad": 2,
-            "cache_dtype": "same",
-            "slot_dtype": "int64",
-        },
-        dtypes={"cpu": ("bf16", "fp32"), "cuda": ("bf16",)},
-        sets={
-            "cpu": [
-                {"tokens": 10},
-                {"tokens": 30, "pad": 0, "slot_dtype": "int32", "page_size": 8},
-                {"tokens": 7, "cache_dtype": "fp8_e4m3"},
-            ],
-            "gpu": [
-                {"tokens": 256, "heads_kv": 8, "page_size": 16, "num_pages": 512, "pad": 7},
-                {"tokens": 4096, "heads_kv": 8, "page_size": 16, "num_pages": 1024, "pad": 0, "slot_dtype": "int32"},
-                {"tokens": 64, "heads_kv": 8, "page_size": 16, "num_pages": 64, "cache_dtype": "fp8_e4m3"},
-            ],
-            "bench-cpu": [{"tokens": 64, "num_pages": 8, "pad": 0}],
-            "bench-gpu": [
-                {"tokens": t, "heads_kv": 8, "page_size": 16, "num_pages": 2048, "pad": 0, "dtype": "bf16"}
-                for t in (64, 4096)
-            ],
-        },
-        make=_make_store,
-        outputs=lambda call, result: {"k_cache": call["k_cache"], "v_cache": call["v_cache"]},
-        compare=compare_by({"k_cache": exact(), "v_cache": exact()}),
-        shrink=[
-            dim("tokens", keep=lambda c, v: v > c["pad"]),
-            dim("pad", lo=0),
-            dim("heads_kv"),
-            dim("num_pages", keep=lambda c, v: v * c["page_size"] >= c["tokens"]),
+KVCACHE_STORE = OpCases(
+    op="kvcache_store",
+    cost=_store_cost,
+    defaults={
+        "tokens": 10,
+        "heads_kv": 2,
+        "head_dim": 64,
+        "page_size": 16,
+        "num_pages": 4,
+        "pad": 2,
+        "cache_dtype": "same",
+        "slot_dtype": "int64",
+    },
+    dtypes={"cpu": ("bf16", "fp32"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [
+            {"tokens": 10},
+            {"tokens": 30, "pad": 0, "slot_dtype": "int32", "page_size": 8},
+            {"tokens": 7, "cache_dtype": "fp8_e4m3"},
         ],
-        from_capture=_store_from_capture,
-        always_show=("tokens", "heads_kv", "page_size", "num_pages"),
-    )
+        "gpu": [
+            {"tokens": 256, "heads_kv": 8, "page_size": 16, "num_pages": 512, "pad": 7},
+            {"tokens": 4096, "heads_kv": 8, "page_size": 16, "num_pages": 1024, "pad": 0, "slot_dtype": "int32"},
+            {"tokens": 64, "heads_kv": 8, "page_size": 16, "num_pages": 64, "cache_dtype": "fp8_e4m3"},
+        ],
+        "bench-cpu": [{"tokens": 64, "num_pages": 8, "pad": 0}],
+        "bench-gpu": [
+            {"tokens": t, "heads_kv": 8, "page_size": 16, "num_pages": 2048, "pad": 0, "dtype": "bf16"}
+            for t in (64, 4096)
+        ],
+    },
+    make=_make_store,
+    outputs=lambda call, result: {"k_cache": call["k_cache"], "v_cache": call["v_cache"]},
+    compare=compare_by({"k_cache": exact(), "v_cache": exact()}),
+    shrink=[
+        dim("tokens", keep=lambda c, v: v > c["pad"]),
+        dim("pad", lo=0),
+        dim("heads_kv"),
+        dim("num_pages", keep=lambda c, v: v * c["page_size"] >= c["tokens"]),
+    ],
+    from_capture=_store_from_capture,
+    always_show=("tokens", "heads_kv", "page_size", "num_pages"),
 )

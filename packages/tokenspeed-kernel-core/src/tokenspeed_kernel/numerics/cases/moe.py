@@ -12,13 +12,15 @@ token; small cases have more experts than rows, so some experts get no rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ...ops.moe import MoEActivation, MoEWeights
+from ... import ops
+from ...ops.moe import MoEActivation, MoEPlan, MoEWeights, moe_process_weights
 from ..inputs import randn, random_topk_ids, random_topk_weights, torch_dtype
-from . import CapturedCall, Case, OpCases, register_op_cases
+from . import CapturedCall, Case, Cost, OpCases, Peer, PeerCall, PeerSkip, nbytes
 from ._common import close, compare_by, dim, exact, named, upcast
 
 _DENSE_FORMATS = {"bf16", "fp16", "fp32"}
@@ -42,15 +44,13 @@ def moe_weights(case: Case, device: torch.device, gen: torch.Generator) -> MoEWe
     common = {"w13_bias": b13, "w2_bias": b2, "gate_up_interleaved": case["interleaved"]}
     if fmt == "dense":
         return MoEWeights(w13=w13.to(dt), w2=w2.to(dt), format=case.dtype, **common)
-    import tokenspeed_kernel as tk
-
     if fmt == "mxfp4":
-        q13, s13 = tk.quantize_mxfp4(w13.to(torch.bfloat16).contiguous(), solution="reference")
-        q2, s2 = tk.quantize_mxfp4(w2.to(torch.bfloat16).contiguous(), solution="reference")
+        q13, s13 = ops.quantize_mxfp4(w13.to(torch.bfloat16).contiguous(), solution="reference")
+        q2, s2 = ops.quantize_mxfp4(w2.to(torch.bfloat16).contiguous(), solution="reference")
         return MoEWeights(w13=q13, w2=q2, format="mxfp4", w13_scale=s13, w2_scale=s2, **common)
     if fmt == "fp8_e4m3:per_channel":
-        q13, s13 = tk.quantize_fp8(w13.reshape(-1, h).contiguous(), granularity="per_token", solution="reference")
-        q2, s2 = tk.quantize_fp8(w2.reshape(-1, i).contiguous(), granularity="per_token", solution="reference")
+        q13, s13 = ops.quantize_fp8(w13.reshape(-1, h).contiguous(), granularity="per_token", solution="reference")
+        q2, s2 = ops.quantize_fp8(w2.reshape(-1, i).contiguous(), granularity="per_token", solution="reference")
         return MoEWeights(
             w13=q13.view(e, 2 * i, h),
             w2=q2.view(e, h, i),
@@ -61,10 +61,10 @@ def moe_weights(case: Case, device: torch.device, gen: torch.Generator) -> MoEWe
         )
     if fmt == "fp8_e4m3:per_tensor":
         q13, s13 = zip(
-            *(tk.quantize_fp8(w13[x].contiguous(), granularity="per_tensor", solution="reference") for x in range(e))
+            *(ops.quantize_fp8(w13[x].contiguous(), granularity="per_tensor", solution="reference") for x in range(e))
         )
         q2, s2 = zip(
-            *(tk.quantize_fp8(w2[x].contiguous(), granularity="per_tensor", solution="reference") for x in range(e))
+            *(ops.quantize_fp8(w2[x].contiguous(), granularity="per_tensor", solution="reference") for x in range(e))
         )
         return MoEWeights(
             w13=torch.stack(q13),
@@ -107,24 +107,19 @@ def _for_kernel(x_name: str, op: str):
     def adapt(call: dict[str, Any], spec: Any) -> dict[str, Any] | None:
         if spec.weight_preprocessor is None:
             return None
-        import tokenspeed_kernel as tk
-        from tokenspeed_kernel.ops.moe import MoEPlan
-
-        w, act, x = call["weights"], call["activation"], call[x_name]
-        if op == "moe_apply":
-            plan = tk.moe_plan(w, act, dtype=x.dtype, device=x.device, override=spec.name)
-            return {**call, "weights": tk.moe_process_weights(plan, w), "plan": plan}
-        plan = MoEPlan(kernel=spec.name, layout=spec.name, format=w.format, activation=act)
-        return {**call, "weights": tk.moe_process_weights(plan, w), "override": spec.name}
+        w, act = call["weights"], call["activation"]
+        plan = MoEPlan(kernel=spec.name, layout=spec.weight_layout, format=w.format, activation=act)
+        extra = {"plan": plan} if op == "moe_apply" else {}
+        return {**call, "weights": moe_process_weights(plan, w), "override": spec.name, **extra}
 
     return adapt
 
 
 def _weights_from_capture(c: CapturedCall, where: int) -> dict[str, Any] | None:
     w = c.obj(where)
-    if w is None or "moe_weights" not in w:
+    if w is None or w.get("object") != "MoEWeights":
         return None
-    w = w["moe_weights"]
+    w = w["fields"]
     w13 = tuple(w["w13"]["tensor"])
     fmt = w["format"]
     hidden = tuple(w["w2"]["tensor"])[1]
@@ -139,7 +134,7 @@ def _weights_from_capture(c: CapturedCall, where: int) -> dict[str, Any] | None:
 
 
 def _activation_from_capture(c: CapturedCall, where: int) -> dict[str, Any]:
-    a = (c.obj(where) or {}).get("moe_activation", {})
+    a = (c.obj(where) or {}).get("fields", {})
     return {"activation": a.get("kind", "swiglu"), "limit": a.get("limit", 7.0)}
 
 
@@ -218,28 +213,144 @@ def _route_from_capture(c: CapturedCall) -> Case | None:
     )
 
 
-register_op_cases(
-    OpCases(
-        op="moe_route",
-        defaults={"tokens": 8, "experts": 32, "top_k": 4, "renormalize": True},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
-        sets={
-            "cpu": [
-                {"tokens": 8},
-                {"tokens": 5, "experts": 128, "renormalize": False},
-                {"tokens": 3, "experts": 4, "top_k": 4},
-            ],
-            "gpu": [{"tokens": 1, "experts": 128}, {"tokens": 4096, "experts": 128}, {"tokens": 777, "experts": 32}],
-            "bench-cpu": [{"tokens": 256, "experts": 128}],
-            "bench-gpu": [{"tokens": t, "experts": 128, "dtype": "bf16"} for t in (1, 64, 4096, 16384)],
-        },
-        make=_make_route,
-        outputs=named("weights", "ids"),
-        compare=compare_by({"weights": close("softmax"), "ids": exact()}),
-        shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k")],
-        from_capture=_route_from_capture,
-        always_show=("tokens", "experts", "top_k"),
-    )
+# ---------------------------------------------------------------------------
+# Cost models: weights counted for *active* experts only (those that received a
+# row), at their storage size (MXFP4: 4.25 bits a value with its E8M0 scales);
+# FLOPs are 2 * rows * (2I * H + I * H).
+
+
+def _expert_bytes(weights: Any, experts: int) -> float:
+    """Storage of ``experts`` experts' weights (scales and biases included)."""
+    e = weights.num_experts
+    total = nbytes(weights.w13, weights.w2, weights.w13_scale, weights.w2_scale, weights.w13_bias, weights.w2_bias)
+    return total * experts / max(e, 1)
+
+
+def _moe_flops(rows: int, case: Case) -> float:
+    h, i = case["hidden"], case["inter"]
+    return 2.0 * rows * (2 * i * h + i * h)
+
+
+def _experts_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    offs = call["expert_offsets"]
+    active = int(((offs[1:] - offs[:-1]) > 0).sum())
+    rows = call["hidden"].shape[0]
+    moved = _expert_bytes(call["weights"], active) + nbytes(call["hidden"]) + nbytes(*outputs.values())
+    return Cost(_moe_flops(rows, case), moved)
+
+
+def _apply_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    active = int(torch.unique(call["topk_ids"]).numel())
+    rows = call["topk_ids"].numel()
+    moved = _expert_bytes(call["weights"], active) + nbytes(call["x"], call["topk_ids"], call["topk_weights"])
+    return Cost(_moe_flops(rows, case), moved + nbytes(*outputs.values()))
+
+
+# ---------------------------------------------------------------------------
+# Peer: torch._grouped_mm with bf16 weights (quantized weights dequantized first:
+# the bf16 baseline PERFORMANCE.md compares with).
+
+
+def _dense_weights(weights: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """bf16 ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` of (canonical) MoE weights; note if dequantized."""
+    from ...reference.moe import dequantize_expert_weights
+
+    if weights.format in ("bf16", "fp16", "fp32"):
+        return weights.w13.to(torch.bfloat16), weights.w2.to(torch.bfloat16), ""
+    pairs = [dequantize_expert_weights(weights, e) for e in range(weights.num_experts)]
+    w13 = torch.stack([p[0] for p in pairs]).to(torch.bfloat16)
+    w2 = torch.stack([p[1] for p in pairs]).to(torch.bfloat16)
+    return w13, w2, f"bf16 weights ({weights.format} dequantized)"
+
+
+def _torch_swiglu(h: torch.Tensor, activation: Any, interleaved: bool) -> torch.Tensor:
+    gate, up = (h[..., 0::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
+    if activation.kind == "silu":
+        return torch.nn.functional.silu(gate) * up
+    if activation.limit is not None:
+        gate = gate.clamp(max=activation.limit)
+        up = up.clamp(min=-activation.limit, max=activation.limit)
+    return (up + activation.up_offset) * gate * torch.sigmoid(activation.alpha * gate)
+
+
+class _GroupedExperts:
+    """Both expert GEMMs with ``torch._grouped_mm`` on bf16 weights, the activation in torch ops."""
+
+    def __init__(self, weights: Any, activation: Any) -> None:
+        if not hasattr(torch, "_grouped_mm"):
+            raise PeerSkip("this torch has no _grouped_mm")
+        w13, w2, self.note = _dense_weights(weights)
+        # _grouped_mm takes the second operand as [E, K, N] with K-major storage: a transposed view.
+        self.w13t = w13.transpose(1, 2)
+        self.w2t = w2.transpose(1, 2)
+        self.b13 = None if weights.w13_bias is None else weights.w13_bias.to(torch.bfloat16)
+        self.b2 = None if weights.w2_bias is None else weights.w2_bias.to(torch.bfloat16)
+        self.activation = activation
+        self.interleaved = weights.gate_up_interleaved
+        self.num_experts = weights.num_experts
+
+    def __call__(self, rows: torch.Tensor, ends: torch.Tensor, row_expert: torch.Tensor | None) -> torch.Tensor:
+        h = torch._grouped_mm(rows, self.w13t, offs=ends)
+        if self.b13 is not None and row_expert is not None:
+            h = h + self.b13[row_expert]
+        y = _torch_swiglu(h.float(), self.activation, self.interleaved).to(torch.bfloat16)
+        out = torch._grouped_mm(y, self.w2t, offs=ends)
+        if self.b2 is not None and row_expert is not None:
+            out = out + self.b2[row_expert]
+        return out
+
+
+def _grouped_experts(case: Case, call: dict[str, Any], device: torch.device) -> PeerCall:
+    experts = _GroupedExperts(call["weights"], call["activation"])
+    rows = call["hidden"].to(torch.bfloat16)
+    offs = call["expert_offsets"]
+    ends = offs[1:].contiguous()
+    counts = (offs[1:] - offs[:-1]).long()
+    row_expert = torch.repeat_interleave(torch.arange(experts.num_experts, device=offs.device), counts)
+    return PeerCall(lambda: experts(rows, ends, row_expert), experts.note)
+
+
+def _grouped_apply(case: Case, call: dict[str, Any], device: torch.device) -> PeerCall:
+    experts = _GroupedExperts(call["weights"], call["activation"])
+    x = call["x"].to(torch.bfloat16)
+    ids, w = call["topk_ids"], call["topk_weights"]
+    k, e = ids.shape[1], experts.num_experts
+    ones = torch.ones(ids.numel(), dtype=torch.int32, device=ids.device)
+
+    def fn() -> torch.Tensor:
+        # Routing metadata is part of the timed work, built without a host sync.
+        flat = ids.flatten().long()
+        order = flat.argsort(stable=True)
+        counts = torch.zeros(e, dtype=torch.int32, device=ids.device).scatter_add_(0, flat, ones)
+        ends = counts.cumsum(0, dtype=torch.int32)
+        token = order // k
+        y = experts(x[token], ends, flat[order])
+        y = y * w.flatten()[order, None].to(y.dtype)
+        return torch.zeros_like(x).index_add_(0, token, y)
+
+    return PeerCall(fn, experts.note)
+
+
+MOE_ROUTE = OpCases(
+    op="moe_route",
+    defaults={"tokens": 8, "experts": 32, "top_k": 4, "renormalize": True},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [
+            {"tokens": 8},
+            {"tokens": 5, "experts": 128, "renormalize": False},
+            {"tokens": 3, "experts": 4, "top_k": 4},
+        ],
+        "gpu": [{"tokens": 1, "experts": 128}, {"tokens": 4096, "experts": 128}, {"tokens": 777, "experts": 32}],
+        "bench-cpu": [{"tokens": 256, "experts": 128}],
+        "bench-gpu": [{"tokens": t, "experts": 128, "dtype": "bf16"} for t in (1, 64, 4096, 16384)],
+    },
+    make=_make_route,
+    outputs=named("weights", "ids"),
+    compare=compare_by({"weights": close("softmax"), "ids": exact()}),
+    shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k")],
+    from_capture=_route_from_capture,
+    always_show=("tokens", "experts", "top_k"),
 )
 
 
@@ -261,27 +372,25 @@ def _dispatch_from_capture(c: CapturedCall) -> Case | None:
     )
 
 
-register_op_cases(
-    OpCases(
-        op="moe_dispatch",
-        defaults={"tokens": 8, "hidden": 64, "experts": 8, "top_k": 2},
-        dtypes={"cpu": ("bf16",), "cuda": ("bf16",)},
-        sets={
-            "cpu": [{"tokens": 8}, {"tokens": 3, "experts": 16, "top_k": 4}, {"tokens": 1, "experts": 4, "top_k": 1}],
-            "gpu": [
-                {"tokens": 1, "hidden": 2880, "experts": 128, "top_k": 4},
-                {"tokens": 4096, "hidden": 2880, "experts": 128, "top_k": 4},
-            ],
-            "bench-cpu": [{"tokens": 256, "hidden": 256, "experts": 32, "top_k": 4}],
-            "bench-gpu": [{"tokens": t, "hidden": 2880, "experts": 128, "top_k": 4} for t in (1, 64, 4096, 16384)],
-        },
-        make=_make_dispatch,
-        outputs=lambda call, r: {"hidden": r.hidden, "expert_offsets": r.expert_offsets, "permutation": r.permutation},
-        compare=compare_by({"hidden": exact(), "expert_offsets": exact(), "permutation": exact()}),
-        shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k"), dim("hidden")],
-        from_capture=_dispatch_from_capture,
-        always_show=("tokens", "experts", "top_k"),
-    )
+MOE_DISPATCH = OpCases(
+    op="moe_dispatch",
+    defaults={"tokens": 8, "hidden": 64, "experts": 8, "top_k": 2},
+    dtypes={"cpu": ("bf16",), "cuda": ("bf16",)},
+    sets={
+        "cpu": [{"tokens": 8}, {"tokens": 3, "experts": 16, "top_k": 4}, {"tokens": 1, "experts": 4, "top_k": 1}],
+        "gpu": [
+            {"tokens": 1, "hidden": 2880, "experts": 128, "top_k": 4},
+            {"tokens": 4096, "hidden": 2880, "experts": 128, "top_k": 4},
+        ],
+        "bench-cpu": [{"tokens": 256, "hidden": 256, "experts": 32, "top_k": 4}],
+        "bench-gpu": [{"tokens": t, "hidden": 2880, "experts": 128, "top_k": 4} for t in (1, 64, 4096, 16384)],
+    },
+    make=_make_dispatch,
+    outputs=lambda call, r: {"hidden": r.hidden, "expert_offsets": r.expert_offsets, "permutation": r.permutation},
+    compare=compare_by({"hidden": exact(), "expert_offsets": exact(), "permutation": exact()}),
+    shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k"), dim("hidden")],
+    from_capture=_dispatch_from_capture,
+    always_show=("tokens", "experts", "top_k"),
 )
 
 
@@ -307,30 +416,31 @@ def _experts_from_capture(c: CapturedCall) -> Case | None:
     return Case.make("moe_experts", c.dtype(0), {"tokens": x[0], "top_k": 1, **w, **_activation_from_capture(c, 3)})
 
 
-register_op_cases(
-    OpCases(
-        op="moe_experts",
-        defaults=dict(_MOE_DEFAULTS),
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
-        sets={
-            "cpu": _MOE_CPU,
-            "gpu": _MOE_GPU,
-            "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
-            "bench-gpu": [
-                {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
-                for f in ("mxfp4", "dense")
-                for t in (1, 64, 4096)
-            ],
-        },
-        make=_make_experts,
-        reference_call=_upcast_moe("hidden"),
-        outputs=named("out"),
-        compare=compare_by({"out": close("matmul")}),
-        shrink=_moe_shrink(),
-        from_capture=_experts_from_capture,
-        for_kernel=_for_kernel("hidden", "moe_experts"),
-        always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
-    )
+MOE_EXPERTS = OpCases(
+    op="moe_experts",
+    cost=_experts_cost,
+    metric="tflops",
+    peers=[Peer("torch._grouped_mm", _grouped_experts, doc="bf16 grouped GEMMs")],
+    defaults=dict(_MOE_DEFAULTS),
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": _MOE_CPU,
+        "gpu": _MOE_GPU,
+        "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
+        "bench-gpu": [
+            {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
+            for f in ("mxfp4", "dense")
+            for t in (1, 64, 4096)
+        ],
+    },
+    make=_make_experts,
+    reference_call=_upcast_moe("hidden"),
+    outputs=named("out"),
+    compare=compare_by({"out": close("matmul")}),
+    shrink=_moe_shrink(),
+    from_capture=_experts_from_capture,
+    for_kernel=_for_kernel("hidden", "moe_experts"),
+    always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
 )
 
 
@@ -350,25 +460,23 @@ def _combine_from_capture(c: CapturedCall) -> Case | None:
     return Case.make("moe_combine", c.dtype(0), {"tokens": w[0], "top_k": w[1], "hidden": y[1]})
 
 
-register_op_cases(
-    OpCases(
-        op="moe_combine",
-        defaults={"tokens": 8, "top_k": 4, "hidden": 64},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
-        sets={
-            "cpu": [{"tokens": 8}, {"tokens": 1, "top_k": 1, "hidden": 33}],
-            "gpu": [{"tokens": 1, "hidden": 2880}, {"tokens": 4096, "hidden": 2880}],
-            "bench-cpu": [{"tokens": 256, "hidden": 256}],
-            "bench-gpu": [{"tokens": t, "hidden": 2880} for t in (1, 64, 4096, 16384)],
-        },
-        make=_make_combine,
-        reference_call=lambda case, call: upcast(call, ("expert_out",)),
-        outputs=named("out"),
-        compare=compare_by({"out": close("elementwise")}),
-        shrink=[dim("tokens"), dim("top_k"), dim("hidden")],
-        from_capture=_combine_from_capture,
-        always_show=("tokens", "top_k", "hidden"),
-    )
+MOE_COMBINE = OpCases(
+    op="moe_combine",
+    defaults={"tokens": 8, "top_k": 4, "hidden": 64},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [{"tokens": 8}, {"tokens": 1, "top_k": 1, "hidden": 33}],
+        "gpu": [{"tokens": 1, "hidden": 2880}, {"tokens": 4096, "hidden": 2880}],
+        "bench-cpu": [{"tokens": 256, "hidden": 256}],
+        "bench-gpu": [{"tokens": t, "hidden": 2880} for t in (1, 64, 4096, 16384)],
+    },
+    make=_make_combine,
+    reference_call=lambda case, call: upcast(call, ("expert_out",)),
+    outputs=named("out"),
+    compare=compare_by({"out": close("elementwise")}),
+    shrink=[dim("tokens"), dim("top_k"), dim("hidden")],
+    from_capture=_combine_from_capture,
+    always_show=("tokens", "top_k", "hidden"),
 )
 
 
@@ -391,28 +499,29 @@ def _apply_from_capture(c: CapturedCall) -> Case | None:
     return Case.make("moe_apply", c.dtype(0), {"tokens": x[0], "top_k": ids[1], **w, **_activation_from_capture(c, 4)})
 
 
-register_op_cases(
-    OpCases(
-        op="moe_apply",
-        defaults=dict(_MOE_DEFAULTS),
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
-        sets={
-            "cpu": _MOE_CPU,
-            "gpu": _MOE_GPU,
-            "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
-            "bench-gpu": [
-                {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
-                for f in ("mxfp4", "dense")
-                for t in (1, 8, 64, 512, 4096, 16384)
-            ],
-        },
-        make=_make_apply,
-        reference_call=_upcast_moe("x"),
-        outputs=named("out"),
-        compare=compare_by({"out": close("matmul")}),
-        shrink=_moe_shrink(),
-        from_capture=_apply_from_capture,
-        for_kernel=_for_kernel("x", "moe_apply"),
-        always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
-    )
+MOE_APPLY = OpCases(
+    op="moe_apply",
+    cost=_apply_cost,
+    metric="tflops",
+    peers=[Peer("torch._grouped_mm", _grouped_apply, doc="sort + bf16 grouped GEMMs + index_add")],
+    defaults=dict(_MOE_DEFAULTS),
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": _MOE_CPU,
+        "gpu": _MOE_GPU,
+        "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
+        "bench-gpu": [
+            {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
+            for f in ("mxfp4", "dense")
+            for t in (1, 8, 64, 512, 4096, 16384)
+        ],
+    },
+    make=_make_apply,
+    reference_call=_upcast_moe("x"),
+    outputs=named("out"),
+    compare=compare_by({"out": close("matmul")}),
+    shrink=_moe_shrink(),
+    from_capture=_apply_from_capture,
+    for_kernel=_for_kernel("x", "moe_apply"),
+    always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
 )

@@ -14,7 +14,7 @@ import torch
 from ..compare import Check, check_close, check_codes, check_exact
 from ..inputs import decode_e2m1, randn, torch_dtype
 from ..tolerances import EPS, Tolerance, tolerance
-from . import CapturedCall, Case, OpCases, register_op_cases
+from . import CapturedCall, Case, OpCases
 from ._common import compare_by, dim, exact, single
 
 #: FP8 scales: amax / 448 in fp32 (or amax * (1/448)): a couple of ulp apart.
@@ -69,35 +69,33 @@ def _fp8_from_capture(c: CapturedCall) -> Case | None:
     )
 
 
-register_op_cases(
-    OpCases(
-        op="quantize_fp8",
-        defaults={"m": 8, "k": 256, "granularity": "per_token", "static": False, "scale": 2.0, "zero_row": False},
-        dtypes={"cpu": ("bf16", "fp32"), "cuda": ("bf16", "fp32")},
-        sets={
-            "cpu": [
-                {"granularity": "per_token", "zero_row": True},
-                {"granularity": "per_tensor"},
-                {"granularity": "per_tensor", "static": True},
-                {"granularity": "block128", "m": 3, "k": 300, "zero_row": True},
-                {"granularity": "per_token", "scale": 1e-3, "label": "subnormal-heavy"},
-            ],
-            "gpu": [{"granularity": g, "m": 4096, "k": 2880} for g in ("per_token", "per_tensor", "block128")]
-            + [{"granularity": "per_tensor", "static": True, "m": 64, "k": 2880}],
-            "bench-cpu": [{"m": 64, "k": 1024}],
-            "bench-gpu": [
-                {"granularity": g, "m": m, "k": 2880, "dtype": "bf16"}
-                for g in ("per_token", "block128")
-                for m in (64, 4096, 16384)
-            ],
-        },
-        make=_make_fp8,
-        outputs=lambda call, r: {"q": r[0], "scale": r[1]},
-        compare=_compare_fp8,
-        shrink=[dim("m"), dim("k")],
-        from_capture=_fp8_from_capture,
-        always_show=("m", "k", "granularity"),
-    )
+QUANTIZE_FP8 = OpCases(
+    op="quantize_fp8",
+    defaults={"m": 8, "k": 256, "granularity": "per_token", "static": False, "scale": 2.0, "zero_row": False},
+    dtypes={"cpu": ("bf16", "fp32"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [
+            {"granularity": "per_token", "zero_row": True},
+            {"granularity": "per_tensor"},
+            {"granularity": "per_tensor", "static": True},
+            {"granularity": "block128", "m": 3, "k": 300, "zero_row": True},
+            {"granularity": "per_token", "scale": 1e-3, "label": "subnormal-heavy"},
+        ],
+        "gpu": [{"granularity": g, "m": 4096, "k": 2880} for g in ("per_token", "per_tensor", "block128")]
+        + [{"granularity": "per_tensor", "static": True, "m": 64, "k": 2880}],
+        "bench-cpu": [{"m": 64, "k": 1024}],
+        "bench-gpu": [
+            {"granularity": g, "m": m, "k": 2880, "dtype": "bf16"}
+            for g in ("per_token", "block128")
+            for m in (64, 4096, 16384)
+        ],
+    },
+    make=_make_fp8,
+    outputs=lambda call, r: {"q": r[0], "scale": r[1]},
+    compare=_compare_fp8,
+    shrink=[dim("m"), dim("k")],
+    from_capture=_fp8_from_capture,
+    always_show=("m", "k", "granularity"),
 )
 
 
@@ -135,24 +133,22 @@ def _mxfp4_from_capture(c: CapturedCall) -> Case | None:
     return Case.make("quantize_mxfp4", c.dtype(0), {"rows": rows, "k": x[-1], "scale": 1.0, "zero_row": False})
 
 
-register_op_cases(
-    OpCases(
-        op="quantize_mxfp4",
-        defaults={"rows": 8, "k": 128, "scale": 1.0, "zero_row": False},
-        dtypes={"cpu": ("bf16", "fp32"), "cuda": ("bf16",)},
-        sets={
-            "cpu": [{"rows": 8, "k": 128}, {"rows": 3, "k": 64, "scale": 100.0, "zero_row": True}],
-            "gpu": [{"rows": 5760, "k": 2880}, {"rows": 2880, "k": 2880, "scale": 0.01}],
-            "bench-cpu": [{"rows": 256, "k": 256}],
-            "bench-gpu": [{"rows": r, "k": 2880, "dtype": "bf16"} for r in (5760, 128 * 5760)],
-        },
-        make=_make_mxfp4,
-        outputs=lambda call, r: {"blocks": r[0], "scales": r[1]},
-        compare=_compare_mxfp4,
-        shrink=[dim("rows"), dim("k", lo=32, step=32)],
-        from_capture=_mxfp4_from_capture,
-        always_show=("rows", "k"),
-    )
+QUANTIZE_MXFP4 = OpCases(
+    op="quantize_mxfp4",
+    defaults={"rows": 8, "k": 128, "scale": 1.0, "zero_row": False},
+    dtypes={"cpu": ("bf16", "fp32"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [{"rows": 8, "k": 128}, {"rows": 3, "k": 64, "scale": 100.0, "zero_row": True}],
+        "gpu": [{"rows": 5760, "k": 2880}, {"rows": 2880, "k": 2880, "scale": 0.01}],
+        "bench-cpu": [{"rows": 256, "k": 256}],
+        "bench-gpu": [{"rows": r, "k": 2880, "dtype": "bf16"} for r in (5760, 128 * 5760)],
+    },
+    make=_make_mxfp4,
+    outputs=lambda call, r: {"blocks": r[0], "scales": r[1]},
+    compare=_compare_mxfp4,
+    shrink=[dim("rows"), dim("k", lo=32, step=32)],
+    from_capture=_mxfp4_from_capture,
+    always_show=("rows", "k"),
 )
 
 
@@ -174,22 +170,20 @@ def _dequant_from_capture(c: CapturedCall) -> Case | None:
     return Case.make("dequantize_mxfp4", c.signature[1], {"rows": rows, "k": 2 * b[-1]})
 
 
-register_op_cases(
-    OpCases(
-        op="dequantize_mxfp4",
-        defaults={"rows": 8, "k": 128},
-        dtypes={"cpu": ("bf16", "fp16", "fp32"), "cuda": ("bf16", "fp32")},
-        sets={
-            "cpu": [{"rows": 8, "k": 128}, {"rows": 1, "k": 32}],
-            "gpu": [{"rows": 5760, "k": 2880}],
-            "bench-cpu": [{"rows": 256, "k": 256}],
-            "bench-gpu": [{"rows": r, "k": 2880, "dtype": "bf16"} for r in (5760, 128 * 5760)],
-        },
-        make=_make_dequant,
-        outputs=single(),
-        compare=compare_by({"out": exact()}),
-        shrink=[dim("rows"), dim("k", lo=32, step=32)],
-        from_capture=_dequant_from_capture,
-        always_show=("rows", "k"),
-    )
+DEQUANTIZE_MXFP4 = OpCases(
+    op="dequantize_mxfp4",
+    defaults={"rows": 8, "k": 128},
+    dtypes={"cpu": ("bf16", "fp16", "fp32"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [{"rows": 8, "k": 128}, {"rows": 1, "k": 32}],
+        "gpu": [{"rows": 5760, "k": 2880}],
+        "bench-cpu": [{"rows": 256, "k": 256}],
+        "bench-gpu": [{"rows": r, "k": 2880, "dtype": "bf16"} for r in (5760, 128 * 5760)],
+    },
+    make=_make_dequant,
+    outputs=single(),
+    compare=compare_by({"out": exact()}),
+    shrink=[dim("rows"), dim("k", lo=32, step=32)],
+    from_capture=_dequant_from_capture,
+    always_show=("rows", "k"),
 )

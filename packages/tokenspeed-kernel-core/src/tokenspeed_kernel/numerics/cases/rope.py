@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..inputs import randn, rope_cos_sin_cache, torch_dtype
-from . import CapturedCall, Case, OpCases, register_op_cases
+from . import CapturedCall, Case, Cost, OpCases, nbytes
 from ._common import close, compare_by, dim, named, upcast
 
 
@@ -43,41 +44,47 @@ def _from_capture(c: CapturedCall) -> Case | None:
     )
 
 
-register_op_cases(
-    OpCases(
-        op="apply_rotary",
-        defaults={
-            "tokens": 8,
-            "heads_q": 4,
-            "heads_k": 2,
-            "head_dim": 64,
-            "rotary_dim": 64,
-            "style": "neox",
-            "max_position": 4096,
-        },
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
-        sets={
-            "cpu": [
-                {"tokens": 5},
-                {"tokens": 6, "style": "gptj"},
-                {"tokens": 3, "rotary_dim": 32, "label": "partial rotary"},
-            ],
-            "gpu": [
-                {"tokens": 1, "heads_q": 64, "heads_k": 8},
-                {"tokens": 4096, "heads_q": 64, "heads_k": 8, "max_position": 131072},
-            ],
-            "bench-cpu": [{"tokens": 64}],
-            "bench-gpu": [
-                {"tokens": t, "heads_q": 64, "heads_k": 8, "max_position": 131072, "dtype": "bf16"}
-                for t in (64, 4096, 16384)
-            ],
-        },
-        make=_make,
-        reference_call=lambda case, call: upcast(call, ("q", "k")),
-        outputs=named("q", "k"),
-        compare=compare_by({"q": close("elementwise"), "k": close("elementwise")}),
-        shrink=[dim("tokens"), dim("heads_q", keep=lambda c, v: True), dim("heads_k")],
-        from_capture=_from_capture,
-        always_show=("tokens", "heads_q", "heads_k"),
-    )
+def _rope_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    # Only the cache rows of the tokens' positions are read, not the whole table.
+    rows = call["positions"].numel() * call["cos_sin_cache"].shape[1] * 4.0
+    qk = nbytes(call["q"], call["k"])
+    return Cost(6.0 * qk / call["q"].element_size(), 2 * qk + rows)
+
+
+APPLY_ROTARY = OpCases(
+    op="apply_rotary",
+    cost=_rope_cost,
+    defaults={
+        "tokens": 8,
+        "heads_q": 4,
+        "heads_k": 2,
+        "head_dim": 64,
+        "rotary_dim": 64,
+        "style": "neox",
+        "max_position": 4096,
+    },
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [
+            {"tokens": 5},
+            {"tokens": 6, "style": "gptj"},
+            {"tokens": 3, "rotary_dim": 32, "label": "partial rotary"},
+        ],
+        "gpu": [
+            {"tokens": 1, "heads_q": 64, "heads_k": 8},
+            {"tokens": 4096, "heads_q": 64, "heads_k": 8, "max_position": 131072},
+        ],
+        "bench-cpu": [{"tokens": 64}],
+        "bench-gpu": [
+            {"tokens": t, "heads_q": 64, "heads_k": 8, "max_position": 131072, "dtype": "bf16"}
+            for t in (64, 4096, 16384)
+        ],
+    },
+    make=_make,
+    reference_call=lambda case, call: upcast(call, ("q", "k")),
+    outputs=named("q", "k"),
+    compare=compare_by({"q": close("elementwise"), "k": close("elementwise")}),
+    shrink=[dim("tokens"), dim("heads_q", keep=lambda c, v: True), dim("heads_k")],
+    from_capture=_from_capture,
+    always_show=("tokens", "heads_q", "heads_k"),
 )

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..inputs import randn, torch_dtype, uniform
-from . import CapturedCall, Case, OpCases, register_op_cases
+from . import CapturedCall, Case, OpCases
 from ._common import compare_by, dim, exact, single, tokens
 
 _VOCAB = 201088
@@ -28,24 +28,22 @@ def _argmax_from_capture(c: CapturedCall) -> Case | None:
     return None if s is None else Case.make("argmax", c.dtype(0), {"batch": s[0], "vocab": s[1]})
 
 
-register_op_cases(
-    OpCases(
-        op="argmax",
-        defaults={"batch": 4, "vocab": 1000},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
-        sets={
-            "cpu": [{"batch": 4, "vocab": 1000}, {"batch": 1, "vocab": 7}],
-            "gpu": [{"batch": 1, "vocab": _VOCAB}, {"batch": 64, "vocab": _VOCAB}],
-            "bench-cpu": [{"batch": 16, "vocab": 32000}],
-            "bench-gpu": [{"batch": b, "vocab": _VOCAB, "dtype": "bf16"} for b in (1, 64, 256)],
-        },
-        make=_make_argmax,
-        outputs=single("tokens"),
-        compare=compare_by({"tokens": exact()}),
-        shrink=[dim("batch"), dim("vocab")],
-        from_capture=_argmax_from_capture,
-        always_show=("batch", "vocab"),
-    )
+ARGMAX = OpCases(
+    op="argmax",
+    defaults={"batch": 4, "vocab": 1000},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [{"batch": 4, "vocab": 1000}, {"batch": 1, "vocab": 7}],
+        "gpu": [{"batch": 1, "vocab": _VOCAB}, {"batch": 64, "vocab": _VOCAB}],
+        "bench-cpu": [{"batch": 16, "vocab": 32000}],
+        "bench-gpu": [{"batch": b, "vocab": _VOCAB, "dtype": "bf16"} for b in (1, 64, 256)],
+    },
+    make=_make_argmax,
+    outputs=single("tokens"),
+    compare=compare_by({"tokens": exact()}),
+    shrink=[dim("batch"), dim("vocab")],
+    from_capture=_argmax_from_capture,
+    always_show=("batch", "vocab"),
 )
 
 
@@ -77,31 +75,29 @@ def _sample_from_capture(c: CapturedCall) -> Case | None:
     return Case.make("top_k_top_p_sample", c.dtype(0), params)
 
 
-register_op_cases(
-    OpCases(
-        op="top_k_top_p_sample",
-        defaults={"batch": 64, "vocab": 500, "top_k": 50, "top_p": 0.9, "temperature": 1.0, "per_row": False},
-        dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
-        sets={
-            "cpu": [
-                {"batch": 64, "vocab": 500},
-                {"batch": 64, "vocab": 300, "top_k": 0, "top_p": 0.5},
-                {"batch": 64, "vocab": 300, "top_k": 5, "top_p": 1.0, "temperature": 0.7},
-                {"batch": 100, "vocab": 200, "per_row": True},
-            ],
-            "gpu": [
-                {"batch": 256, "vocab": _VOCAB},
-                {"batch": 256, "vocab": _VOCAB, "per_row": True},
-                {"batch": 200, "vocab": _VOCAB, "top_k": 0, "top_p": 0.95},
-            ],
-            "bench-cpu": [{"batch": 16, "vocab": 32000}],
-            "bench-gpu": [{"batch": b, "vocab": _VOCAB, "dtype": "bf16"} for b in (1, 64, 256)],
-        },
-        make=_make_sample,
-        outputs=single("tokens"),
-        compare=compare_by({"tokens": tokens()}),
-        shrink=[dim("batch"), dim("vocab", keep=lambda c, v: v >= max(c["top_k"], 1))],
-        from_capture=_sample_from_capture,
-        always_show=("batch", "vocab"),
-    )
+TOP_K_TOP_P_SAMPLE = OpCases(
+    op="top_k_top_p_sample",
+    defaults={"batch": 64, "vocab": 500, "top_k": 50, "top_p": 0.9, "temperature": 1.0, "per_row": False},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [
+            {"batch": 64, "vocab": 500},
+            {"batch": 64, "vocab": 300, "top_k": 0, "top_p": 0.5},
+            {"batch": 64, "vocab": 300, "top_k": 5, "top_p": 1.0, "temperature": 0.7},
+            {"batch": 100, "vocab": 200, "per_row": True},
+        ],
+        "gpu": [
+            {"batch": 256, "vocab": _VOCAB},
+            {"batch": 256, "vocab": _VOCAB, "per_row": True},
+            {"batch": 200, "vocab": _VOCAB, "top_k": 0, "top_p": 0.95},
+        ],
+        "bench-cpu": [{"batch": 16, "vocab": 32000}],
+        "bench-gpu": [{"batch": b, "vocab": _VOCAB, "dtype": "bf16"} for b in (1, 64, 256)],
+    },
+    make=_make_sample,
+    outputs=single("tokens"),
+    compare=compare_by({"tokens": tokens()}),
+    shrink=[dim("batch"), dim("vocab", keep=lambda c, v: v >= max(c["top_k"], 1))],
+    from_capture=_sample_from_capture,
+    always_show=("batch", "vocab"),
 )

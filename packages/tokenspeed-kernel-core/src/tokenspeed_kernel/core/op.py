@@ -1,0 +1,151 @@
+"""The public op object and the one dispatch path every call goes through.
+
+An :class:`Op` holds everything about one public op:
+
+- its contract (format roles, typed traits, size buckets: :class:`OpContract`);
+- ``bind``: the argument checks, written with the public signature and
+  docstring, which end in :func:`kernel_call`: the call's device, format
+  signature, traits, sizes and the arguments the selected kernel receives;
+- ``fake``: the outputs' shapes and dtypes for the same arguments (meta
+  implementation: the torch custom op of :mod:`tokenspeed_kernel.compile`);
+- ``reference``: the PyTorch reference implementation and what it supports
+  (registered as ``reference.<op>``, the last resort);
+- ``workload``: where its verify/bench cases, cost model and peers live
+  (``"module:attribute"``, imported only by the tooling).
+
+Calling the op validates (``bind``), selects (cached by signature, traits,
+size buckets, device and overrides), and runs the kernel inside a profiling
+scope when a profiler is on. Nothing on that path allocates, synchronises or
+imports, so a dispatched call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import profiling
+from .contracts import OpContract, add_to_catalog, size_bucket
+from .profiling import kernel_scope, profiler_active
+from .selection import Target, select_for_device
+
+__all__ = ["Op", "Reference", "KernelCall", "kernel_call"]
+
+#: What ``bind`` returns: (device, format signature, traits, sizes, kernel args, kernel kwargs).
+KernelCall = tuple[torch.device, tuple[str, ...], Mapping[str, object], tuple[int, ...], tuple, dict]
+
+
+def kernel_call(
+    device: torch.device,
+    signature: tuple[str, ...],
+    traits: Mapping[str, object],
+    sizes: tuple[int, ...],
+    *args: Any,
+    **kwargs: Any,
+) -> KernelCall:
+    """The end of an op's ``bind``: what selection sees and what the kernel receives.
+
+    ``signature``: one format per role of the contract; ``traits``: the call's
+    trait values (a dict in the contract's order, or ``(name, value)`` pairs);
+    ``sizes``: one int per :class:`~tokenspeed_kernel.core.contracts.Size` of the
+    contract, read from shapes (never from tensor values: no sync).
+    """
+    return device, signature, traits, sizes, args, kwargs
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An op's PyTorch reference: ``impl`` (``"module:function"``, the kernel
+    convention) and the formats/traits it supports (``ANY`` for every value)."""
+
+    impl: str
+    formats: list[dict[str, Any]]
+    traits: Mapping[str, object] = field(default_factory=dict)
+    tags: tuple[str, ...] = ("deterministic",)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Op(OpContract):
+    """A public op; calling it runs the selected kernel (see the module doc)."""
+
+    bind: Callable[..., KernelCall]
+    fake: Callable[..., Any]
+    reference: Reference
+    workload: str
+    #: arguments the op writes in place (declared to torch.compile).
+    mutates: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        sig = inspect.signature(self.bind)
+        params = list(sig.parameters.values())
+        for name in ("solution", "override"):
+            params.append(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Target | None)
+            )
+        doc = inspect.getdoc(self.bind) or self.doc
+        doc += (
+            "\n\nEvery op also takes ``solution=`` / ``override=`` (keyword-only): force a solution "
+            "or a kernel for this call (see ``tokenspeed_kernel.kernel_override``)."
+        )
+        for attr, value in (
+            ("__signature__", sig.replace(parameters=params, return_annotation=inspect.Signature.empty)),
+            ("__doc__", doc),
+            ("__name__", self.name),
+            ("__qualname__", self.name),
+            ("__module__", self.bind.__module__),
+        ):
+            object.__setattr__(self, attr, value)
+        add_to_catalog(self)
+
+    def __repr__(self) -> str:
+        return f"<tokenspeed_kernel op {self.name}>"
+
+    def __call__(
+        self, *args: Any, solution: Target | None = None, override: Target | None = None, **kwargs: Any
+    ) -> Any:
+        device, signature, traits, sizes, kargs, kkwargs = self.bind(*args, **kwargs)
+        sel = select_for_device(self.name, signature, traits, sizes, device, solution, override)
+        hook = profiling.dispatch_hook
+        if hook is not None:
+            hook(self.name, signature, traits, kargs, kkwargs)
+        if profiler_active():
+            with kernel_scope(self.name, sel.spec.name):
+                return sel.fn(*kargs, **kkwargs)
+        return sel.fn(*kargs, **kkwargs)
+
+    def call_key(self, *args: Any, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, object], dict[str, int]]:
+        """What selection sees for a call: (format signature, complete traits, sizes by name).
+
+        Runs the argument checks only (works on fake tensors); no kernel runs.
+        """
+        _, signature, traits, sizes, _, _ = self.bind(*args, **kwargs)
+        full = self.normalize_traits(dict(traits))
+        return tuple(signature), full, {s.name: int(n) for s, n in zip(self.sizes, sizes)}
+
+    def selected_kernel(
+        self, *args: Any, solution: Target | None = None, override: Target | None = None, **kwargs: Any
+    ):
+        """The :class:`~tokenspeed_kernel.core.selection.Selection` this call would run (nothing runs)."""
+        device, signature, traits, sizes, _, _ = self.bind(*args, **kwargs)
+        return select_for_device(self.name, signature, traits, sizes, device, solution, override)
+
+    @property
+    def cases(self) -> Any:
+        """The op's verify/bench cases (:class:`tokenspeed_kernel.numerics.cases.OpCases`), imported on first use."""
+        module, _, attr = self.workload.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def buckets(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """The size buckets of sizes given by name (every size of the contract)."""
+        missing = [s.name for s in self.sizes if s.name not in sizes]
+        unknown = sorted(set(sizes) - {s.name for s in self.sizes})
+        if missing or unknown:
+            raise ValueError(
+                f"sizes: op {self.name!r} has sizes {[s.name for s in self.sizes]}; missing {missing}, unknown {unknown}"
+            )
+        return tuple(size_bucket(int(sizes[s.name])) for s in self.sizes)

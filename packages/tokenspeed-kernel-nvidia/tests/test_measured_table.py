@@ -1,0 +1,84 @@
+"""The measured H200 table this package ships and registers from its plugin (CPU: no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.core import measured, selection
+from tokenspeed_kernel.core.registry import registry
+
+GPT_OSS = {"head_dim": 64, "gqa_group": 8, "sinks": True}
+SIG = ("bf16", "bf16")
+_KERNELS = ("triton.mha_decode_with_kvcache", "fa3.mha_decode_with_kvcache", "triton.mha_prefill", "fa3.mha_prefill")
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.delenv("TOKENSPEED_KERNEL_ORACLE", raising=False)
+    selection.reload_settings()
+    yield monkeypatch
+    monkeypatch.undo()
+    selection.reload_settings()
+
+
+def _ranked(op, traits, platform, **sizes) -> list[str]:
+    cands = tk.explain_selection(op, SIG, traits, sizes=sizes or None, platform=platform)
+    return [c.name for c in cands if c.eligible]
+
+
+def test_the_plugin_registers_its_h200_table_and_it_loads():
+    tk.load_plugins()
+    assert any(d == "H200" and w.endswith("h200.json") for d, w in measured.registered_tables())
+    assert tk.plugin_reports()["nvidia"].tables
+    [table] = measured.tables_for_device("NVIDIA H200")
+    assert measured.tables_for_device("NVIDIA H100 80GB HBM3") == []
+    assert len(table) >= 3 and not table.notes
+    assert all(s["device"] == "NVIDIA H200" and s["date"].startswith("2026-") for s in table.sources)
+    assert {e.op for e in table.entries} >= {"mha_prefill", "mha_decode_with_kvcache"}
+    assert all(min(e.scores.values()) == pytest.approx(1.0) for e in table.entries)
+    assert all(e.buckets for e in table.entries)  # every group is per size bucket
+    # The table names kernels of other packages (it compares them) but core names none.
+    assert {k for e in table.entries for k in e.scores} <= set(_KERNELS)
+
+
+@pytest.fixture
+def measured_kernels(env):
+    """The kernels the table measured; stand-ins (same names and bands) for those not installed here
+    (this package's tests run without the Triton package; FA3 may be absent)."""
+    tk.load_plugins()
+    added = []
+    for name in _KERNELS:
+        env.delitem(selection._broken, name, raising=False)  # a CPU selection elsewhere may have failed to load FA3
+        if registry.get(name) is None:
+            op = name.split(".", 1)[1]
+            traits = {t: tk.ANY for t in tk.get_contract(op).traits}
+            band = tk.Priority.PORTABLE if name.startswith("triton.") else tk.Priority.PERFORMANT + 10
+            tk.register_kernel(op, name=name, solution=name.split(".")[0], formats=[{"q": "bf16", "kv": "bf16"}],
+                               traits=traits, priority=band, impl=lambda *a, **k: None)  # fmt: skip
+            added.append(name)
+    yield
+    for name in added:
+        tk.unregister_kernel(name)
+
+
+def test_it_ranks_triton_for_decode_and_windowed_prefill_and_fa3_for_full_causal_prefill(env, measured_kernels):
+    h200 = tk.make_platform("sm90", device_name="NVIDIA H200")
+    for window in (False, True):
+        decode = _ranked("mha_decode_with_kvcache", {**GPT_OSS, "window": window, "page_size": 16}, h200,
+                         batch=64, context=8192)  # fmt: skip
+        assert decode[:2] == ["triton.mha_decode_with_kvcache", "fa3.mha_decode_with_kvcache"]
+    assert _ranked("mha_prefill", {**GPT_OSS, "window": False}, h200, tokens=8192)[:2] == [
+        "fa3.mha_prefill",
+        "triton.mha_prefill",
+    ]
+    assert _ranked("mha_prefill", {**GPT_OSS, "window": True}, h200, tokens=8192)[:2] == [
+        "triton.mha_prefill",
+        "fa3.mha_prefill",
+    ]
+    # Other sm90 devices, and TOKENSPEED_KERNEL_ORACLE=none, keep the priority order.
+    h100 = tk.make_platform("sm90", device_name="NVIDIA H100")
+    assert _ranked("mha_prefill", {**GPT_OSS, "window": True}, h100, tokens=8192)[0] == "fa3.mha_prefill"
+    env.setenv("TOKENSPEED_KERNEL_ORACLE", "none")
+    selection.reload_settings()
+    assert _ranked("mha_prefill", {**GPT_OSS, "window": True}, h200, tokens=8192)[0] == "fa3.mha_prefill"
