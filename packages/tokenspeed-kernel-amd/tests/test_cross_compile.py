@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tokenspeed_kernel as tk
-from tokenspeed_kernel_amd._compile import amdgcn_stats, compile_launch
+from tokenspeed_kernel.testing import amdgcn_stats, compile_launch
 from tokenspeed_kernel_amd.cdna.arch import ARCHS
 
 #: Register spill bounds stated by this package (see the module docstring).
