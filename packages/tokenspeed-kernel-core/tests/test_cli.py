@@ -146,9 +146,9 @@ def test_explain_forced_kernel_that_cannot_run_exits_1(capsys, hopper_only_kerne
     assert data["platform"]["arch"] == "sm100"
 
 
-def test_explain_derives_attention_traits_from_shapes(capsys):
+def test_explain_derives_traits_and_sizes_from_the_call_its_shape_describes(capsys):
     argv = ["explain", "mha_decode_with_kvcache", "--kv-dtype", "fp8_e4m3", "--platform", "cpu", "--json"]
-    argv += ["--shape", "head_dim=64", "--shape", "q_heads=64", "--shape", "kv_heads=8", "--shape", "page_size=16"]
+    argv += ["--shape", "head_dim=64", "heads_q=64", "heads_kv=8", "--shape", "page_size=16", "cache_lens=100,2000"]
     code, out, _ = run_cli(capsys, *argv, "--trait", "sinks=true", "--solution", "reference")
     assert code == 0
     data = json.loads(out)
@@ -162,35 +162,44 @@ def test_explain_derives_attention_traits_from_shapes(capsys):
         "return_lse": False,
         "page_size": 16,
     }
+    # Two sequences; the generated page table has ceil(2000 / 16) = 125 pages a row plus one spare
+    # column (numerics.inputs.paged_kv_cache): 126 x 16 = 2016 slots.
+    assert data["sizes"] == {"batch": 2, "context": 2016}
+    assert data["buckets"] == {"batch": "2..3", "context": "1024..2047"}
     assert data["selected"] == "reference.mha_decode_with_kvcache"
 
 
-def test_explain_rope_and_mm_signatures(capsys):
-    code, out, _ = run_cli(
-        capsys, "explain", "apply_rotary", "--shape", "head_dim=128", "--shape", "rotary_dim=64", "--json"
-    )
+def test_explain_rope_and_mm_signatures_and_sizes(capsys):
+    code, out, _ = run_cli(capsys, "explain", "apply_rotary", "--shape", "head_dim=128", "rotary_dim=64", "--json")
     assert code == 0 and json.loads(out)["traits"] == {"style": "neox", "partial": True}
     code, out, _ = run_cli(capsys, "explain", "mm", "--dtype", "fp8_e4m3:per_token", "--json", "--platform", "cpu")
     sig = json.loads(out)["signature"]
     assert sig == {"a": "fp8_e4m3:per_token", "b": "fp8_e4m3:per_channel", "out": "bf16"}
     code, out, _ = run_cli(capsys, "explain", "mm", "--dtype", "float16", "--format", "b=mxfp4", "--json")
     assert json.loads(out)["signature"] == {"a": "fp16", "b": "mxfp4", "out": "fp16"}
+    code, out, _ = run_cli(capsys, "explain", "mm", "--shape", "m=64", "n=5120", "k=2880")
+    assert code == 0 and "sizes:     m=64 (bucket 64..127)" in out
+    code, out, _ = run_cli(capsys, "explain", "mm", "--size", "m=4096", "--json")
+    assert json.loads(out)["buckets"] == {"m": "4096..8191"}
+
+
+def test_the_readme_explain_example_runs(capsys):
+    """The command the README shows (one convention: K=V options take several values and repeat)."""
+    argv = ["explain", "mha_prefill", "--dtype", "bf16", "--shape", "head_dim=64", "heads_q=64", "heads_kv=8",
+            "seqlens_q=1024", "window_left=127", "sinks=true"]  # fmt: skip
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    assert "traits:    head_dim=64, gqa_group=8, window=True, sinks=True" in out
+    assert "sizes:     tokens=1024 (bucket 1024..2047)" in out
 
 
 @pytest.mark.parametrize(
     "argv,message",
     [
         (["explain", "nosuch"], "OP: unknown op 'nosuch'"),
-        (
-            ["explain", "mha_prefill"],
-            "needs trait(s) head_dim, gqa_group: pass --trait NAME=VALUE (or the --shape keys",
-        ),
-        (["explain", "mha_prefill", "--shape", "page_size=16", "--shape", "head_dim=64"], "has no trait 'page_size'"),
-        (["explain", "mha_prefill", "--shape", "heads=8"], "--shape: unknown key 'heads'"),
-        (["explain", "mha_prefill", "--shape", "q_heads=8"], "q_heads and kv_heads go together"),
-        (["explain", "mha_prefill", "--shape", "q_heads=6", "--shape", "kv_heads=4"], "kv_heads=4 must divide"),
-        (["explain", "mha_prefill", "--shape", "head_dim=x"], "--shape head_dim: expected a positive integer"),
-        (["explain", "mm", "--shape", "m=4"], "op 'mm' (gemm) takes no shape keys; set its traits with --trait (bias)"),
+        (["explain", "mha_prefill", "--shape", "heads=8"], "--shape: unknown key 'heads' for op 'mha_prefill'"),
+        (["explain", "mha_prefill", "--shape", "heads_q=6", "heads_kv=4"], "the call these values describe"),
+        (["explain", "mm", "--shape", "m=4", "m=5"], "--shape: 'm' given twice"),
         (["explain", "mm", "--trait", "bias=maybe"], "--trait bias: trait 'bias' is a bool"),
         (["explain", "mm", "--trait", "causal=true"], "op 'mm' has no trait 'causal'; its traits: bias"),
         (["explain", "mm", "--dtype", "fp12"], "--dtype: unknown format 'fp12'"),
@@ -198,12 +207,13 @@ def test_explain_rope_and_mm_signatures(capsys):
         (["explain", "mm", "--kv-dtype", "bf16"], "--kv-dtype: op 'mm' has no kv role"),
         (["explain", "mm", "--platform", "sm9x"], "--platform: arch: unknown arch name 'sm9x'"),
         (["explain", "mm", "--override", "nosuch.kernel"], "--override: 'nosuch.kernel' is neither"),
-        (["explain", "mha_prefill", "--trait", "head_dim=1024", "--trait", "gqa_group=1"], "must be one of 8..512"),
-        (["explain", "apply_rotary", "--shape", "rotary_dim=32"], "rotary_dim needs head_dim"),
+        (["explain", "mm", "--size", "tokens=4"], "--size: op 'mm' has no size 'tokens'; its sizes: m"),
+        (["explain", "mm", "--size", "m=-1"], "--size m: expected an integer >= 0"),
+        (["explain", "mha_prefill", "--trait", "head_dim=1024"], "must be one of 8..512"),
         (["explain", "rmsnorm", "--trait", "fused_residual"], "--trait: expected KEY=VALUE"),
         (
             ["explain", "mha_prefill", "--shape", "head_dim=64", "--trait", "head_dim=128"],
-            "--shape derives head_dim=64 but --trait sets head_dim=128",
+            "--trait head_dim=128 contradicts the call --shape describes (head_dim=64)",
         ),
     ],
 )

@@ -28,14 +28,14 @@ import importlib
 import json
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .core.contracts import REQUIRED, OpContract, Range, TraitSpec, all_contracts
+from .core.contracts import REQUIRED, OpContract, Range, TraitSpec, all_contracts, describe_bucket, size_bucket
 from .core.formats import is_known_format, known_formats
 from .core.registry import KernelSpec, registry
 
-__all__ = ["main", "build_parser", "CliError", "SHAPE_KEYS"]
+__all__ = ["main", "build_parser", "CliError"]
 
 PROG = "tokenspeed-kernel"
 
@@ -215,22 +215,6 @@ _FORMAT_ALIASES = {
     "half": "fp16",
 }
 
-#: Per op family: the ``--shape`` keys ``explain`` accepts and what each means.
-#: Shape keys only matter through the traits they derive (selection sees formats
-#: and traits, not sizes); every trait can also be set directly with ``--trait``.
-SHAPE_KEYS: dict[str, dict[str, str]] = {
-    "attention": {
-        "head_dim": "D -> trait head_dim",
-        "q_heads": "Hq (with kv_heads) -> trait gqa_group = Hq / Hkv",
-        "kv_heads": "Hkv (with q_heads) -> trait gqa_group",
-        "page_size": "tokens per KV-cache page -> trait page_size (paged ops)",
-    },
-    "rope": {
-        "head_dim": "D (with rotary_dim) -> trait partial",
-        "rotary_dim": "R, the rotated dims (default head_dim) -> trait partial = R < D",
-    },
-}
-
 
 def _format_value(text: str, what: str) -> str:
     fmt = _FORMAT_ALIASES.get(text.lower(), text)
@@ -239,9 +223,11 @@ def _format_value(text: str, what: str) -> str:
     return fmt
 
 
-def _key_values(items: Sequence[str] | None, what: str) -> dict[str, str]:
+def _key_values(items: Sequence[str] | Sequence[Sequence[str]] | None, what: str) -> dict[str, str]:
+    """``K=V`` items (``--flag K=V [K=V ...]``, the flag repeatable) as a dict; a key given twice is an error."""
+    flat = [x for group in items or () for x in ([group] if isinstance(group, str) else group)]
     out: dict[str, str] = {}
-    for item in items or ():
+    for item in flat:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key or not value:
@@ -257,29 +243,63 @@ def _weight_counterpart(fmt: str) -> str:
     return fmt.replace(":per_token", ":per_channel")
 
 
-def _signature(contract: OpContract, args: argparse.Namespace) -> tuple[str, ...]:
-    dtype = _format_value(args.dtype, "--dtype")
-    kv = _format_value(args.kv_dtype, "--kv-dtype") if args.kv_dtype else dtype
-    if args.kv_dtype and "kv" not in contract.roles:
+def _signature(contract: OpContract, args: argparse.Namespace, derived: tuple[str, ...]) -> tuple[str, ...]:
+    """The call's format signature: the one its arguments derive, with --dtype/--kv-dtype/--format applied.
+
+    A non-dense ``--dtype`` (``fp8_e4m3:per_token``, ``mxfp4``) sets every role from it (the weight
+    side of an FP8 ``mm`` per channel; ``out`` bf16)."""
+    dtype = _format_value(args.dtype, "--dtype") if args.dtype else None
+    kv = _format_value(args.kv_dtype, "--kv-dtype") if args.kv_dtype else None
+    if kv and "kv" not in contract.roles:
         raise CliError(f"--kv-dtype: op {contract.name!r} has no kv role (roles: {', '.join(contract.roles)})")
     explicit = _key_values(args.format, "--format")
     for role in explicit:
         if role not in contract.roles:
             raise CliError(f"--format: op {contract.name!r} has no role {role!r}; roles: {', '.join(contract.roles)}")
-    dense = dtype in ("fp32", "bf16", "fp16")
-    defaults: dict[str, str] = {}
-    for role in contract.roles:
-        if role == "kv":
-            defaults[role] = kv
-        elif role == "out":
-            defaults[role] = dtype if dense else "bf16"
-        elif contract.name == "mm" and role == "b":
-            defaults[role] = _weight_counterpart(dtype)
-        elif contract.name == "dequantize_mxfp4" and role == "x":
-            defaults[role] = "mxfp4"
-        else:
-            defaults[role] = dtype
-    return tuple(_format_value(explicit[r], f"--format {r}") if r in explicit else defaults[r] for r in contract.roles)
+    sig = dict(zip(contract.roles, derived))
+    if dtype is not None and dtype not in _DENSE:
+        for role in contract.roles:
+            if role == "out":
+                sig[role] = "bf16"
+            elif contract.name == "mm" and role == "b":
+                sig[role] = _weight_counterpart(dtype)
+            else:
+                sig[role] = dtype
+    if kv:
+        sig["kv"] = kv
+    for role, text in explicit.items():
+        sig[role] = _format_value(text, f"--format {role}")
+    return tuple(sig[r] for r in contract.roles)
+
+
+_DENSE = ("fp32", "bf16", "fp16")
+
+
+def _case_params(contract: OpContract, args: argparse.Namespace) -> dict[str, object]:
+    from .numerics.cases import parse_value
+
+    defaults = contract.cases.defaults
+    params = _key_values(args.shape, "--shape")
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise CliError(
+            f"--shape: unknown key {unknown[0]!r} for op {contract.name!r}; its keys (as in verify/bench): "
+            + ", ".join(sorted(defaults))
+        )
+    return {k: parse_value(v) for k, v in params.items()}
+
+
+def _derived_call(contract: OpContract, args: argparse.Namespace) -> tuple[tuple[str, ...], dict, dict[str, int]]:
+    """(signature, traits, sizes) of the call the op's case with these --shape values makes (fake tensors)."""
+    from .numerics.cases import case_call_key, custom_case
+
+    params = _case_params(contract, args)
+    dtype = _format_value(args.dtype, "--dtype") if args.dtype else None
+    try:
+        [case] = custom_case(contract.name, params, dtypes=[dtype if dtype in _DENSE else "bf16"])
+        return case_call_key(case)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--shape: the call these values describe is not valid: {exc}") from None
 
 
 def _parse_trait(contract: OpContract, name: str, text: str, what: str) -> object:
@@ -310,74 +330,40 @@ def _parse_trait(contract: OpContract, name: str, text: str, what: str) -> objec
     return value
 
 
-def _positive_int(key: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise CliError(f"--shape {key}: expected a positive integer, got {text!r}")
-    return value
-
-
-def _shape_traits(contract: OpContract, shape: Mapping[str, str]) -> dict[str, object]:
-    keys = SHAPE_KEYS.get(contract.family, {})
-    for key in shape:
-        if key not in keys:
-            if not keys:
-                hint = f"set its traits with --trait ({', '.join(contract.traits) or 'it has none'})"
-                raise CliError(f"--shape: op {contract.name!r} ({contract.family}) takes no shape keys; {hint}")
-            raise CliError(
-                f"--shape: unknown key {key!r} for op {contract.name!r}; {contract.family} ops accept "
-                + ", ".join(sorted(keys))
-            )
-    sizes = {k: _positive_int(k, v) for k, v in shape.items()}
-    derived: dict[str, object] = {}
-    if contract.family == "attention":
-        if "head_dim" in sizes:
-            derived["head_dim"] = sizes["head_dim"]
-        if ("q_heads" in sizes) != ("kv_heads" in sizes):
-            raise CliError("--shape: q_heads and kv_heads go together (they derive gqa_group = q_heads / kv_heads)")
-        if "q_heads" in sizes:
-            hq, hkv = sizes["q_heads"], sizes["kv_heads"]
-            if hq % hkv:
-                raise CliError(f"--shape: kv_heads={hkv} must divide q_heads={hq}")
-            derived["gqa_group"] = hq // hkv
-        if "page_size" in sizes:
-            derived["page_size"] = sizes["page_size"]
-    elif contract.family == "rope":
-        if "rotary_dim" in sizes and "head_dim" not in sizes:
-            raise CliError("--shape: rotary_dim needs head_dim (they derive partial = rotary_dim < head_dim)")
-        if "head_dim" in sizes:
-            d = sizes["head_dim"]
-            r = sizes.get("rotary_dim", d)
-            if r % 2 or r > d:
-                raise CliError(f"--shape: rotary_dim={r} must be even and <= head_dim={d}")
-            derived["partial"] = r < d
-    for name in derived:
-        if name not in contract.traits:
-            raise CliError(f"--shape: op {contract.name!r} has no trait {name!r}, so its shape key does not apply")
-    return derived
-
-
-def _traits(contract: OpContract, args: argparse.Namespace) -> dict[str, object]:
+def _traits(contract: OpContract, args: argparse.Namespace, derived: dict) -> dict[str, object]:
     given = _key_values(args.trait, "--trait")
-    traits = {name: _parse_trait(contract, name, text, f"--trait {name}") for name, text in given.items()}
-    for name, value in _shape_traits(contract, _key_values(args.shape, "--shape")).items():
-        if name in traits and traits[name] != value:
-            raise CliError(f"--shape derives {name}={value!r} but --trait sets {name}={traits[name]!r}")
+    shape_keys = _key_values(args.shape, "--shape")
+    traits = dict(derived)
+    for name, text in given.items():
+        value = _parse_trait(contract, name, text, f"--trait {name}")
+        if name in shape_keys and derived.get(name) != value:
+            raise CliError(
+                f"--trait {name}={value!r} contradicts the call --shape describes ({name}={derived.get(name)!r}); "
+                "change the --shape value instead"
+            )
         traits[name] = value
     try:
         return contract.normalize_traits(traits)
-    except ValueError as exc:
-        missing = [n for n, s in contract.traits.items() if s.default is REQUIRED and n not in traits]
-        if not missing:
-            raise CliError(str(exc)) from None
-        keys = SHAPE_KEYS.get(contract.family, {})
-        hint = f" (or the --shape keys {', '.join(keys)})" if keys else ""
-        raise CliError(
-            f"op {contract.name!r} needs trait(s) {', '.join(missing)}: pass --trait NAME=VALUE{hint}"
-        ) from None
+    except (TypeError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _sizes(contract: OpContract, args: argparse.Namespace, derived: dict[str, int]) -> dict[str, int]:
+    sizes = dict(derived)
+    names = [s.name for s in contract.sizes]
+    for name, text in _key_values(args.size, "--size").items():
+        if name not in names:
+            raise CliError(
+                f"--size: op {contract.name!r} has no size {name!r}; its sizes: {', '.join(names) or 'none'}"
+            )
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise CliError(f"--size {name}: expected an integer >= 0, got {text!r}")
+        sizes[name] = value
+    return sizes
 
 
 def _check_target(flag: str, target: str | None) -> None:
@@ -396,8 +382,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     contract = contracts.get(args.op)
     if contract is None:
         raise CliError(f"OP: unknown op {args.op!r}; known ops: {', '.join(sorted(contracts))}")
-    signature = _signature(contract, args)
-    traits = _traits(contract, args)
+    derived_sig, derived_traits, derived_sizes = _derived_call(contract, args)
+    signature = _signature(contract, args, derived_sig)
+    traits = _traits(contract, args, derived_traits)
+    sizes = _sizes(contract, args, derived_sizes)
     if args.platform is not None:
         try:
             platform = make_platform(args.platform)
@@ -406,7 +394,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     _load_plugins(quiet=args.json)
     _check_target("--solution", args.solution)
     _check_target("--override", args.override)
-    kwargs = {"objective": args.objective, "solution": args.solution, "override": args.override}
+    kwargs = {"objective": args.objective, "solution": args.solution, "override": args.override, "sizes": sizes}
     if args.platform is not None:
         with fake_platform(platform):
             candidates = explain_selection(contract.name, signature, traits, **kwargs)
@@ -426,6 +414,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                     },
                     "signature": dict(zip(contract.roles, signature)),
                     "traits": traits,
+                    "sizes": sizes,
+                    "buckets": {k: describe_bucket(size_bucket(v)) for k, v in sizes.items()},
                     "selected": selected.name if selected else None,
                     "candidates": [c.__dict__ for c in candidates],
                 },
@@ -438,6 +428,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     print(f"platform:  {platform.describe()}{faked}")
     print(f"signature: {', '.join(f'{r}={f}' for r, f in zip(contract.roles, signature))}")
     print(f"traits:    {', '.join(f'{k}={v!r}' for k, v in traits.items()) or 'none'}")
+    if sizes:
+        buckets = ", ".join(f"{k}={v} (bucket {describe_bucket(size_bucket(v))})" for k, v in sizes.items())
+        print(f"sizes:     {buckets}")
     forced = [f"{flag}={value}" for flag, value in (("solution", args.solution), ("override", args.override)) if value]
     if forced:
         print(f"forced:    {', '.join(forced)}")
@@ -530,24 +523,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_list)
 
-    shape_help = "; ".join(
-        f"{family}: " + ", ".join(f"{k} ({doc})" for k, doc in keys.items()) for family, keys in SHAPE_KEYS.items()
-    )
     p = sub.add_parser(
         "explain",
         help="which kernel a call gets, and why the others do not",
-        description="Build an op's format signature and traits from the options, run kernel selection "
-        "(on a faked platform with --platform) and show every candidate with its rank or rejection reason. "
-        "Exit 0 if a kernel is selected, 1 if none can run the call, 2 on bad input.",
-        epilog=f"--shape keys per op family: {shape_help}. Other families take no shape keys; "
-        "set their traits with --trait.",
+        description="Describe a call as verify/bench do (the op's case parameters with --shape, the dtype with "
+        "--dtype), derive its format signature, traits and size buckets from those arguments, run kernel "
+        "selection (on a faked platform with --platform) and show every candidate with its rank or rejection "
+        "reason. Exit 0 if a kernel is selected, 1 if none can run the call, 2 on bad input.",
+        epilog="Every K=V option takes one or more K=V and may be repeated (as in verify and bench). "
+        "Example: explain mha_prefill --dtype bf16 --shape head_dim=64 heads_q=64 heads_kv=8 "
+        "seqlens_q=1024 window_left=127 sinks=true",
     )
     p.add_argument("op", metavar="OP", help="op name, e.g. mha_decode_with_kvcache (see `list`)")
-    p.add_argument("--dtype", default="bf16", help="format of every role not set otherwise (default bf16)")
-    p.add_argument("--kv-dtype", help="format of the kv role (attention); default --dtype")
-    p.add_argument("--format", action="append", metavar="ROLE=FMT", help="format of one role, e.g. b=mxfp4 or w=mxfp4")
-    p.add_argument("--trait", action="append", metavar="K=V", help="a trait value, e.g. sinks=true")
-    p.add_argument("--shape", action="append", metavar="K=V", help="a size that derives traits, e.g. head_dim=64")
+    p.add_argument(
+        "--dtype", help="the call's dtype (bf16, fp16, fp32), or a format for every role (fp8_e4m3:per_token)"
+    )
+    p.add_argument("--kv-dtype", help="format of the kv role (attention), e.g. fp8_e4m3")
+    p.add_argument("--format", action="append", nargs="+", metavar="ROLE=FMT", help="format of a role, e.g. b=mxfp4")
+    p.add_argument("--shape", action="append", nargs="+", metavar="K=V",
+                   help="the op's case parameters (verify/bench's --shape), e.g. m=64 n=5120 k=2880")  # fmt: skip
+    p.add_argument("--trait", action="append", nargs="+", metavar="K=V", help="a trait value, e.g. sinks=true")
+    p.add_argument("--size", action="append", nargs="+", metavar="K=V", help="a size directly, e.g. m=4096")
     p.add_argument("--platform", metavar="ARCH", help="pretend to run on this arch: sm90, sm100, gfx942, gfx950, cpu")
     p.add_argument("--solution", help="force a solution, as solution= does")
     p.add_argument("--override", help="force a kernel (or solution), as override= does")

@@ -21,7 +21,6 @@ package ships the tables of its devices and registers them from its plugin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from typing import Any
 
 from ..core.contracts import get_contract, size_bucket
 from ..core.measured import MeasuredEntry, MeasuredTable
+from ..numerics.cases import case_call_key
 
 __all__ = ["build_table", "call_key"]
 
@@ -175,33 +175,12 @@ def _aggregate(measurements: Iterable[_Measurement], notes: list[str]) -> list[M
 # From a case to the call's (signature, traits)
 
 
-def _fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    # A shape environment lets data-dependent ops (bincount in the MoE generators) return fake sizes.
-    return FakeTensorMode(shape_env=ShapeEnv())
-
-
 def call_key(case: Any, *, seed: int = 0) -> tuple[tuple[str, ...], dict[str, Any], dict[str, int]]:
-    """What selection sees for ``case``'s call: (format signature, traits as tables hold
-    them, size buckets by name).
-
-    The inputs are built by the op's shared case generators on fake tensors (no
-    memory is allocated, whatever the case's size); the op object's argument
-    checks read the key (:meth:`~tokenspeed_kernel.core.op.Op.call_key`); no kernel runs.
-    """
-    import torch
-
-    from ..numerics.inputs import make_generator
-
-    op = get_contract(case.op)
-    dev = torch.device("cpu")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_fake_mode())
-        call = op.cases.make(case, dev, make_generator(dev, case.seed(seed)))
-        signature, traits, sizes = op.call_key(**call)
-    return signature, op.measured_traits(traits), {k: size_bucket(v) for k, v in sizes.items()}
+    """The key a measured table files ``case`` under: (format signature, traits without the
+    ``measured=False`` ones, size buckets by name); see
+    :func:`~tokenspeed_kernel.numerics.cases.case_call_key`."""
+    signature, traits, sizes = case_call_key(case, seed=seed)
+    return signature, get_contract(case.op).measured_traits(traits), {k: size_bucket(v) for k, v in sizes.items()}
 
 
 def _short(exc: BaseException) -> str:

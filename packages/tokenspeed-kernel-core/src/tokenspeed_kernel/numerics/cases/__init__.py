@@ -57,6 +57,7 @@ __all__ = [
     "parse_value",
     "call_for_kernel",
     "clone_call",
+    "case_call_key",
 ]
 
 
@@ -446,3 +447,27 @@ def call_for_kernel(op: str, call: dict[str, Any], spec: Any) -> dict[str, Any]:
         if out is not None:
             return out
     return {**call, "override": spec.name}
+
+
+def _fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    # A shape environment lets data-dependent ops (bincount in the MoE generators) return fake sizes.
+    return FakeTensorMode(shape_env=ShapeEnv())
+
+
+def case_call_key(case: Case, *, seed: int = 0) -> tuple[tuple[str, ...], dict[str, Any], dict[str, int]]:
+    """What selection sees for ``case``'s call: (format signature, complete traits, sizes by name).
+
+    The inputs are built by the op's case generator on fake tensors (no memory is
+    allocated, whatever the case's size) and the op object's argument checks read
+    the key (:meth:`~tokenspeed_kernel.core.op.Op.call_key`); no kernel runs.
+    """
+    from .. import inputs
+
+    op = get_contract(case.op)
+    dev = torch.device("cpu")
+    with _fake_mode():
+        call = op.cases.make(case, dev, inputs.make_generator(dev, case.seed(seed)))
+        return op.call_key(**call)
