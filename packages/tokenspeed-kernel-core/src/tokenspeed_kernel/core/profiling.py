@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from .formats import DTYPE_NAMES
+
 __all__ = [
     "kernel_scope",
     "profiler_active",
@@ -149,14 +151,10 @@ def record_dispatches() -> Iterator[list[tuple[str, tuple, dict, tuple, dict]]]:
 def _describe(v: Any) -> tuple:
     """A hashable description of one argument: shapes and dtypes of tensors, values of scalars."""
     if isinstance(v, torch.Tensor):
-        from .formats import DTYPE_NAMES
-
         return ("T", tuple(v.shape), DTYPE_NAMES.get(v.dtype, str(v.dtype)), v.device.type)
     if v is None or isinstance(v, (bool, int, float, str)):
         return ("V", v)
     if isinstance(v, torch.dtype):
-        from .formats import DTYPE_NAMES
-
         return ("V", DTYPE_NAMES.get(v, str(v)))
     if isinstance(v, (tuple, list)):
         return ("L", tuple(_describe(x) for x in v))

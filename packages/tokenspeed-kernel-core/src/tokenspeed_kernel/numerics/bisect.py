@@ -9,12 +9,9 @@ is a failing case, not a slice of the original tensors.
 
 from __future__ import annotations
 
-import torch
+from .cases import Case
 
-from ..core.registry import KernelSpec
-from .cases import Case, OpCases
-
-__all__ = ["bisect_case", "shrink"]
+__all__ = ["shrink"]
 
 
 def shrink(case: Case, fails, moves, *, max_steps: int = 200) -> tuple[Case, int]:
@@ -48,12 +45,3 @@ def shrink(case: Case, fails, moves, *, max_steps: int = 200) -> tuple[Case, int
             if progress or steps >= max_steps:
                 break
     return current, steps
-
-
-def bisect_case(
-    oc: OpCases, case: Case, spec: KernelSpec, device: torch.device, seed: int, *, max_steps: int = 200
-) -> tuple[Case, int]:
-    """Shrink ``case`` (on which kernel ``spec`` fails) with the op's moves."""
-    from .runner import failing
-
-    return shrink(case, failing(oc, spec, device, seed), oc.shrink, max_steps=max_steps)

@@ -14,6 +14,7 @@ from ..core.platform import platform_for_device
 from ..core.plugins import ensure_loaded
 from ..core.registry import KernelSpec, registry
 from ..core.selection import OverrideError
+from .bisect import shrink
 from .cases import Case, OpCases, all_op_cases, call_for_kernel, clone_call, get_op_cases, standard_cases
 from .compare import Check
 from .inputs import make_generator
@@ -295,9 +296,8 @@ def verify(
                 r = run_case(oc, case, spec, dev, seed, reference=reference, call=call)
                 if bisect and r.failed and spec.name not in bisected:
                     bisected.add(spec.name)
-                    from .bisect import bisect_case
-
-                    r.minimal_case, r.bisect_steps = bisect_case(oc, case, spec, dev, seed, max_steps=max_bisect_steps)
+                    fails = failing(oc, spec, dev, seed)
+                    r.minimal_case, r.bisect_steps = shrink(case, fails, oc.shrink, max_steps=max_bisect_steps)
                 add(r)
     if stream is not None:
         stream.write(report.summary() + "\n")

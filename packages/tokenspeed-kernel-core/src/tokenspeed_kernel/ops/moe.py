@@ -389,8 +389,8 @@ def _bind_moe_experts(
     )  # fmt: skip
 
 
-def _fake_rows_like(x, *args, **kwargs):
-    return x.new_empty(x.shape)
+def _fake_moe_experts(hidden, expert_offsets, weights, activation, *, out=None):
+    return hidden.new_empty(hidden.shape)
 
 
 moe_experts = Op(
@@ -401,7 +401,7 @@ moe_experts = Op(
     sizes=(Size("rows", "N, the dispatched (token, expert) rows"),),
     doc="Grouped expert MLPs.",
     bind=_bind_moe_experts,
-    fake=_fake_rows_like,
+    fake=_fake_moe_experts,
     reference=Reference(f"{_REFERENCE}:moe_experts", formats=[{"x": _FLOAT, "w": WEIGHT_FORMATS}], traits=_ANY_MOE),
     workload=f"{_CASES}:MOE_EXPERTS",
 )
@@ -500,6 +500,10 @@ def _bind_moe_apply(
     )  # fmt: skip
 
 
+def _fake_moe_apply(x, topk_weights, topk_ids, weights, activation, *, plan=None, out=None):
+    return x.new_empty(x.shape)
+
+
 moe_apply = Op(
     name="moe_apply",
     family="moe",
@@ -508,7 +512,7 @@ moe_apply = Op(
     sizes=_TOKENS,
     doc="Fused MoE layer.",
     bind=_bind_moe_apply,
-    fake=_fake_rows_like,
+    fake=_fake_moe_apply,
     reference=Reference(f"{_REFERENCE}:moe_apply", formats=[{"x": _FLOAT, "w": WEIGHT_FORMATS}], traits=_ANY_MOE),
     workload=f"{_CASES}:MOE_APPLY",
 )
