@@ -67,6 +67,91 @@ def test_broken_plugin_is_reported_and_skipped(fake_entry_points):
     assert tk.registry.get("good.silu").source == "good"
 
 
+VENDOR_WITH_TABLE = """
+import json, pathlib, tempfile
+from tokenspeed_kernel import Capability, Priority, register_kernel, register_measured_table
+def register():
+    for name in ("vendor.rmsnorm_a", "vendor.rmsnorm_b"):
+        register_kernel("rmsnorm", name=name, solution="vendor", formats=[{"x": "fp32"}], priority=Priority.PORTABLE,
+                        capability=Capability(vendors={"nvidia"}), impl=lambda *a, _n=name, **k: _n)
+    entry = {"arch": "sm90", "device": "Test GPU", "op": "rmsnorm", "signature": ["fp32"],
+             "traits": {"fused_residual": False}, "buckets": {"rows": 3}, "cases": 1, "timing": "graph",
+             "scores": {"vendor.rmsnorm_a": 1.0, "vendor.rmsnorm_b": 1.3}}
+    path = pathlib.Path(tempfile.mkdtemp()) / "table.json"
+    path.write_text(json.dumps({"schema": 2, "kind": "tokenspeed-kernel-measured-table", "entries": [entry]}))
+    register_measured_table(path, device="Test GPU")
+"""
+THIRD_PARTY_SPECIALIZED = """
+from tokenspeed_kernel import Capability, Priority, register_kernel
+def register():
+    register_kernel("rmsnorm", name="thirdparty.rmsnorm", solution="thirdparty", formats=[{"x": "fp32"}],
+                    priority=Priority.SPECIALIZED, capability=Capability(vendors={"nvidia"}),
+                    impl=lambda *a, **k: "thirdparty")
+"""
+
+
+def test_an_unmeasured_specialized_plugin_kernel_beats_measured_portable_ones(fake_entry_points):
+    """Plugins compete on equal terms: no table regenerated in core, the SPECIALIZED band wins."""
+    fake_entry_points({"vendor": VENDOR_WITH_TABLE})
+    gpu = tk.make_platform("sm90", device_name="Test GPU")
+    x = {"sizes": {"rows": 5}, "platform": gpu}
+    ranked = [c for c in tk.explain_selection("rmsnorm", ("fp32",), {}, **x) if c.eligible]
+    assert [c.name for c in ranked[:2]] == ["vendor.rmsnorm_a", "vendor.rmsnorm_b"]  # the table, shipped by its plugin
+    assert ranked[0].reason.startswith("measured 1 (Test GPU, rows=4..7)")
+    fake_entry_points({"vendor": VENDOR_WITH_TABLE, "thirdparty": THIRD_PARTY_SPECIALIZED})
+    ranked = [c for c in tk.explain_selection("rmsnorm", ("fp32",), {}, **x) if c.eligible]
+    assert [c.name for c in ranked[:3]] == ["thirdparty.rmsnorm", "vendor.rmsnorm_a", "vendor.rmsnorm_b"]
+    assert "not measured, above the measured kernels' PORTABLE band" in ranked[0].reason
+    assert tk.plugin_reports()["vendor"].tables  # the report lists the plugin's table
+
+
+PARTIAL_REGISTER = """
+from tokenspeed_kernel import Priority, register_kernel
+def register():
+    register_kernel("silu_and_mul", name="partial.silu", solution="partial", formats=[{"x": "bf16"}],
+                    priority=Priority.SPECIALIZED, impl=lambda x, out=None: "partial")
+    raise RuntimeError("the second kernel's library is missing")
+"""
+EXITING = """
+def register():
+    raise SystemExit(3)
+"""
+
+
+CUSTOM_BASE = """
+def register():
+    class LibraryAbort(BaseException):
+        pass
+    raise LibraryAbort("device lost")
+"""
+
+
+def test_a_failed_plugin_leaves_nothing_registered_and_never_ends_the_process(fake_entry_points):
+    fake_entry_points({"partial": PARTIAL_REGISTER, "exiting": EXITING, "custom": CUSTOM_BASE, "good": GOOD})
+    with pytest.warns(RuntimeWarning) as caught:
+        reports = plugins.load_plugins()
+    assert reports["partial"].status == "failed" and reports["partial"].kernels == []
+    assert tk.registry.get("partial.silu") is None  # rolled back: not selectable
+    assert reports["exiting"].status == "failed" and "SystemExit" in reports["exiting"].error
+    assert reports["custom"].status == "failed" and "device lost" in reports["custom"].error
+    x = torch.randn(2, 4, dtype=torch.bfloat16)
+    assert tk.silu_and_mul(x) == "good"
+    # One warning per failed plugin, its error said once.
+    texts = [str(w.message) for w in caught]
+    partial = [t for t in texts if "'partial'" in t]
+    assert len(partial) == 1 and partial[0].count("the second kernel's library is missing") == 1
+
+
+def test_a_plugin_filter_naming_no_installed_plugin_warns(fake_entry_points, monkeypatch):
+    monkeypatch.setenv("TOKENSPEED_KERNEL_PLUGINS", "nosuchplugin")
+    fake_entry_points({"good": GOOD})
+    with pytest.warns(
+        RuntimeWarning, match=r"names plugin\(s\) \['nosuchplugin'\] that are not installed; installed plugins: good"
+    ):
+        reports = plugins.load_plugins()
+    assert reports["good"].status == "filtered"
+
+
 def test_plugin_loading_is_idempotent(fake_entry_points):
     fake_entry_points({"good": GOOD})
     first = plugins.load_plugins()
