@@ -63,9 +63,9 @@ def triton(session: nox.Session) -> None:
 
 @nox.session
 def nvidia(session: nox.Session) -> None:
-    """Core + NVIDIA package (+ the FA3 wheel's metadata, to test its registration)."""
+    """Core + NVIDIA package (+ the FA3 and triton_kernels wheels, to test their registration and layouts)."""
     _install(session, CORE, PACKAGES["nvidia"])
-    session.install("--no-deps", "tokenspeed-fa3")
+    session.install("--no-deps", "tokenspeed-fa3", "tokenspeed-triton-kernels")
     session.run(*PYTEST, f"{PACKAGES['nvidia']}/tests", *session.posargs, env={"TOKENSPEED_INSTALL_ALONE": "nvidia"})
 
 

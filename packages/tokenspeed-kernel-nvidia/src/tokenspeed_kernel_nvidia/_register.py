@@ -107,6 +107,34 @@ def register_cublas() -> None:
     )
 
 
+def register_triton_kernels() -> None:
+    """OpenAI's triton_kernels MXFP4 MoE (the Hopper peer engines use for GPT-OSS), when installed."""
+    if importlib.util.find_spec("triton_kernels") is None:
+        return
+    register_kernel(
+        "moe_apply",
+        name="triton_kernels.moe_apply",
+        solution="triton_kernels",
+        formats=[{"x": "bf16", "w": "mxfp4"}],
+        traits={
+            # The fused swiglu_fn: interleaved gate/up pairs (the preprocessor interleaves others),
+            # any alpha and limit (or none), up + 1 fixed.
+            "activation": ("swiglu",),
+            "clamp": (False, True),
+            "bias": (False, True),
+            "gate_up_interleaved": (False, True),
+        },
+        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
+        priority=Priority.PERFORMANT,
+        tags=("cuda_graph_safe",),
+        impl="tokenspeed_kernel_nvidia.triton_kernels.moe:moe_apply",
+        weight_preprocessor="tokenspeed_kernel_nvidia.triton_kernels.moe:preprocess_weights",
+        hardware_validated=False,
+        peer=True,
+        doc="OpenAI triton_kernels MXFP4 MoE (Hopper layouts, gather + fused SwiGLU, scatter + routing weights)",
+    )
+
+
 def register_measurements() -> None:
     """The measured tables of this package's devices (read on the first selection on such a device)."""
     data = files("tokenspeed_kernel_nvidia").joinpath("data")
@@ -120,4 +148,5 @@ def register() -> None:
     register_cublas()
     register_fa3()
     register_flashinfer()
+    register_triton_kernels()
     register_measurements()
