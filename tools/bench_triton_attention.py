@@ -8,7 +8,8 @@ KV heads, head_dim 64, bf16, sinks). Prefill: causal, and window 128 (window_lef
 at 1x1024 .. 8x8192. Decode: paged cache, page 16, batch x context 1x8192, 32x4096,
 64x8192, 256x2048 (pages shuffled over the cache, as an engine's allocator leaves them).
 
-Timing: ``triton.testing.do_bench`` (median, L2 flushed between runs). Triton and FA3
+Timing: the benchmark harness (``tokenspeed_kernel.benchmark.timer.time_fn``: CUDA-event
+median, L2 flushed between runs, the method of ``triton.testing.do_bench``). Triton and FA3
 (``tokenspeed_kernel_nvidia.fa3``, present when ``flash_attn_interface`` imports) run
 in the same process, one shape after the other, so compare the ratios. Metrics:
 prefill TFLOP/s counts only visible (query, key) pairs, i.e. the causal half (4 * D
@@ -41,6 +42,8 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.benchmark.timer import time_fn
+
 HQ, HKV, HEAD_DIM = 64, 8, 64
 PAGE = 16
 DEVICE = "cuda"
@@ -57,15 +60,6 @@ DECODE_TARGET_TBS = 2.8
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def _bench(fn: Callable[[], Any]) -> float:
-    """Median milliseconds of ``fn`` (one warm call first so compilation is not timed)."""
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def _visible_pairs(q_len: int, k_len: int, window_left: int) -> int:
@@ -149,11 +143,11 @@ def bench_prefill(shapes: list[tuple[int, int]], fa3: Any) -> list[dict[str, Any
                 "flops": flops,
             }
             ours = _prefill_call(prefill, x, window_left)
-            row["triton_ms"] = _bench(ours)
+            row["triton_ms"] = time_fn(ours, device=DEVICE).median_us / 1e3
             row["triton_tflops"] = flops / row["triton_ms"] / 1e9
             if fa3 is not None:
                 theirs = _prefill_call(fa3, x, window_left)
-                row["fa3_ms"] = _bench(theirs)
+                row["fa3_ms"] = time_fn(theirs, device=DEVICE).median_us / 1e3
                 row["fa3_tflops"] = flops / row["fa3_ms"] / 1e9
                 row["speedup_vs_fa3"] = row["fa3_ms"] / row["triton_ms"]
                 row["max_abs_diff_vs_fa3"] = _max_diff(ours(), theirs())
@@ -208,11 +202,11 @@ def bench_extend(shapes: list[tuple[int, int, int]], fa3: Any, gen: torch.Genera
                 "flops": flops,
             }
             ours = _extend_call(extend, x, window_left)
-            row["triton_ms"] = _bench(ours)
+            row["triton_ms"] = time_fn(ours, device=DEVICE).median_us / 1e3
             row["triton_tflops"] = flops / row["triton_ms"] / 1e9
             if fa3 is not None:
                 theirs = _extend_call(fa3, x, window_left)
-                row["fa3_ms"] = _bench(theirs)
+                row["fa3_ms"] = time_fn(theirs, device=DEVICE).median_us / 1e3
                 row["fa3_tflops"] = flops / row["fa3_ms"] / 1e9
                 row["speedup_vs_fa3"] = row["fa3_ms"] / row["triton_ms"]
                 row["max_abs_diff_vs_fa3"] = _max_diff(ours(), theirs())
@@ -265,11 +259,11 @@ def bench_decode(shapes: list[tuple[int, int]], fa3: Any, gen: torch.Generator) 
                 "bytes": nbytes,
             }
             ours = _decode_call(decode, x, window_left)
-            row["triton_ms"] = _bench(ours)
+            row["triton_ms"] = time_fn(ours, device=DEVICE).median_us / 1e3
             row["triton_tbs"] = nbytes / row["triton_ms"] / 1e9
             if fa3 is not None:
                 theirs = _decode_call(fa3, x, window_left)
-                row["fa3_ms"] = _bench(theirs)
+                row["fa3_ms"] = time_fn(theirs, device=DEVICE).median_us / 1e3
                 row["fa3_tbs"] = nbytes / row["fa3_ms"] / 1e9
                 row["speedup_vs_fa3"] = row["fa3_ms"] / row["triton_ms"]
                 row["max_abs_diff_vs_fa3"] = _max_diff(ours(), theirs())
@@ -300,8 +294,9 @@ def _grid(grid: dict[str, tuple]) -> list[dict[str, Any]]:
 
 
 def _try(fn: Callable[[], Any]) -> float | None:
+    """Median ms of ``fn``, None when it fails."""
     try:
-        return _bench(fn)
+        return time_fn(fn, device=DEVICE).median_us / 1e3
     except Exception as exc:  # e.g. out of shared memory for a large tile
         _log(f"    failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
         return None

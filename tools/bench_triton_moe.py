@@ -14,7 +14,10 @@ SwiGLU, weighted combine; ``anchor_gemm_us`` is the two grouped GEMMs alone (wha
 PERFORMANCE.md's anchor table lists). Routing is random (balanced on average); the
 same routing feeds both.
 
-Timing: ``triton.testing.do_bench`` median with the L2 flushed before each replay.
+Timing: the benchmark harness (``tokenspeed_kernel.benchmark.timer.time_fn``): CUDA-event
+median with the L2 flushed before each call or graph replay (the method of
+``triton.testing.do_bench``, with its 10 ms / 60 ms budgets); "ours" is ``graph=True``
+(one graph replay per sample), "eager" and the anchors are plain calls.
 Metrics: weight TB/s = MXFP4 bytes of the experts the tokens touch (codes + scales +
 biases) / time; TFLOP/s = 2 * T * k * 3 * H * I / time. Targets (portable path):
 1 token <= 40 us (full layer); <= 64 tokens weight streaming >= 3.2 TB/s (the
@@ -46,39 +49,20 @@ from typing import Any
 
 import torch
 
+from tokenspeed_kernel.benchmark.timer import time_fn
+
 E, TOP_K, H, I = 128, 4, 2880, 2880
 DEVICE = "cuda"
 TOKENS = [1, 8, 64, 512, 4096, 16384]
 SWEEP_TOKENS = [1, 8, 512, 16384]
 TARGET_1_TOKEN_US = 40.0
 TARGET_STREAM_TBS = 3.2
+#: Budgets of every timing here (the ``triton.testing.do_bench`` budgets these numbers were first measured with).
+TIMING = {"device": DEVICE, "warmup_ms": 10.0, "rep_ms": 60.0}
 
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def _do_bench(fn: Callable[[], Any]) -> float:
-    """Median milliseconds of ``fn`` with the L2 flushed before each call."""
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
-
-
-def _graph_ms(fn: Callable[[], Any]) -> float:
-    """Median milliseconds of one CUDA-graph replay of ``fn`` (launch cost excluded)."""
-    fn()  # compile and warm outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return _do_bench(graph.replay)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -194,14 +178,14 @@ def bench_layer(
             flops = 2.0 * t * TOP_K * 3 * H * I
             nbytes = experts_hit * _expert_bytes()
             row.update(experts_hit=experts_hit, flops=flops, weight_bytes=nbytes)
-            row["ours_us"] = _graph_ms(ours) * 1e3
-            row["ours_eager_us"] = _do_bench(ours) * 1e3
+            row["ours_us"] = time_fn(ours, graph=True, **TIMING).median_us
+            row["ours_eager_us"] = time_fn(ours, **TIMING).median_us
             row["ours_tbs"] = nbytes / row["ours_us"] / 1e6
             row["ours_tflops"] = flops / row["ours_us"] / 1e6
             if bf16 is not None:
                 layer, gemms = _anchor(logits, x, w, *bf16, act)
-                row["anchor_us"] = _do_bench(layer) * 1e3
-                row["anchor_gemm_us"] = _do_bench(gemms) * 1e3
+                row["anchor_us"] = time_fn(layer, **TIMING).median_us
+                row["anchor_gemm_us"] = time_fn(gemms, **TIMING).median_us
                 row["anchor_tflops"] = flops / row["anchor_us"] / 1e6
                 row["speedup_vs_anchor"] = row["anchor_us"] / row["ours_us"]
                 ref = layer().float()
@@ -272,7 +256,7 @@ def sweep(tokens: list[int], w: Any, quick: bool, gen: torch.Generator, deadline
                 else:
                     fn = functools.partial(experts.launch_down, inter, row_map, perm, tw, w2, y, **kw)
                 try:
-                    us = _graph_ms(fn) * 1e3
+                    us = time_fn(fn, graph=True, **TIMING).median_us
                 except Exception as exc:  # e.g. out of shared memory for a large tile
                     us = None
                     _log(f"    failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")

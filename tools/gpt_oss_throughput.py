@@ -45,7 +45,6 @@ import gc
 import json
 import os
 import platform as host_platform
-import statistics
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from typing import Any
 import torch
 
 import tokenspeed_kernel as tk
+from tokenspeed_kernel.benchmark.timer import time_calls
 from tokenspeed_kernel.models import gpt_oss as m
 
 CONFIGS = ("full", "triton", "reference")
@@ -70,25 +70,6 @@ def _log(msg: str) -> None:
 def _error_text(exc: BaseException, *, full: bool = False) -> str:
     text = str(exc) if full else (str(exc).splitlines() or [""])[0]
     return f"{type(exc).__name__}: {text}"[: 4000 if full else 500]
-
-
-class Timer:
-    """Wall time of a region on the device: CUDA events on GPUs, perf_counter on CPUs."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def time_ms(self, fn: Callable[[], Any]) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
 
 
 def _sync(device: torch.device) -> None:
@@ -141,12 +122,9 @@ def time_prefill(
         # The same slots every time: each run rewrites the same K/V, as a fresh prefill would.
         return model.prefill(tokens, positions, cu, length, cache, slots, last_index=last)
 
-    timer = Timer(device)
-    for _ in range(warmup):
-        run()
-    _sync(device)
-    times = [timer.time_ms(run) for _ in range(iters)]
-    ms = statistics.median(times)
+    timing = time_calls(run, device=device, repeats=iters, warmup=warmup)
+    times = [us / 1e3 for us in timing.samples_us]
+    ms = timing.median_us / 1e3
     return {
         "batch": batch,
         "length": length,
@@ -191,7 +169,6 @@ def time_decode(
     """Decode step time at ``context`` tokens already cached (the new token at position ``context``)."""
     device = model.device
     _, runner, tokens, positions = _decode_setup(model, batch, context, steps, page_size, cuda_graph=cuda_graph)
-    timer = Timer(device)
     runner.set_state(tokens, positions)
     runner.step()  # eager warm-up (and capture, when asked)
     if runner.graph is not None:
@@ -209,13 +186,13 @@ def time_decode(
     if runner.capture_error:
         out["capture_error"] = runner.capture_error
     runner.set_state(tokens, positions)
-    ms = timer.time_ms(run_steps(steps)) / steps
+    ms = time_calls(run_steps(steps), device=device, repeats=1).median_us / 1e3 / steps
     out.update({"ms": ms, "tokens_per_s": batch / (ms / 1e3), "steps": steps})
     if runner.graph is not None and eager_steps > 0:
         runner.graph = None
         runner.want_graph = False
         runner.set_state(tokens, positions)
-        out["eager_ms"] = timer.time_ms(run_steps(eager_steps)) / eager_steps
+        out["eager_ms"] = time_calls(run_steps(eager_steps), device=device, repeats=1).median_us / 1e3 / eager_steps
         out["eager_steps"] = eager_steps
     return out
 
