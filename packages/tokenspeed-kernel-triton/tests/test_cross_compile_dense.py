@@ -28,15 +28,23 @@ import pytest
 
 pytest.importorskip("triton")
 
+from tokenspeed_kernel_triton import activation, quantization, rope, sampling
+from tokenspeed_kernel_triton import mm as gemm
+from tokenspeed_kernel_triton import rmsnorm as norm
 from tokenspeed_kernel_triton._common import CROSS_COMPILE_TARGETS
-from tokenspeed_kernel_triton.dense import activation, gemm, norm, quantization, rope, sampling
-from tokenspeed_kernel_triton.dense._configs import (
-    MM_CONFIGS,
-    RMSNORM_CONFIGS,
-    ROW_CONFIGS,
-    SAMPLE_CONFIGS,
-    MMConfig,
-)
+from tokenspeed_kernel_triton.mm import MM_CONFIGS, MMConfig
+from tokenspeed_kernel_triton.rmsnorm import RMSNORM_CONFIGS
+from tokenspeed_kernel_triton.sampling import SAMPLE_CONFIGS
+
+ROW_CONFIGS = {
+    "swiglu": activation.SWIGLU_CONFIGS,
+    "apply_rotary": rope.ROTARY_CONFIGS,
+    "quantize_fp8": quantization.QUANTIZE_FP8_CONFIGS,
+    "quantize_fp8_block128": quantization.QUANTIZE_FP8_BLOCK128_CONFIGS,
+    "quantize_mxfp4": quantization.QUANTIZE_MXFP4_CONFIGS,
+    "dequantize_mxfp4": quantization.DEQUANTIZE_MXFP4_CONFIGS,
+    "argmax": sampling.ARGMAX_CONFIGS,
+}
 
 TARGETS = {"sm90": "nvidia", "gfx942": "amd", "gfx950": "amd"}
 HIDDEN = 2880  # GPT-OSS hidden size (and MoE intermediate size)

@@ -23,7 +23,7 @@ from tokenspeed_kernel.reference import gemm as ref_gemm
 from tokenspeed_kernel.reference import norm as ref_norm
 from tokenspeed_kernel.reference import quantization as ref_quant
 from tokenspeed_kernel.reference import rope as ref_rope
-from tokenspeed_kernel_triton.dense._configs import MM_CONFIGS
+from tokenspeed_kernel_triton.mm import MM_CONFIGS
 
 # Output rounding of one element: bf16 keeps 8 significant bits, fp16 11. The
 # interpreter truncates fp32 -> bf16 instead of rounding, hence a full ulp for bf16.
@@ -223,8 +223,8 @@ def test_mm_every_config_row(device, family, kind, row):
     """Every tile of every family's table (split-K, GEMV and block-scale rows included) on
     operands that straddle 128-blocks in N and K. On CPU every row runs under the
     interpreter (its dot upcast to fp32, the only change); on a GPU, its own family's rows."""
-    from tokenspeed_kernel_triton.dense import gemm
-    from tokenspeed_kernel_triton.dense._configs import arch_family
+    from tokenspeed_kernel_triton import mm as gemm
+    from tokenspeed_kernel_triton._host import arch_family
 
     cfg = MM_CONFIGS[family][kind][row][1]
     if device == "cpu":

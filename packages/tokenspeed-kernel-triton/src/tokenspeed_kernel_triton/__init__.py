@@ -1,8 +1,10 @@
 """Portable Triton kernels for TokenSpeed-kernel.
 
-Kernels are plain functions on torch tensors under ``tokenspeed_kernel_triton.<family>``;
-``_register.register`` (the plugin entry point) adds them to the registry with lazy
-implementations, so importing this package does not import Triton.
+One module per dense op (``mm``, ``rmsnorm``, ``activation``, ``rope``, ``quantization``,
+``sampling``), each holding its kernels, launchers and config tables; the ``attention``
+and ``moe`` packages hold those families. ``_register.register`` (the plugin entry
+point) adds every kernel to the registry with lazy implementations, so importing this
+package does not import Triton.
 """
 
 __version__ = "0.1.0"

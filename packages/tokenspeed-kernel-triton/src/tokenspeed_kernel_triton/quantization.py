@@ -19,11 +19,46 @@ import torch
 import triton
 import triton.language as tl
 
-from .._mxfp4 import unpack_mxfp4
-from ._common import as_rows
-from ._configs import row_config
+from ._host import RowConfig, as_rows, row_config
+from ._mxfp4 import unpack_mxfp4
 
-__all__ = ["quantize_fp8", "quantize_mxfp4", "dequantize_mxfp4", "TRITON_KERNELS"]
+__all__ = [
+    "DEQUANTIZE_MXFP4_CONFIGS",
+    "QUANTIZE_FP8_BLOCK128_CONFIGS",
+    "QUANTIZE_FP8_CONFIGS",
+    "QUANTIZE_MXFP4_CONFIGS",
+    "quantize_fp8",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "TRITON_KERNELS",
+]
+
+# Per-family configs. None is measured on hardware; the interpreter's small blocks make
+# test rows span several programs with tails.
+#: quantize_fp8 per token / per tensor / static: ``block`` is the K chunk, ``rows`` rows per program.
+QUANTIZE_FP8_CONFIGS: dict[str, RowConfig] = {
+    "nvidia": RowConfig(block=4096, num_warps=8),
+    "amd": RowConfig(block=4096, num_warps=8),
+    "interpret": RowConfig(block=32, rows=2),
+}
+#: quantize_fp8 block128: ``rows`` 128-blocks (of one row) per program.
+QUANTIZE_FP8_BLOCK128_CONFIGS: dict[str, RowConfig] = {
+    "nvidia": RowConfig(block=128, rows=8, num_warps=4),
+    "amd": RowConfig(block=128, rows=8, num_warps=4),
+    "interpret": RowConfig(block=128, rows=2),
+}
+#: quantize_mxfp4: ``rows`` 32-value groups (of one row) per program.
+QUANTIZE_MXFP4_CONFIGS: dict[str, RowConfig] = {
+    "nvidia": RowConfig(block=32, rows=64, num_warps=4),
+    "amd": RowConfig(block=32, rows=64, num_warps=4),
+    "interpret": RowConfig(block=32, rows=2),
+}
+#: dequantize_mxfp4: ``block`` values of ``rows`` rows per program.
+DEQUANTIZE_MXFP4_CONFIGS: dict[str, RowConfig] = {
+    "nvidia": RowConfig(block=1024, rows=4, num_warps=4),
+    "amd": RowConfig(block=1024, rows=4, num_warps=4),
+    "interpret": RowConfig(block=64, rows=2),
+}
 
 _FP8_MAX = 448.0
 #: Upper bound on the partial maxima of the per-tensor first pass (each quantize
@@ -237,14 +272,14 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
         nb = triton.cdiv(k, 128)
         scales = torch.empty((m, nb), dtype=torch.float32, device=dev)
         if m and nb:
-            cfg = row_config("quantize_fp8_block128", dev)
+            cfg = row_config(QUANTIZE_FP8_BLOCK128_CONFIGS, dev)
             blocks = min(cfg.rows, triton.next_power_of_2(nb))
             _fp8_block128_kernel[(m, triton.cdiv(nb, blocks))](
                 x, q, scales, k, nb, x.stride(0), q.stride(0), scales.stride(0),
                 BLOCKS=blocks, num_warps=cfg.num_warps, **cfg.launch,
             )  # fmt: skip
         return q, scales
-    cfg = row_config("quantize_fp8", dev)
+    cfg = row_config(QUANTIZE_FP8_CONFIGS, dev)
     block_k = max(16, min(cfg.block, triton.next_power_of_2(max(k, 1))))
     block_m = cfg.rows
     grid = (triton.cdiv(m, block_m),)
@@ -296,7 +331,7 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x2 = as_rows(x)
     n_groups = k // 32
     if x2.shape[0] and n_groups:
-        cfg = row_config("quantize_mxfp4", x.device)
+        cfg = row_config(QUANTIZE_MXFP4_CONFIGS, x.device)
         groups = min(cfg.rows, triton.next_power_of_2(n_groups))
         b2, s2 = blocks.view(-1, k // 2), scales.view(-1, n_groups)
         _mxfp4_quantize_kernel[(x2.shape[0], triton.cdiv(n_groups, groups))](
@@ -319,7 +354,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype: torch
     b2, s2 = as_rows(blocks), as_rows(scales)
     n_rows = b2.shape[0]
     if n_rows and k:
-        cfg = row_config("dequantize_mxfp4", blocks.device)
+        cfg = row_config(DEQUANTIZE_MXFP4_CONFIGS, blocks.device)
         block_k = max(32, min(cfg.block, triton.next_power_of_2(k)))
         o2 = out.view(-1, k)
         _mxfp4_dequantize_kernel[(triton.cdiv(n_rows, cfg.rows), triton.cdiv(k, block_k))](

@@ -46,13 +46,64 @@ reference's for the same uniform except where fp rounding ties two choices.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from ._configs import row_config, sample_config
+from ._host import RowConfig, arch_family, row_config
 
-__all__ = ["argmax", "top_k_top_p_sample", "TRITON_KERNELS"]
+__all__ = [
+    "ARGMAX_CONFIGS",
+    "SAMPLE_CONFIGS",
+    "SampleConfig",
+    "argmax",
+    "sample_config",
+    "top_k_top_p_sample",
+    "TRITON_KERNELS",
+]
+
+#: argmax, per family: ``block`` elements per step, ``rows`` steps per chunk of stage one
+#: (a chunk is block * rows logits; 201088 / 4096 -> 50 chunks per row). Not tuned on
+#: hardware; the interpreter's small chunks send test rows through the two-stage path.
+ARGMAX_CONFIGS: dict[str, RowConfig] = {
+    "nvidia": RowConfig(block=1024, rows=4, num_warps=4),
+    "amd": RowConfig(block=1024, rows=4, num_warps=4),
+    "interpret": RowConfig(block=128, rows=2),
+}
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """Sampler: each program of a full pass owns ``block * steps`` vocabulary entries of
+    one row; ``cap``: candidates a single program sorts to finish a row (the top-k set, or
+    the entries left around the top-p threshold); ``probes``: thresholds per pass of the
+    exact per-row search used when more than ``cap`` entries tie around the threshold."""
+
+    block: int
+    steps: int
+    cap: int
+    probes: int = 16
+    num_warps: int = 8
+
+
+# Sampler: 8192 entries per program puts a 64 x 201088 batch on 1600 programs (~12 per
+# H200 SM) with 16-byte loads (8 bf16 per thread per step at 8 warps); 1024 candidates
+# cover top-k up to ~1000 and the entries left in the top-p interval after three
+# 256-bucket narrowing passes. Reasoned, not yet measured (the previous one-program-per-row
+# search took 5.3 ms at 64 x 201088 on the H200). The interpreter's tiny chunks and cap
+# send test rows through every path (several chunks, overflowing candidate sets).
+SAMPLE_CONFIGS: dict[str, SampleConfig] = {
+    "nvidia": SampleConfig(block=2048, steps=4, cap=1024, probes=16, num_warps=8),
+    "amd": SampleConfig(block=2048, steps=4, cap=1024, probes=16, num_warps=8),
+    "interpret": SampleConfig(block=256, steps=2, cap=16, probes=8, num_warps=4),
+}
+
+
+def sample_config(device: torch.device) -> SampleConfig:
+    return SAMPLE_CONFIGS[arch_family(device)]
+
 
 _INT_MAX = tl.constexpr(2147483647)
 #: Buckets of every histogram pass (8 key bits).
@@ -676,7 +727,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
         return out
     if v == 0:
         raise ValueError("logits: argmax needs at least one column")
-    cfg = row_config("argmax", logits.device)
+    cfg = row_config(ARGMAX_CONFIGS, logits.device)
     block = min(cfg.block, triton.next_power_of_2(v))
     steps = min(cfg.rows, triton.cdiv(v, block))
     n_chunks = triton.cdiv(v, block * steps)

@@ -29,16 +29,21 @@ error of a result is a few 1e-5 of ``sum_k |a_k b_k|``, not of ``|result|``.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from .._mxfp4 import E2M1_REBIAS, e2m1_word_planes, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
-from ._configs import MMConfig, mm_config
+from ._host import arch_family
+from ._mxfp4 import E2M1_REBIAS, e2m1_word_planes, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
 
 __all__ = [
+    "MMConfig",
+    "MM_CONFIGS",
+    "mm_config",
     "mm",
     "mm_with_config",
     "operand_kind",
@@ -57,6 +62,145 @@ __all__ = [
 SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK128, SCALE_MXFP4, SCALE_MXFP4_WORDS = 0, 1, 2, 3, 4, 5
 
 _FP8 = (torch.float8_e4m3fn,)
+
+
+@dataclass(frozen=True)
+class MMConfig:
+    """One GEMM tile: ``BLOCK_M x BLOCK_N`` outputs per program, ``BLOCK_K`` per step.
+
+    ``group_m``: programs are walked in column groups of this many row tiles so
+    that neighbouring programs share B tiles in L2. ``dot_in_fp32``: upcast both
+    operands to fp32 before ``tl.dot`` (the interpreter multiplies bf16 storage as
+    raw integers, so its config needs this; GPUs never do). ``fp8_imprecise_acc``:
+    how many K elements Hopper's fp8 wgmma may sum in its reduced-precision
+    accumulator before promoting to fp32 (None = Triton's default, i.e. never).
+    ``split_k``: at most this many K slices (fp32 partials, then an ordered reduction);
+    ``split_target``: use only as many slices as it takes for the output tiles times the
+    slices to reach this many programs (0 = always ``split_k``). ``gemv``: MXFP4 weights
+    only, the MMA-free GEMV kernel for a handful of rows (``block_m`` = rows per program).
+    ``launch``: extra backend launch options (e.g. AMD ``waves_per_eu``).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    dot_in_fp32: bool = False
+    fp8_imprecise_acc: int | None = None
+    split_k: int = 1
+    split_target: int = 0
+    gemv: bool = False
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+# mm: per family, per operand kind, (largest M, config) rows tried in order; the
+# last row has M = None (any). Kinds: "16bit" (bf16/fp16), "fp32", "fp8"
+# (per-tensor/row scales), "fp8_block128" (BLOCK_K must divide 128), "mxfp4"
+# (BLOCK_K a multiple of 32).
+#
+# Small M is weight-streaming bound and short of programs: GPT-OSS's QKV projection
+# (N = 5120) is 320 tiles of 16, its O projection (N = 2880) 180, on 132 SMs, each tile
+# walking all of K. Split-K (split_k / split_target, ~4 programs per SM) multiplies the
+# programs in flight; MXFP4 decode also spends ALU time per weight value, which split-K
+# spreads over more SMs. ``gemv=True`` rows (MXFP4, a few rows) take the MMA-free GEMV.
+#
+# NVIDIA (H200), measured 2026-11-30 with do_bench (--quick bench): bf16 mm 0.53-0.75x
+# cuBLAS, fp8 0.39-0.59x; at M <= 16, split-K (bf16/fp8) and the GEMV + split-K (MXFP4)
+# measured 2-4x slower than the plain tiles, so those rows are plain again. do_bench
+# times a Python call: the split paths' extra launch and allocation add CPU time that
+# can exceed the L2-flush memset do_bench queues first, so part of that gap may be host
+# overhead a CUDA-graph decode step does not pay; the bench's "graph us" column and
+# --sweep (graph-timed, split-K and GEMV configs included) tell. Reasoned, not measured:
+# prefill bf16 128x256x64 with 4 stages (4 x 48 KB of smem, under the 227 KB; wgmma
+# m64n256 per warpgroup, 8 warps); fp8 128x256x128 with 4 stages (4 x 48 KB).
+_NV_FP8_ACC = 128
+_SPLIT_TARGET = 4 * 132  # programs: about four per H200 SM
+MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
+    "nvidia": {
+        "16bit": (
+            # M <= 16 bf16/fp16: no split-K. Measured on the H200 (2026-11-30, --quick): qkv M=1
+            # 30.8 us without split-K, 115.3 us with split_k=4.
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=4)),
+            (256, MMConfig(128, 128, 64, num_warps=8, num_stages=3)),
+            (None, MMConfig(128, 256, 64, num_warps=8, num_stages=4)),
+        ),
+        "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=3)),),
+        "fp8": (
+            # fp8 M <= 16: no split-K (H200: o M=1 28.6 us without, 105 us with split_k=4).
+            (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+            (None, MMConfig(128, 256, 128, num_warps=8, num_stages=4, fp8_imprecise_acc=_NV_FP8_ACC)),
+        ),
+        "fp8_block128": (
+            # no split-K at M <= 16, as the measured bf16/fp8 rows (not measured here)
+            (16, MMConfig(16, 32, 128, num_warps=4, num_stages=4)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4)),
+            # 128x128: the per-step partial product doubles the accumulator registers
+            (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
+        ),
+        "mxfp4": (
+            # MXFP4 M <= 16: the call-2 tile (H200: qkv M=1 46.5 us; the GEMV + split_k=8 row
+            # measured 92.1 us). M <= 64 keeps split_k=4 (qkv M=64 63.7 -> 40.1 us).
+            (16, MMConfig(16, 32, 256, num_warps=4, num_stages=4)),
+            (64, MMConfig(64, 64, 128, num_warps=4, num_stages=4, split_k=4, split_target=_SPLIT_TARGET)),
+            (None, MMConfig(128, 128, 128, num_warps=8, num_stages=3)),
+        ),
+    },
+    # Sized so that neither gfx942 nor gfx950 spills VGPRs (checked by the cross-compile
+    # test); 256-wide tiles spilled 100+ VGPRs on both. gfx942 has no OCP fp8 MFMA, so
+    # its fp8 tiles also pay for the conversion to fp16 in registers. Not measured on
+    # hardware; split-K on the decode rows as on NVIDIA (MI300X/MI355X: 304/256 CUs).
+    "amd": {
+        "16bit": (
+            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+            (None, MMConfig(128, 128, 64, num_warps=8, num_stages=2)),
+        ),
+        "fp32": ((None, MMConfig(64, 64, 32, num_warps=4, num_stages=2)),),
+        "fp8": (
+            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+            (None, MMConfig(128, 64, 64, num_warps=4, num_stages=2)),
+        ),
+        "fp8_block128": (
+            (16, MMConfig(16, 64, 64, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
+            (None, MMConfig(64, 64, 64, num_warps=4, num_stages=2)),
+        ),
+        "mxfp4": (
+            (4, MMConfig(4, 64, 256, num_warps=4, num_stages=1, gemv=True, split_k=8, split_target=4 * 304)),
+            (16, MMConfig(16, 64, 128, num_warps=4, num_stages=2, split_k=8, split_target=4 * 304)),
+            (64, MMConfig(64, 64, 64, num_warps=4, num_stages=2, split_k=4, split_target=4 * 304)),
+            (None, MMConfig(128, 128, 64, num_warps=8, num_stages=2)),
+        ),
+    },
+    # Small tiles so the tests exercise several programs, K tails, wrap-around rows,
+    # split-K (two slices at M <= 2) and the MXFP4 GEMV.
+    "interpret": {
+        "16bit": (
+            (2, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True, split_k=2)),
+            (None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),
+        ),
+        "fp32": ((None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),),
+        "fp8": ((None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),),
+        "fp8_block128": ((None, MMConfig(16, 16, 32, group_m=2, dot_in_fp32=True)),),
+        "mxfp4": (
+            (2, MMConfig(2, 16, 64, gemv=True, split_k=2)),
+            (None, MMConfig(16, 16, 64, group_m=2, dot_in_fp32=True)),
+        ),
+    },
+}
+
+
+def mm_config(kind: str, m: int, device: torch.device, *, gemv: bool = True) -> MMConfig:
+    """The GEMM tile for operand ``kind`` at ``m`` rows on ``device``'s family
+    (``gemv=False``: skip GEMV rows, for MXFP4 codes the GEMV cannot read)."""
+    for max_m, cfg in MM_CONFIGS[arch_family(device)][kind]:
+        if (max_m is None or m <= max_m) and (gemv or not cfg.gemv):
+            return cfg
+    raise AssertionError(f"mm config table for {kind!r} has no catch-all row")
 
 
 @triton.jit
@@ -454,11 +598,7 @@ def mm_with_config(
         if words is not None:
             return _gemv(a, words, bias, b_scale, out, cfg)
         # unaligned codes: the table's MMA tile (of an explicit config, the same width)
-        cfg = (
-            mm_config(kind, m, a.device, gemv=False)
-            if config is None
-            else dataclasses.replace(cfg, block_m=16, gemv=False)
-        )
+        cfg = mm_config(kind, m, a.device, gemv=False) if config is None else replace(cfg, block_m=16, gemv=False)
     a_mode = _scale_mode(a_scale, m)
     if kind == "mxfp4":
         b_mode = SCALE_MXFP4_WORDS if words is not None else SCALE_MXFP4

@@ -10,10 +10,49 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import RowsOut, as_rows
-from ._configs import RowConfig, rmsnorm_config
+from ._host import RowConfig, RowsOut, arch_family, as_rows
 
-__all__ = ["rmsnorm", "rmsnorm_with_config", "TRITON_KERNELS"]
+__all__ = ["RMSNORM_CONFIGS", "RowConfig", "rmsnorm", "rmsnorm_config", "rmsnorm_with_config", "TRITON_KERNELS"]
+
+# rmsnorm, by row count: (largest row count, config), the last row catch-all. "block" is
+# the widest row kept whole in registers (one read of x); longer rows take two passes.
+# A GPT-OSS row (2880 bf16) is 360 16-byte vectors: one 4096-lane tile, or with
+# ``two_tiles`` a 2048 + 1024-lane pair (a quarter fewer registers, but two reductions).
+# H200, do_bench (2026-11-30), TB/s plain / with residual:
+#   1 row per program, 8 warps, one tile:      4096 rows 2.52 / 2.30, 16384 rows 3.79 / 3.93
+#   (this table's previous version) <= 8192 rows: 2 rows / 4 warps, two tiles: 4096 rows
+#   2.59 / 2.84; more: 1 row / 8 warps, two tiles: 16384 rows 3.07 / 3.87
+# so: 2 rows / 4 warps / two tiles up to 8192 rows (the residual case gained 23 %), one
+# tile at 1 row / 8 warps above (two tiles lost 20 % there, plain). 4096 rows stays under
+# the 3.6 TB/s target; the bench's copy-of-the-same-bytes and graph columns show how much
+# of that is do_bench's fixed cost at 47 MB. Decode (<= 256 rows, reasoned): latency
+# bound, one row over 8 warps, one tile (one reduction). --sweep times rows x warps.
+RMSNORM_CONFIGS: dict[str, tuple[tuple[int | None, RowConfig], ...]] = {
+    "nvidia": (
+        (256, RowConfig(block=4096, num_warps=8, rows=1)),
+        (8192, RowConfig(block=4096, num_warps=4, rows=2, two_tiles=True)),
+        (None, RowConfig(block=4096, num_warps=8, rows=1)),
+    ),
+    # AMD (not measured): 64-lane wavefronts, so 4 warps is 256 lanes, like 8 NVIDIA warps.
+    "amd": (
+        (256, RowConfig(block=4096, num_warps=4, rows=1)),
+        (8192, RowConfig(block=4096, num_warps=4, rows=2, two_tiles=True)),
+        (None, RowConfig(block=4096, num_warps=4, rows=1)),
+    ),
+    # Interpreter: small enough that test rows take the one-tile, two-tile and two-pass paths.
+    "interpret": (
+        (4, RowConfig(block=64, rows=2)),
+        (None, RowConfig(block=64, rows=2, two_tiles=True)),
+    ),
+}
+
+
+def rmsnorm_config(n_rows: int, device: torch.device) -> RowConfig:
+    """The rmsnorm config for ``n_rows`` rows on ``device``'s family."""
+    for max_rows, cfg in RMSNORM_CONFIGS[arch_family(device)]:
+        if max_rows is None or n_rows <= max_rows:
+            return cfg
+    raise AssertionError("rmsnorm config table has no catch-all row")
 
 
 @triton.jit

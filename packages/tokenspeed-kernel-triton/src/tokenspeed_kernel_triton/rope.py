@@ -11,9 +11,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._configs import row_config
+from ._host import RowConfig, row_config
 
-__all__ = ["apply_rotary", "TRITON_KERNELS"]
+__all__ = ["ROTARY_CONFIGS", "apply_rotary", "TRITON_KERNELS"]
+
+#: Per family: ``rows`` heads per program (``block`` is unused: head_dim, rounded up to
+#: a power of two, is set per call). Not measured on hardware; the interpreter's 2 heads
+#: make test tokens span several programs.
+ROTARY_CONFIGS: dict[str, RowConfig] = {
+    "nvidia": RowConfig(block=0, rows=16, num_warps=4),
+    "amd": RowConfig(block=0, rows=16, num_warps=4),
+    "interpret": RowConfig(block=0, rows=2),
+}
 
 
 @triton.jit
@@ -109,7 +118,7 @@ def apply_rotary(
     k_out = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
     if t == 0 or d == 0 or max(hq, hk) == 0:
         return q_out, k_out
-    cfg = row_config("apply_rotary", q.device)
+    cfg = row_config(ROTARY_CONFIGS, q.device)
     block_h = min(cfg.rows, triton.next_power_of_2(max(hq, hk)))
     _rotary_kernel[(t, triton.cdiv(max(hq, hk), block_h))](
         q, k, q_out, k_out, cos_sin_cache, positions,

@@ -1,8 +1,45 @@
-"""Host-side helpers shared by the dense kernels' wrappers."""
+"""Host-side pieces shared by the dense op modules (mm, rmsnorm, activation, rope, quantization, sampling).
+
+Every config table of those modules is keyed by arch family: ``"nvidia"`` (CUDA
+devices), ``"amd"`` (ROCm devices) and ``"interpret"`` (CPU tensors under
+``TRITON_INTERPRET=1``, sized for test speed, not performance). A kernel reads its
+config through :func:`arch_family` and its op's table, never from constants
+scattered in the code; each table carries a note saying where its numbers come from.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
+
+__all__ = ["RowConfig", "RowsOut", "arch_family", "as_rows", "row_config"]
+
+
+def arch_family(device: torch.device) -> str:
+    """``"interpret"`` for CPU tensors, else ``"amd"`` on ROCm builds of torch, else ``"nvidia"``."""
+    if device.type == "cpu":
+        return "interpret"
+    return "amd" if torch.version.hip else "nvidia"
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """A row-wise kernel: ``block`` elements of the row per step, ``rows`` rows per program.
+    ``two_tiles`` (rmsnorm): hold a whole row as two power-of-two tiles instead of one."""
+
+    block: int
+    num_warps: int = 4
+    rows: int = 1
+    two_tiles: bool = False
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+def row_config(table: Mapping[str, RowConfig], device: torch.device) -> RowConfig:
+    """The entry of a per-family ``table`` for ``device``."""
+    return table[arch_family(device)]
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:
