@@ -7,6 +7,8 @@ H=I=2880, MXFP4 + biases + clamped SwiGLU) on a CUDA device.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -258,6 +260,60 @@ def test_mxfp4_decoders_agree_and_tiles_cover_every_shape() -> None:
     assert torch.equal(bits, experts.moe_apply(x, w, ids, weights, GPT_OSS, path="grouped", configs=(shared, shared)))
     swapped = GemmConfig(block_m=16, block_n=32, block_k=32, swap_ab=True, num_stages=1)
     _assert_close_to(experts.moe_apply(x, w, ids, weights, GPT_OSS, path="tiny", configs=(swapped, swapped)), expected)
+
+
+#: Every MXFP4 decode path of the MoE GEMMs: (path, gate/up and down tile config).
+_DECODE_PATHS = {
+    "grouped-words": ("grouped", GemmConfig(block_m=16, block_n=32, block_k=32, num_stages=1)),
+    "grouped-bytes": ("grouped", GemmConfig(block_m=16, block_n=32, block_k=32, num_stages=1, decode="shared")),
+    "tiny-swapped": ("tiny", GemmConfig(block_n=32, block_k=32, swap_ab=True, num_stages=1)),
+    "tiny-gemv": ("tiny", GemmConfig(block_n=32, block_k=32, use_dot=False, num_stages=1)),
+}
+
+
+def _w13_at_scale_byte(scale_byte: int, codes_mask: int, codes_set: int, seed: int) -> MoEWeights:
+    w = _weights("mxfp4", bias=False, seed=seed)
+    return dataclasses.replace(
+        w, w13=(w.w13 & codes_mask) | codes_set, w13_scale=torch.full_like(w.w13_scale, scale_byte)
+    )
+
+
+# Byte 0 runs on the GEMV only: the MMA paths cast decoded weights to x's dtype, and
+# 2**-127-scaled values are bf16 subnormals, which the interpreter flushes to zero.
+_EXTREME_SCALES = [(v, s) for v in sorted(_DECODE_PATHS) for s in (250, 254)] + [("tiny-gemv", 0)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # silu's exp of large gates
+@pytest.mark.parametrize(("variant", "scale_byte"), _EXTREME_SCALES)
+def test_mxfp4_extreme_scale_bytes(variant: str, scale_byte: int) -> None:
+    """Every w13 group at E8M0 byte 250 or 254 (past 240, where a scale folded into one
+    2**(s - 113) overflows) or 0 (the subnormal 2**-127). Codes are kept to magnitudes <= 1.5
+    (so 1.5 * 2**127 stays finite) and x is scaled to keep the products near 1; the decoded
+    weights are checked against ``mxfp4_to_float`` (through the reference layer)."""
+    weights = _w13_at_scale_byte(scale_byte, 0xBB, 0, seed=26)  # nibble bit 2 cleared: 0, 0.5, 1, 1.5
+    w, ids = _routing(5, seed=27)
+    x = _x(5, seed=28, scale=2.0 ** max(-100, min(100, 124 - scale_byte)))
+    act = MoEActivation(limit=None)  # no clamp: the gate/up products reach the output unsaturated
+    path, cfg = _DECODE_PATHS[variant]
+    out = experts.moe_apply(x, w, ids, weights, act, path=path, configs=(cfg, cfg))
+    expected = ref.moe_apply(x, w, ids, weights, act)
+    assert bool(expected.isfinite().all()) and expected.abs().max() > 0
+    _assert_close_to(out, expected)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf products (and 0 * inf in padding rows)
+@pytest.mark.parametrize("variant", sorted(_DECODE_PATHS))
+def test_mxfp4_scale_byte_255_is_infinite(variant: str) -> None:
+    """E8M0 byte 255 decodes to infinity (``exp2(128)``, as the reference): with positive codes
+    and x every gate/up output is +inf, which GPT-OSS's clamp turns into the finite limit."""
+    weights = _w13_at_scale_byte(255, 0x33, 0x11, seed=29)  # codes 1 and 3: +0.5, +1.5
+    w, ids = _routing(5, seed=30)
+    x = _x(5, seed=31).abs() + 0.5
+    path, cfg = _DECODE_PATHS[variant]
+    out = experts.moe_apply(x, w, ids, weights, GPT_OSS, path=path, configs=(cfg, cfg))
+    expected = ref.moe_apply(x, w, ids, weights, GPT_OSS)
+    assert bool(expected.isfinite().all())
+    _assert_close_to(out, expected)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8_e4m3:per_channel"])

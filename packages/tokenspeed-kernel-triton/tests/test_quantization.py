@@ -209,6 +209,7 @@ def test_mxfp4_round_trip_exact(device):
     assert torch.equal(b2, blocks) and torch.equal(s2, scales)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # 6 * 2**127 is inf in fp32
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_mxfp4_dequantize(device, dtype):
     g = torch.Generator().manual_seed(4)
@@ -217,9 +218,11 @@ def test_mxfp4_dequantize(device, dtype):
     blocks[0, 0, :8] = torch.tensor([0x08, 0x80, 0x88, 0x18, 0x81, 0x0F, 0xF0, 0x00], dtype=torch.uint8)  # -0 codes
     if dtype == torch.float32:
         # the E8M0 extremes: 0 is the subnormal 2**-127, 255 is exp2(128) = inf (as the
-        # reference); that group gets non-zero codes only (0 * inf would be NaN)
+        # reference); that group gets non-zero codes only (0 * inf would be NaN); 250 and
+        # 254 lie past 240, where one folded 2**(s - 113) would overflow
         scales[0, 0, :2] = torch.tensor([0, 255], dtype=torch.uint8)
         blocks[0, 0, 16:32] |= 0x11
+        scales[0, 1, :2] = torch.tensor([250, 254], dtype=torch.uint8)
     _assert_triton("dequantize_mxfp4", ("mxfp4", DTYPE_NAMES[dtype]), {}, torch.device(device))
     y = tk.dequantize_mxfp4(blocks.to(device), scales.to(device), dtype=dtype)
     assert y.shape == (3, 2, 160) and y.dtype == dtype

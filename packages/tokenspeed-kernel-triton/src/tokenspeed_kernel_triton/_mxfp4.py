@@ -1,4 +1,4 @@
-"""MXFP4 decoding inside Triton kernels (shared by the MoE and dense kernels).
+"""MXFP4 decoding inside Triton kernels: the one decoder of mm, dequantize_mxfp4 and the MoE GEMMs.
 
 E2M1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 (8..15 their negatives, 8 is -0); two
 codes a byte, the low nibble the even element; one E8M0 scale ``2**(s - 127)`` per 32
@@ -10,7 +10,10 @@ scale byte 0 is the subnormal ``2**-127``, 255 gives infinity as ``exp2(128)`` d
 The decode is pure bit arithmetic: a code's sign moved to fp16 bit 15 and its three
 exponent/mantissa bits to fp16 bits 11..9 is an fp16 equal to the E2M1 value times
 ``2**-14`` exactly (code 1, 0.5, lands on the fp16 subnormal ``2**-15``, which the
-fp16 -> fp32 conversion keeps). No ``exp2``, no select per value.
+fp16 -> fp32 conversion keeps). No ``exp2``, no select per value. The scale is then
+applied as two multiplies, ``(v * 2**14) * 2**(s - 127)``: the first is exact and the
+second is the reference's one rounding; folding them into one ``2**(s - 113)`` would
+overflow the exponent field for scale bytes above 240.
 """
 
 from __future__ import annotations
@@ -26,19 +29,6 @@ E2M1_REBIAS = tl.constexpr(16384.0)
 def _fp16_bits_to_float(bits):
     """Integer tensor holding fp16 bit patterns in its low 16 bits -> float32."""
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def e2m1_times_2m14(code):
-    """E2M1 code (integer tensor, 0..15) -> float32 E2M1 value times ``2**-14`` (exact, sign kept)."""
-    c = code.to(tl.int32)
-    return _fp16_bits_to_float(((c & 7) << 9) | ((c & 8) << 12))
-
-
-@triton.jit
-def e2m1_to_float(code):
-    """E2M1 code (integer tensor, 0..15) -> float32 value (exact; code 8 is -0.0)."""
-    return e2m1_times_2m14(code) * E2M1_REBIAS
 
 
 @triton.jit
@@ -91,14 +81,20 @@ def e2m1_word_planes(words):
 
 
 @triton.jit
-def unpack_mxfp4_words(words, scale_exp, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Decode int32 code words ``[BLOCK_R, BLOCK_K // 8]`` (the packed bytes read four at a
-    time) with ``scale_exp uint8 [BLOCK_R, BLOCK_K // 32]`` into float32 ``[BLOCK_R, BLOCK_K]``
-    in K order (exact)."""
+def e2m1_words_times_2m14(words, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Int32 code words ``[BLOCK_R, BLOCK_K // 8]`` (the packed bytes read four at a time)
+    -> float32 ``[BLOCK_R, BLOCK_K]`` in K order: each E2M1 value times ``2**-14``, unscaled."""
     c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_planes(words)
     # Nested joins add three minor axes; the outermost join varies fastest after the
     # reshape, so this nesting flattens to c0, c1, ..., c7 along K.
     vals = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
-    vals = tl.reshape(vals, (BLOCK_R, BLOCK_K // 32, 32))
+    return tl.reshape(vals, (BLOCK_R, BLOCK_K))
+
+
+@triton.jit
+def unpack_mxfp4_words(words, scale_exp, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Decode int32 code words ``[BLOCK_R, BLOCK_K // 8]`` with ``scale_exp uint8 [BLOCK_R,
+    BLOCK_K // 32]`` into float32 ``[BLOCK_R, BLOCK_K]`` in K order (exact, as :func:`unpack_mxfp4`)."""
+    vals = tl.reshape(e2m1_words_times_2m14(words, BLOCK_R, BLOCK_K), (BLOCK_R, BLOCK_K // 32, 32))
     vals = (vals * E2M1_REBIAS) * e8m0_to_float(scale_exp)[:, :, None]
     return tl.reshape(vals, (BLOCK_R, BLOCK_K))

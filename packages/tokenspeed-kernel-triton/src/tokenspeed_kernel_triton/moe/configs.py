@@ -52,9 +52,9 @@ class GemmConfig:
     ``block_k``: reduction step. ``group_m``: M tiles that sweep all N tiles together
     (keeps their rows in L2). ``swap_ab``: compute ``W @ X^T`` so the weight tile is
     the MMA's M operand (a few tokens then fill the N side, the 16-wide minimum,
-    rather than padding M to 16 or 64). ``decode``: MXFP4 decoding: ``"bits"``
-    (E2M1 codes placed into fp16 bit patterns), ``"shared"``
-    (:func:`tokenspeed_kernel_triton._mxfp4.unpack_mxfp4`) or ``"dot_scaled"``
+    rather than padding M to 16 or 64). ``decode``: MXFP4 decoding, by the decoders of
+    :mod:`tokenspeed_kernel_triton._mxfp4`: ``"bits"`` (codes read as int32 words,
+    eight a word), ``"shared"`` (codes read byte by byte) or ``"dot_scaled"``
     (``tl.dot_scaled``; GPU only, the interpreter lacks it). ``use_dot``: False makes
     the tiny path a GEMV (one token row at a time on the vector units, no MMA and no
     shared-memory staging: for one token per expert, i.e. decode at batch 1).

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._mxfp4 import unpack_mxfp4
+from .._mxfp4 import E2M1_REBIAS, e2m1_words_times_2m14, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
 
 # Row sources (the ROWS constexpr).
 ROWS_SORTED = 0  # grouped; A rows are already sorted (moe_experts' hidden, or the intermediate)
@@ -67,52 +67,6 @@ def _tiny_members(ids, idx, e, chunk, BLOCK_M: tl.constexpr):
     pick = same[:, None] & (rank[:, None] == tl.arange(0, BLOCK_M)[None, :])
     rows = tl.sum(tl.where(pick, idx[:, None], 0), 0)
     return rows, tl.sum(pick.to(tl.int32), 0) > 0
-
-
-@triton.jit
-def _fp16_halves(pair):
-    """uint32 holding two fp16 bit patterns -> (low half, high half) as fp16."""
-    lo = (pair & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-    hi = (pair >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
-def _e2m1_times_2m14(words, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``uint32 [R, K/8]`` (four code bytes a word, little-endian) -> float32 ``[R, K]``
-    E2M1 values times ``2**-14``, in K order.
-
-    Each code's sign goes to fp16 bit 15 and its 3 exponent/mantissa bits to bits
-    11..9: that fp16 is the E2M1 value times 2**-14 exactly (code 1, 0.5, lands on
-    the fp16 subnormal 2**-15, which the fp16 -> fp32 convert keeps). Working on
-    whole words builds two fp16 at a time: codes k and k + 4 of a word sit 16 bits
-    apart, so one mask-and-shift places both (about 2.5 integer ops a value).
-    """
-    p04 = ((words & 0x00070007) << 9) | ((words & 0x00080008) << 12)
-    p15 = ((words & 0x00700070) << 5) | ((words & 0x00800080) << 8)
-    p26 = ((words & 0x07000700) << 1) | ((words & 0x08000800) << 4)
-    p37 = ((words & 0x70007000) >> 3) | (words & 0x80008000)
-    k0, k4 = _fp16_halves(p04)
-    k1, k5 = _fp16_halves(p15)
-    k2, k6 = _fp16_halves(p26)
-    k3, k7 = _fp16_halves(p37)
-    # join adds a minor axis: ((k0 k4)(k2 k6))((k1 k5)(k3 k7)) flattens to k0..k7.
-    vals = tl.join(tl.join(tl.join(k0, k4), tl.join(k2, k6)), tl.join(tl.join(k1, k5), tl.join(k3, k7)))
-    return tl.reshape(vals, (BLOCK_R, BLOCK_K)).to(tl.float32)
-
-
-@triton.jit
-def _e8m0_times_2p14(scale):
-    """E8M0 bytes -> float32 ``2**(s - 127) * 2**14``, built from its exponent bits
-    (undoes :func:`_e2m1_times_2m14`'s rebias; exact for scale bytes <= 240)."""
-    return ((scale.to(tl.int32) + 14) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _decode_mxfp4_bits(packed, scale, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``uint32 [R, K/8]`` code words + ``uint8 [R, K/32]`` E8M0 scales -> float32 ``[R, K]``."""
-    vals = tl.reshape(_e2m1_times_2m14(packed, BLOCK_R, BLOCK_K), (BLOCK_R, BLOCK_K // 32, 32))
-    return tl.reshape(vals * _e8m0_times_2p14(scale)[:, :, None], (BLOCK_R, BLOCK_K))
 
 
 @triton.jit
@@ -195,9 +149,9 @@ def _mma_tile(
             s_ptrs += BLOCK_K // 32
             if not USE_DOT:
                 # Sum each 32-value group unscaled, then apply its scale once.
-                prod = _e2m1_times_2m14(packed, BLOCK_N, BLOCK_K) * a.to(tl.float32)
+                prod = e2m1_words_times_2m14(packed, BLOCK_N, BLOCK_K) * a.to(tl.float32)
                 group = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // 32, 32)), 2)
-                acc += group * _e8m0_times_2p14(scale)
+                acc += (group * E2M1_REBIAS) * e8m0_to_float(scale)
             elif DECODE == "dot_scaled":
                 # Triton lowers this to scaled MMA where the hardware has it (gfx950)
                 # and to its own upcast + MMA elsewhere.
@@ -210,7 +164,7 @@ def _mma_tile(
                 if DECODE == "shared":
                     w = unpack_mxfp4(packed, scale, BLOCK_N, BLOCK_K)
                 else:
-                    w = _decode_mxfp4_bits(packed, scale, BLOCK_N, BLOCK_K)
+                    w = unpack_mxfp4_words(packed, scale, BLOCK_N, BLOCK_K)
                 w = w.to(a.dtype)
         else:
             if EVEN_K:
