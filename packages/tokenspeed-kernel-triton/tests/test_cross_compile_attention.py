@@ -7,7 +7,7 @@ mma.sync in the PTX, v_mfma in the AMDGCN), and the AMD builds must not spill VG
 (SGPR spills into VGPR lanes are cheap and allowed).
 
 A second pass compiles the MMA kernels for sm90 the way a GPT-OSS launch specialises
-them (pointers and strides divisible by 16, which ``cross_compile`` does not assume):
+them (pointers and strides divisible by 16, passed to ``cross_compile`` as ``attrs``):
 the K/V loop must then be software-pipelined (cp.async) and prefill must use wgmma.
 
 The compilation runs in one child process: under ``TRITON_INTERPRET=1`` (set by
@@ -19,12 +19,11 @@ Run this file as a script to see the raw results.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 
 import pytest
+from _compile_cases import asm_summary, script_result, start_script
+
+from tokenspeed_kernel.testing import cross_compile
 
 _FLOAT_ARGS = {"qk_scale", "cap_scale", "cap_log2"}
 _FP32_POINTERS = {"Lse", "Sinks", "PartialOut", "PartialLse"}
@@ -95,8 +94,6 @@ def _compile_all() -> dict[str, dict[str, dict]]:
     """name -> target -> {"mma": bool, "vgpr_spills": int, "error": str | None}."""
     import importlib
 
-    from tokenspeed_kernel_triton._common import cross_compile
-
     results: dict[str, dict[str, dict]] = {}
     for name, (module, attr, base, table, _) in KERNELS.items():
         fn = getattr(importlib.import_module(f"tokenspeed_kernel_triton.attention.{module}"), attr)
@@ -109,24 +106,13 @@ def _compile_all() -> dict[str, dict[str, dict]]:
             except Exception as exc:  # reported per kernel and target by the tests
                 results[name][target] = {"mma": False, "vgpr_spills": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 continue
-            spills = 0
-            if target.startswith("sm"):
-                asm = compiled.asm["ptx"]
-                mma = "wgmma" in asm or "mma.sync" in asm
-            else:
-                asm = compiled.asm["amdgcn"]
-                mma = "v_mfma" in asm
-                spills = sum(int(n) for n in re.findall(r"vgpr_spill_count:\s*(\d+)", asm))
-            results[name][target] = {"mma": mma, "vgpr_spills": spills, "error": None if asm else "empty assembly"}
+            results[name][target] = asm_summary(compiled, target)
     return results
 
 
 def _compile_as_launched() -> dict[str, dict]:
     """sm90 builds with the launch-time specialisation: name -> {"cp_async": bool, "wgmma": bool}."""
     import importlib
-
-    import triton
-    from triton.backends.compiler import GPUTarget
 
     results = {}
     for name in ("prefill", "extend", "decode_split"):
@@ -142,8 +128,7 @@ def _compile_as_launched() -> dict[str, dict]:
             for i, arg in enumerate(fn.arg_names)
             if signature[arg].startswith("*") or (arg.startswith("stride") and arg != "stride_pt_seq")
         }
-        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+        ptx = cross_compile(fn, signature, constexprs, "sm90", attrs=aligned, **options).asm["ptx"]
         results[name] = {"cp_async": "cp.async" in ptx, "wgmma": "wgmma.mma_async" in ptx}
     return results
 
@@ -151,12 +136,7 @@ def _compile_as_launched() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict[str, dict]]:
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return script_result(start_script(__file__), timeout=900)
 
 
 @pytest.mark.parametrize("name", ["prefill", "extend", "decode_split"])

@@ -15,12 +15,12 @@ variants) to see the raw results.
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
 
 import pytest
+from _compile_cases import asm_summary, script_result, start_script
+
+from tokenspeed_kernel.testing import cross_compile
 
 TARGETS = ("sm90", "gfx942", "gfx950")
 _E_PAD, _TOPK, _K = 128, 4, 2880
@@ -157,8 +157,6 @@ def _compile_all(kernels: dict[str, tuple]) -> dict[str, dict[str, dict]]:
     """name -> target -> {"mma": bool, "vgpr_spills": int, "error": str | None}."""
     import importlib
 
-    from tokenspeed_kernel_triton._common import cross_compile
-
     results: dict[str, dict[str, dict]] = {}
     for name, (module, attr, build, _) in kernels.items():
         fn = getattr(importlib.import_module(f"tokenspeed_kernel_triton.moe.{module}"), attr)
@@ -171,26 +169,13 @@ def _compile_all(kernels: dict[str, tuple]) -> dict[str, dict[str, dict]]:
             except Exception as exc:  # reported per kernel and target by the tests
                 results[name][target] = {"mma": False, "vgpr_spills": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 continue
-            spills = 0
-            if target.startswith("sm"):
-                asm = compiled.asm["ptx"]
-                mma = "wgmma" in asm or "mma.sync" in asm
-            else:
-                asm = compiled.asm["amdgcn"]
-                mma = "v_mfma" in asm
-                spills = sum(int(n) for n in re.findall(r"vgpr_spill_count:\s*(\d+)", asm))
-            results[name][target] = {"mma": mma, "vgpr_spills": spills, "error": None if asm else "empty assembly"}
+            results[name][target] = asm_summary(compiled, target)
     return results
 
 
 def _run_child(*flags: str) -> dict[str, dict[str, dict]]:
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), *flags], env=env, capture_output=True, text=True, timeout=1500
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return script_result(start_script(__file__, *flags))
 
 
 @pytest.fixture(scope="module")

@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _checks import E2M1, assert_triton
 
 import tokenspeed_kernel as tk
 from tokenspeed_kernel.core.formats import DTYPE_NAMES
-from tokenspeed_kernel.core.platform import platform_for_device
-from tokenspeed_kernel.core.selection import select_spec
 from tokenspeed_kernel.reference import quantization as ref
 
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 _ALL_E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 _ALL_E4M3 = _ALL_E4M3[~_ALL_E4M3.isnan()]  # 254 finite codes, +-0 included
-
-
-def _assert_triton(op: str, signature: tuple[str, ...], traits: dict, device: torch.device) -> None:
-    spec = select_spec(op, signature, traits, platform=platform_for_device(device)).spec
-    assert spec.name == f"triton.{op}", f"selection picked {spec.name} for {op}"
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -42,7 +35,7 @@ def test_fp8_static_scale_1_matches_torch_on_the_grid_and_its_midpoints(device):
     x = torch.cat((_ALL_E4M3, mids, -mids, torch.tensor([-0.0, -1e-9, 1e-9, 1000.0, -1000.0])))
     x = x.reshape(1, -1).to(device)
     one = torch.ones(1, device=device)
-    _assert_triton("quantize_fp8", ("fp32",), {"granularity": "per_tensor", "static": True}, x.device)
+    assert_triton("quantize_fp8", ("fp32",), {"granularity": "per_tensor", "static": True}, x.device)
     q, s = tk.quantize_fp8(x, granularity="per_tensor", scale=one)
     assert s is one
     expected = x.cpu().clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -59,7 +52,7 @@ def test_fp8_dynamic_bit_exact(device, dtype, granularity):
     x = (torch.randn(5, 300, generator=g) * torch.logspace(-3, 2, 300)).to(dtype)
     x[2] = 0
     x = x.to(device)
-    _assert_triton("quantize_fp8", (DTYPE_NAMES[dtype],), {"granularity": granularity, "static": False}, x.device)
+    assert_triton("quantize_fp8", (DTYPE_NAMES[dtype],), {"granularity": granularity, "static": False}, x.device)
     q, s = tk.quantize_fp8(x, granularity=granularity)
     rq, rs = ref.quantize_fp8(x, granularity=granularity, scale=None)
     assert s.shape == rs.shape and s.dtype == torch.float32
@@ -150,7 +143,7 @@ def _nearest_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     """Brute force: the E2M1 magnitude nearest |v| (ties to the even code, 6 saturating),
     with v's sign bit."""
     a = v.abs().to(torch.float64).unsqueeze(-1)
-    dist = (a - _E2M1).abs()
+    dist = (a - E2M1).abs()
     best = dist.min(-1, keepdim=True).values
     # among equally near codes prefer the even one
     tie_break = torch.where(dist == best, torch.arange(8) % 2, 9)
@@ -176,7 +169,7 @@ def test_mxfp4_quantize_bit_exact(device, dtype):
     if dtype == torch.float32:
         x[1, 1, :32] = torch.randn(32, generator=g) * 1e-40  # subnormal amax: scale byte clamps to 0
     x = x.to(dtype).to(device)
-    _assert_triton("quantize_mxfp4", (DTYPE_NAMES[dtype],), {}, x.device)
+    assert_triton("quantize_mxfp4", (DTYPE_NAMES[dtype],), {}, x.device)
     blocks, scales = tk.quantize_mxfp4(x)
     rb, rs = ref.quantize_mxfp4(x)
     assert blocks.shape == (2, 3, 64) and scales.shape == (2, 3, 4)
@@ -203,7 +196,7 @@ def test_mxfp4_round_trip_exact(device):
     blocks[:, 1] = 0x88
     scales = torch.randint(100, 150, (6, 3), generator=g, dtype=torch.uint8)
     blocks, scales = blocks.to(device), scales.to(device)
-    _assert_triton("dequantize_mxfp4", ("mxfp4", "fp32"), {}, blocks.device)
+    assert_triton("dequantize_mxfp4", ("mxfp4", "fp32"), {}, blocks.device)
     x = tk.dequantize_mxfp4(blocks, scales, dtype=torch.float32)
     b2, s2 = tk.quantize_mxfp4(x)
     assert torch.equal(b2, blocks) and torch.equal(s2, scales)
@@ -223,12 +216,12 @@ def test_mxfp4_dequantize(device, dtype):
         scales[0, 0, :2] = torch.tensor([0, 255], dtype=torch.uint8)
         blocks[0, 0, 16:32] |= 0x11
         scales[0, 1, :2] = torch.tensor([250, 254], dtype=torch.uint8)
-    _assert_triton("dequantize_mxfp4", ("mxfp4", DTYPE_NAMES[dtype]), {}, torch.device(device))
+    assert_triton("dequantize_mxfp4", ("mxfp4", DTYPE_NAMES[dtype]), {}, torch.device(device))
     y = tk.dequantize_mxfp4(blocks.to(device), scales.to(device), dtype=dtype)
     assert y.shape == (3, 2, 160) and y.dtype == dtype
     codes, scale = _decode(blocks, scales)
     scale = scale.float().double()  # the scale is an fp32 number: byte 255 is 2**128 = inf
-    want = _E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double() * scale.repeat_interleave(32, -1)
+    want = E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).double() * scale.repeat_interleave(32, -1)
     got = y.cpu().to(torch.float64)
     assert torch.equal(got, want.to(dtype).to(torch.float64))  # exact in every output dtype
     assert torch.equal(torch.signbit(got), torch.signbit(want)), "-0 codes decode to -0.0"

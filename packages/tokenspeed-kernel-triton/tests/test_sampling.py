@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _checks import assert_triton
 
 import tokenspeed_kernel as tk
 from tokenspeed_kernel.core.formats import DTYPE_NAMES
-from tokenspeed_kernel.core.platform import platform_for_device
-from tokenspeed_kernel.core.selection import select_spec
 from tokenspeed_kernel.reference import sampling as ref
-
-
-def _assert_triton(op: str, dtype: torch.dtype, device: torch.device) -> None:
-    spec = select_spec(op, (DTYPE_NAMES[dtype],), {}, platform=platform_for_device(device)).spec
-    assert spec.name == f"triton.{op}", f"selection picked {spec.name} for {op}"
-
 
 # -- argmax ------------------------------------------------------------------------
 
@@ -37,7 +30,7 @@ def test_argmax(device, dtype, vocab):
     x[3] = float("-inf")  # all -inf: index 0
     x[4] = torch.randint(0, 3, (vocab,), generator=g).float()  # many exact ties at the max
     x = x.to(dtype).to(device)
-    _assert_triton("argmax", dtype, x.device)
+    assert_triton("argmax", (DTYPE_NAMES[dtype],), {}, x.device)
     got = tk.argmax(x)
     assert got.dtype == torch.int64
     expected = [
@@ -85,7 +78,7 @@ def test_top_k_top_p_matches_reference_and_definition(device):
     top_k = torch.tensor([0, 1, 5, 50, 0, 700], dtype=torch.int32, device=device)
     top_p = torch.tensor([1.0, 1.0, 0.5, 0.9, 0.3, 0.999], device=device)
     temperature = torch.tensor([1.0, 0.5, 1.0, 2.0, 0.7, 3.0], device=device)
-    _assert_triton("top_k_top_p_sample", torch.float32, logits.device)
+    assert_triton("top_k_top_p_sample", ("fp32",), {}, logits.device)
     g = torch.Generator().manual_seed(2)
     for _ in range(2):
         u = torch.rand(6, generator=g).to(device)
@@ -125,7 +118,7 @@ def test_random_rows_every_path(device, dtype):
     top_p = torch.tensor([0.7, 1.0, 0.8, 0.6, 1.0, 0.95], device=device)
     temperature = torch.tensor([0.7, 1.3, 1.0, 0.9, 2.0, 0.6], device=device)
     u = torch.rand(6, generator=g).to(device)
-    _assert_triton("top_k_top_p_sample", dtype, logits.device)
+    assert_triton("top_k_top_p_sample", (DTYPE_NAMES[dtype],), {}, logits.device)
     got = tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u)
     assert got.cpu().tolist() == ref.top_k_top_p_sample(logits, top_k, top_p, temperature, u).cpu().tolist()
     assert got.cpu().tolist() == _sample64(logits.cpu(), top_k.cpu(), top_p.cpu(), temperature.cpu(), u.cpu())
