@@ -34,10 +34,10 @@ def _gemv_case(cfg: Any) -> Case:
     types = {
         "a_ptr": "*bf16",
         "w_ptr": "*i32",
-        "s_ptr": "*u8",
+        "scale_ptr": "*u8",
         "c_ptr": "*fp32",  # split-K partials
         "bias_ptr": "*bf16",
-        **ints("M", "N", "K", "k_per_split", "stride_am", "stride_ak", "stride_wn", "stride_sn", "stride_sk"),
+        **ints("M", "N", "K", "k_per_split", "stride_am", "stride_ak", "stride_wn", "stride_scale_n", "stride_scale_k"),
         **ints("stride_cm", "stride_cn"),
     }
     constexprs = {
@@ -51,7 +51,7 @@ def _gemv_case(cfg: Any) -> Case:
     splits, k_per_split = mm.split_k_plan(cfg, -(-QKV_N // cfg.block_n), HIDDEN)
     values = {
         "M": 1, "N": QKV_N, "K": HIDDEN, "k_per_split": k_per_split, "stride_am": HIDDEN, "stride_ak": 1,
-        "stride_wn": HIDDEN // 8, "stride_sn": HIDDEN // 32, "stride_sk": 1, "stride_cm": QKV_N, "stride_cn": 1,
+        "stride_wn": HIDDEN // 8, "stride_scale_n": HIDDEN // 32, "stride_scale_k": 1, "stride_cm": QKV_N, "stride_cn": 1,
     }  # fmt: skip
     constexprs["SPLIT"] = splits > 1
     return Case(mm._mxfp4_gemv_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, values=values)
@@ -78,7 +78,7 @@ def _mm_case(kind: str, family: str, row: int) -> Case:
     values = {
         "M": m, "N": QKV_N, "K": HIDDEN, "k_per_split": k_per_split, "stride_am": HIDDEN, "stride_ak": 1,
         "stride_bn": b_row, "stride_bk": 1, "stride_cm": QKV_N, "stride_cn": 1,
-        "stride_asm": a_scale_rows, "stride_ask": 1, "stride_bsn": b_scale_rows, "stride_bsk": 1,
+        "stride_a_scale_m": a_scale_rows, "stride_a_scale_k": 1, "stride_b_scale_n": b_scale_rows, "stride_b_scale_k": 1,
     }  # fmt: skip
     types = {
         "a_ptr": a_type,
@@ -88,7 +88,9 @@ def _mm_case(kind: str, family: str, row: int) -> Case:
         "a_scale_ptr": "*fp32",
         "b_scale_ptr": "*u8" if b_mode >= mm.SCALE_MXFP4 else "*fp32",
         **ints("M", "N", "K", "k_per_split", "stride_am", "stride_ak", "stride_bn", "stride_bk"),
-        **ints("stride_cm", "stride_cn", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk"),
+        **ints(
+            "stride_cm", "stride_cn", "stride_a_scale_m", "stride_a_scale_k", "stride_b_scale_n", "stride_b_scale_k"
+        ),
     }
     constexprs: dict[str, Any] = {
         "A_SCALE": a_mode,

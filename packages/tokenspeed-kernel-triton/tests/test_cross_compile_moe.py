@@ -67,7 +67,7 @@ def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, **o
             constexprs.update(ROUTE_WEIGHT=True)
         pointers = {
             "w_ptr": {"mxfp4": "*u8", "fp8": "*fp8e4nv", "bf16": "*bf16"}[weight],
-            "s_ptr": {"mxfp4": "*u8", "fp8": "*fp32", "bf16": "*bf16"}[weight],
+            "scale_ptr": {"mxfp4": "*u8", "fp8": "*fp32", "bf16": "*bf16"}[weight],
         }
         return constexprs, {"options": {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}, "pointers": pointers}
 

@@ -38,7 +38,11 @@ def cases(family: str) -> dict[str, Case]:
             f"quantize_fp8-{name}": Case(
                 q._fp8_rows_kernel, fp8_rows_types, {"MODE": mode, **fp8_rows}, values=fp8_rows_values
             )
-            for name, mode in (("per_token", 0), ("static", 1), ("per_tensor", 2))
+            for name, mode in (
+                ("per_token", q._MODE_PER_ROW),
+                ("static", q._MODE_STATIC),
+                ("per_tensor", q._MODE_PER_TENSOR),
+            )
         },
         "quantize_fp8-block128": Case(
             q._fp8_block128_kernel,

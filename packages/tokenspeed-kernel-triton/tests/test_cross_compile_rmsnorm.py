@@ -14,8 +14,8 @@ from tokenspeed_kernel_triton import rmsnorm
 from tokenspeed_kernel_triton.rmsnorm import RMSNORM_CONFIGS, RowConfig
 
 _TYPES = {
-    **dict.fromkeys(("x_ptr", "res_ptr", "w_ptr", "y_ptr", "s_ptr"), "*bf16"),
-    **ints("n_rows", "H", "stride_x", "stride_r", "stride_y", "stride_s"),
+    **dict.fromkeys(("x_ptr", "res_ptr", "w_ptr", "y_ptr", "sum_ptr"), "*bf16"),
+    **ints("n_rows", "H", "stride_x", "stride_r", "stride_y", "stride_sum"),
     "eps": "fp32",
 }
 
@@ -25,7 +25,7 @@ def _table_row(family: str, n_rows: int) -> RowConfig:
 
 
 def _values(n_rows: int) -> dict[str, int]:
-    return {"n_rows": n_rows, "H": HIDDEN, **dict.fromkeys(("stride_x", "stride_r", "stride_y", "stride_s"), HIDDEN)}
+    return {"n_rows": n_rows, "H": HIDDEN, **dict.fromkeys(("stride_x", "stride_r", "stride_y", "stride_sum"), HIDDEN)}
 
 
 def cases(family: str) -> dict[str, Case]:

@@ -20,7 +20,13 @@ def _sample_cases(smp: Any) -> dict[str, Case]:
     rows = dict.fromkeys(("top_k_ptr",), "*i32") | dict.fromkeys(
         ("top_p_ptr", "temperature_ptr", "uniform_ptr"), "*fp32"
     )
-    scratch = {"si_ptr": "*i32", "sf_ptr": "*fp64", "cand_i_ptr": "*i32", "cand_e_ptr": "*fp32", "pmax_ptr": "*fp32"}
+    scratch = {
+        "scratch_i32_ptr": "*i32",
+        "scratch_f64_ptr": "*fp64",
+        "cand_i_ptr": "*i32",
+        "cand_e_ptr": "*fp32",
+        "pmax_ptr": "*fp32",
+    }
     types = logits | rows | scratch | {"out_ptr": "*i64"} | ints("V", "stride_row", "n_chunks")
     pass_cx = {"LEVELS": levels, "BLOCK": block, "STEPS": steps}
     cases = {

@@ -57,9 +57,13 @@ __all__ = [
     "SCALE_MXFP4_WORDS",
 ]
 
-# Scale modes (constexpr). SCALE_ROW is per token for a and per channel for b.
-# SCALE_MXFP4 reads b's codes as bytes, SCALE_MXFP4_WORDS as int32 words.
-SCALE_NONE, SCALE_TENSOR, SCALE_ROW, SCALE_BLOCK128, SCALE_MXFP4, SCALE_MXFP4_WORDS = 0, 1, 2, 3, 4, 5
+# Scale modes of each operand (the A_SCALE / B_SCALE constexprs).
+SCALE_NONE = tl.constexpr(0)
+SCALE_TENSOR = tl.constexpr(1)
+SCALE_ROW = tl.constexpr(2)  # per token for a, per channel for b
+SCALE_BLOCK128 = tl.constexpr(3)  # 1x128 blocks for a, 128x128 for b
+SCALE_MXFP4 = tl.constexpr(4)  # b only: E8M0 per 32 values, codes read byte by byte
+SCALE_MXFP4_WORDS = tl.constexpr(5)  # b only: the same, codes read as int32 words (8 a word)
 
 _FP8 = (torch.float8_e4m3fn,)
 
@@ -204,6 +208,36 @@ def mm_config(kind: str, m: int, device: torch.device, *, gemv: bool = True) -> 
 
 
 @triton.jit
+def _store_tile(
+    acc,
+    c_ptr,
+    bias_ptr,
+    rm,
+    rn,
+    bias_cols,
+    pid_k,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Write the fp32 tile ``acc`` of rows ``rm`` and columns ``rn`` (``bias_cols``: the
+    columns wrapped into N, safe to load). With SPLIT, as this K slice's partial in the
+    workspace ``[splits, M, N]``: bias and the cast happen once, in _split_k_reduce_kernel."""
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT:
+        ws = c_ptr + pid_k.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
+        tl.store(ws, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc = acc + tl.load(bias_ptr + bias_cols).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _mm_kernel(
     a_ptr,
     b_ptr,
@@ -221,10 +255,10 @@ def _mm_kernel(
     stride_bk,
     stride_cm,
     stride_cn,
-    stride_asm,
-    stride_ask,
-    stride_bsn,
-    stride_bsk,
+    stride_a_scale_m,
+    stride_a_scale_k,
+    stride_b_scale_n,
+    stride_b_scale_k,
     A_SCALE: tl.constexpr,
     B_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -238,6 +272,7 @@ def _mm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
+    B_MXFP4: tl.constexpr = B_SCALE == SCALE_MXFP4 or B_SCALE == SCALE_MXFP4_WORDS
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -256,48 +291,50 @@ def _mm_kernel(
     # mask (the loop body stays mask-free when EVEN_K); the store masks them out.
     am = (rm % M).to(tl.int64)
     bn = (rn % N).to(tl.int64)
-    rk = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
     # This program's K slice (all of K without split-K); k_per_split is a multiple of BLOCK_K.
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
 
-    a_ptrs = a_ptr + am[:, None] * stride_am + (k_lo + rk)[None, :] * stride_ak
-    if B_SCALE == 4:
+    a_ptrs = a_ptr + am[:, None] * stride_am + (k_lo + offs_k)[None, :] * stride_ak
+    if B_SCALE == SCALE_MXFP4:
         # MXFP4 bytes: BLOCK_K values are BLOCK_K // 2 bytes and BLOCK_K // 32 scales of each row.
-        rkp = tl.arange(0, BLOCK_K // 2)
-        b_ptrs = b_ptr + bn[:, None] * stride_bn + (k_lo // 2 + rkp)[None, :] * stride_bk
-    elif B_SCALE == 5:
+        offs_byte = tl.arange(0, BLOCK_K // 2)
+        b_ptrs = b_ptr + bn[:, None] * stride_bn + (k_lo // 2 + offs_byte)[None, :] * stride_bk
+    elif B_SCALE == SCALE_MXFP4_WORDS:
         # MXFP4 words: BLOCK_K values are BLOCK_K // 8 int32 words (16-byte vector loads).
-        rkw = tl.arange(0, BLOCK_K // 8)
+        offs_word = tl.arange(0, BLOCK_K // 8)
         # A row is K / 8 words, a multiple of 4 (K % 32 == 0): rows start 16-byte aligned.
         b_rows = tl.multiple_of(bn * stride_bn, 4)
-        b_ptrs = b_ptr + b_rows[:, None] + (k_lo // 8 + rkw)[None, :] * stride_bk
+        b_ptrs = b_ptr + b_rows[:, None] + (k_lo // 8 + offs_word)[None, :] * stride_bk
     else:
         # b is [N, K] with K contiguous: read it as the [BLOCK_K, BLOCK_N] K-major
         # operand the MMA wants (no transpose in registers).
-        b_ptrs = b_ptr + (k_lo + rk)[:, None] * stride_bk + bn[None, :] * stride_bn
-    if B_SCALE >= 4:
-        rks = tl.arange(0, BLOCK_K // 32)
-        bs_ptrs = b_scale_ptr + bn[:, None] * stride_bsn + (k_lo // 32 + rks)[None, :] * stride_bsk
+        b_ptrs = b_ptr + (k_lo + offs_k)[:, None] * stride_bk + bn[None, :] * stride_bn
+    if B_MXFP4:
+        offs_group = tl.arange(0, BLOCK_K // 32)
+        b_scale_ptrs = (
+            b_scale_ptr + bn[:, None] * stride_b_scale_n + (k_lo // 32 + offs_group)[None, :] * stride_b_scale_k
+        )
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
         else:
-            a = tl.load(a_ptrs, mask=(k0 + rk)[None, :] < K, other=0.0)
-        if B_SCALE >= 4:
+            a = tl.load(a_ptrs, mask=(k0 + offs_k)[None, :] < K, other=0.0)
+        if B_MXFP4:
             # K is a multiple of 32: a tail step masks whole bytes, words and groups.
             if EVEN_K:
                 packed = tl.load(b_ptrs)
-                scale_exp = tl.load(bs_ptrs)
+                scale_exp = tl.load(b_scale_ptrs)
             else:
-                scale_exp = tl.load(bs_ptrs, mask=(k0 // 32 + rks)[None, :] < K // 32, other=0)
-                if B_SCALE == 4:
-                    packed = tl.load(b_ptrs, mask=(k0 // 2 + rkp)[None, :] < K // 2, other=0)
+                scale_exp = tl.load(b_scale_ptrs, mask=(k0 // 32 + offs_group)[None, :] < K // 32, other=0)
+                if B_SCALE == SCALE_MXFP4:
+                    packed = tl.load(b_ptrs, mask=(k0 // 2 + offs_byte)[None, :] < K // 2, other=0)
                 else:
-                    packed = tl.load(b_ptrs, mask=(k0 // 8 + rkw)[None, :] < K // 8, other=0)
-            if B_SCALE == 4:
+                    packed = tl.load(b_ptrs, mask=(k0 // 8 + offs_word)[None, :] < K // 8, other=0)
+            if B_SCALE == SCALE_MXFP4:
                 w = unpack_mxfp4(packed, scale_exp, BLOCK_N, BLOCK_K)
             else:
                 w = unpack_mxfp4_words(packed, scale_exp, BLOCK_N, BLOCK_K)
@@ -306,62 +343,52 @@ def _mm_kernel(
         elif EVEN_K:
             b = tl.load(b_ptrs)
         else:
-            b = tl.load(b_ptrs, mask=(k0 + rk)[:, None] < K, other=0.0)
+            b = tl.load(b_ptrs, mask=(k0 + offs_k)[:, None] < K, other=0.0)
         if DOT_IN_FP32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if A_SCALE == 3 or B_SCALE == 3:
+        if A_SCALE == SCALE_BLOCK128 or B_SCALE == SCALE_BLOCK128:
             # Block scales change every 128 along K: scale each BLOCK_K partial
             # product (BLOCK_K divides 128 and k0 is a multiple of BLOCK_K, so one step
             # sits in one scale block). Each partial starts from zero, so fp8 wgmma's
             # reduced-precision accumulation never spans more than BLOCK_K.
             part = tl.dot(a, b, input_precision=INPUT_PRECISION)
             ks = k0 // 128
-            if A_SCALE == 3:
-                part = part * tl.load(a_scale_ptr + am * stride_asm + ks * stride_ask)[:, None]
-            if B_SCALE == 3:
+            if A_SCALE == SCALE_BLOCK128:
+                part = part * tl.load(a_scale_ptr + am * stride_a_scale_m + ks * stride_a_scale_k)[:, None]
+            if B_SCALE == SCALE_BLOCK128:
                 # one scale per column: a BLOCK_N wider than 128 spans several weight blocks
-                part = part * tl.load(b_scale_ptr + (bn // 128) * stride_bsn + ks * stride_bsk)[None, :]
+                part = part * tl.load(b_scale_ptr + (bn // 128) * stride_b_scale_n + ks * stride_b_scale_k)[None, :]
             acc += part
         else:
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
         a_ptrs += BLOCK_K * stride_ak
-        if B_SCALE == 4:
+        if B_SCALE == SCALE_MXFP4:
             b_ptrs += (BLOCK_K // 2) * stride_bk
-        elif B_SCALE == 5:
+        elif B_SCALE == SCALE_MXFP4_WORDS:
             b_ptrs += (BLOCK_K // 8) * stride_bk
         else:
             b_ptrs += BLOCK_K * stride_bk
-        if B_SCALE >= 4:
-            bs_ptrs += (BLOCK_K // 32) * stride_bsk
+        if B_MXFP4:
+            b_scale_ptrs += (BLOCK_K // 32) * stride_b_scale_k
 
     # Per-tensor and per-row scales are constant along K: one multiply at the end.
-    if A_SCALE == 1:
+    if A_SCALE == SCALE_TENSOR:
         acc = acc * tl.load(a_scale_ptr)
-    elif A_SCALE == 2:
-        acc = acc * tl.load(a_scale_ptr + am * stride_asm)[:, None]
-    if B_SCALE == 1:
+    elif A_SCALE == SCALE_ROW:
+        acc = acc * tl.load(a_scale_ptr + am * stride_a_scale_m)[:, None]
+    if B_SCALE == SCALE_TENSOR:
         acc = acc * tl.load(b_scale_ptr)
-    elif B_SCALE == 2:
-        acc = acc * tl.load(b_scale_ptr + bn * stride_bsn)[None, :]
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    if SPLIT:
-        # fp32 partial of this K slice into the workspace [splits, M, N]; bias and the
-        # cast happen once, in _split_k_reduce_kernel.
-        ws = c_ptr + pid_k.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
-        tl.store(ws, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + bn).to(tl.float32)[None, :]
-        c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    elif B_SCALE == SCALE_ROW:
+        acc = acc * tl.load(b_scale_ptr + bn * stride_b_scale_n)[None, :]
+    _store_tile(acc, c_ptr, bias_ptr, rm, rn, bn, pid_k, M, N, stride_cm, stride_cn, SPLIT, HAS_BIAS)
 
 
 @triton.jit
 def _mxfp4_gemv_kernel(
     a_ptr,
     w_ptr,
-    s_ptr,
+    scale_ptr,
     c_ptr,
     bias_ptr,
     M,
@@ -371,8 +398,8 @@ def _mxfp4_gemv_kernel(
     stride_am,
     stride_ak,
     stride_wn,
-    stride_sn,
-    stride_sk,
+    stride_scale_n,
+    stride_scale_k,
     stride_cm,
     stride_cn,
     HAS_BIAS: tl.constexpr,
@@ -402,7 +429,7 @@ def _mxfp4_gemv_kernel(
     # so each (row, group) is one 16-byte vector load.
     w_rows = tl.multiple_of(wn * stride_wn, 4)
     w_ptrs = w_ptr + w_rows[:, None, None] + kw[None, :, :]
-    s_ptrs = s_ptr + wn[:, None] * stride_sn + rg[None, :] * stride_sk
+    scale_ptrs = scale_ptr + wn[:, None] * stride_scale_n + rg[None, :] * stride_scale_k
     a_off = (rg[:, None] * 32 + rw[None, :] * 8) * stride_ak  # a column of code 0 of each word
     rm_local = tl.arange(0, BLOCK_M)
     k_lo = pid_k * k_per_split
@@ -413,22 +440,22 @@ def _mxfp4_gemv_kernel(
     # Every step starts at a multiple of BLOCK_K (k_per_split is one): tell the compiler,
     # so the word loads stay 16-byte vectors.
     if EVEN_K:
-        nxt_w = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=k_lo < k_hi, other=0)
-        nxt_s = tl.load(s_ptrs + (k_lo // 32) * stride_sk, mask=k_lo < k_hi, other=0)
+        next_words = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=k_lo < k_hi, other=0)
+        next_scales = tl.load(scale_ptrs + (k_lo // 32) * stride_scale_k, mask=k_lo < k_hi, other=0)
     else:
         g_ok = (k_lo // 32 + rg) < K // 32
-        nxt_w = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
-        nxt_s = tl.load(s_ptrs + (k_lo // 32) * stride_sk, mask=g_ok[None, :], other=0)
+        next_words = tl.load(w_ptrs + tl.multiple_of(k_lo // 8, BLOCK_K // 8), mask=g_ok[None, :, None], other=0)
+        next_scales = tl.load(scale_ptrs + (k_lo // 32) * stride_scale_k, mask=g_ok[None, :], other=0)
     # Per (row, weight row, group) partial sums: the reduction over groups (across
     # threads) happens once, after the K loop.
     acc = tl.zeros((BLOCK_M, BLOCK_N, G), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        words = nxt_w
-        scale = e8m0_to_float(nxt_s)
+        words = next_words
+        scale = e8m0_to_float(next_scales)
         k1 = k0 + BLOCK_K
         g1_ok = ((k1 // 32 + rg) < K // 32) & (k1 < k_hi)
-        nxt_w = tl.load(w_ptrs + tl.multiple_of(k1 // 8, BLOCK_K // 8), mask=g1_ok[None, :, None], other=0)
-        nxt_s = tl.load(s_ptrs + (k1 // 32) * stride_sk, mask=g1_ok[None, :], other=0)
+        next_words = tl.load(w_ptrs + tl.multiple_of(k1 // 8, BLOCK_K // 8), mask=g1_ok[None, :, None], other=0)
+        next_scales = tl.load(scale_ptrs + (k1 // 32) * stride_scale_k, mask=g1_ok[None, :], other=0)
         c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_planes(words)
         g_ok = (k0 // 32 + rg) < K // 32
         for i in tl.static_range(BLOCK_M):
@@ -450,15 +477,7 @@ def _mxfp4_gemv_kernel(
 
     acc = tl.sum(acc, axis=2)
     rm = pid_m * BLOCK_M + rm_local
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    if SPLIT:
-        ws = c_ptr + pid_k.to(tl.int64) * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
-        tl.store(ws, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc = acc + tl.load(bias_ptr + wn).to(tl.float32)[None, :]
-        c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    _store_tile(acc, c_ptr, bias_ptr, rm, rn, wn, pid_k, M, N, stride_cm, stride_cn, SPLIT, HAS_BIAS)
 
 
 @triton.jit
@@ -605,8 +624,8 @@ def mm_with_config(
         b = words if words is not None else b
     else:
         b_mode = _scale_mode(b_scale, n)
-    asm, ask = _scale_strides(a_scale, a_mode)
-    bsm, bsk = _scale_strides(b_scale, b_mode)
+    a_scale_strides = _scale_strides(a_scale, a_mode)
+    b_scale_strides = _scale_strides(b_scale, b_mode)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     splits, k_per_split = split_k_plan(cfg, tiles, k)
     target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
@@ -614,7 +633,7 @@ def mm_with_config(
         a, b, target, bias, a_scale, b_scale,
         m, n, k, k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        asm, ask, bsm, bsk,
+        *a_scale_strides, *b_scale_strides,
         A_SCALE=a_mode,
         B_SCALE=b_mode,
         HAS_BIAS=bias is not None,

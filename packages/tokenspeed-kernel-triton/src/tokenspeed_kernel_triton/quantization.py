@@ -60,7 +60,12 @@ DEQUANTIZE_MXFP4_CONFIGS: dict[str, RowConfig] = {
     "interpret": RowConfig(block=64, rows=2),
 }
 
-_FP8_MAX = 448.0
+#: Largest finite float8_e4m3fn magnitude.
+_E4M3_MAX = tl.constexpr(448.0)
+#: How _fp8_rows_kernel gets its scales (the MODE constexpr).
+_MODE_PER_ROW = tl.constexpr(0)  # dynamic, one per row, written to scale[m]
+_MODE_STATIC = tl.constexpr(1)  # the given scale[0]
+_MODE_PER_TENSOR = tl.constexpr(2)  # dynamic, from the partial maxima of _amax_partial_kernel
 #: Upper bound on the partial maxima of the per-tensor first pass (each quantize
 #: program of the second pass reduces all of them).
 _MAX_PARTIALS = 512
@@ -86,12 +91,12 @@ def _round_to_e4m3(y):
 @triton.jit
 def _quantize_tile(x, s):
     """fp32 tile ``x`` divided by ``s`` (broadcastable), clamped, rounded to e4m3 values (fp32)."""
-    return _round_to_e4m3(tl.clamp(tl.div_rn(x, s), -448.0, 448.0))
+    return _round_to_e4m3(tl.clamp(tl.div_rn(x, s), -_E4M3_MAX, _E4M3_MAX))
 
 
 @triton.jit
 def _amax_to_scale(amax):
-    return tl.where(amax > 0, tl.div_rn(amax, 448.0), 1.0)
+    return tl.where(amax > 0, tl.div_rn(amax, _E4M3_MAX), 1.0)
 
 
 @triton.jit
@@ -129,14 +134,13 @@ def _fp8_rows_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    """Quantize ``BLOCK_M`` rows. MODE 0: per-row dynamic scales (written to ``scale[m]``);
-    1: the static scale ``scale[0]``; 2: per tensor from ``n_partials`` partial maxima
-    (program 0 writes ``scale[0]``)."""
+    """Quantize ``BLOCK_M`` rows with the scales MODE names; per tensor, the scale comes from
+    ``n_partials`` partial maxima (each program derives it, program 0 writes ``scale[0]``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rows = rows.to(tl.int64)
     x_base = x_ptr + rows[:, None] * stride_xm
-    if MODE == 0:
+    if MODE == _MODE_PER_ROW:
         # Rows are re-read by the second loop; for K <= BLOCK_K it is one tile anyway.
         acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -146,9 +150,9 @@ def _fp8_rows_kernel(
         s = _amax_to_scale(tl.max(acc, axis=1))
         tl.store(scale_ptr + rows, s, mask=row_ok)
         s = s[:, None]
-    elif MODE == 1:
+    elif MODE == _MODE_STATIC:
         s = tl.load(scale_ptr)
-    else:
+    else:  # _MODE_PER_TENSOR
         p = tl.arange(0, BLOCK_P)
         s = _amax_to_scale(tl.max(tl.load(partial_ptr + p, mask=p < n_partials, other=0.0), axis=0))
         if tl.program_id(0) == 0:
@@ -286,14 +290,18 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     common = dict(BLOCK_M=block_m, BLOCK_K=block_k, num_warps=cfg.num_warps, **cfg.launch)
     if scale is not None:
         if m and k:
-            _fp8_rows_kernel[grid](x, q, scale, None, 0, m, k, x.stride(0), q.stride(0), MODE=1, BLOCK_P=1, **common)
+            _fp8_rows_kernel[grid](
+                x, q, scale, None, 0, m, k, x.stride(0), q.stride(0), MODE=_MODE_STATIC, BLOCK_P=1, **common
+            )
         return q, scale
     if granularity == "per_token":
         scales = torch.empty((m, 1), dtype=torch.float32, device=dev)
         if m and not k:
             scales.fill_(1.0)
         elif m:
-            _fp8_rows_kernel[grid](x, q, scales, None, 0, m, k, x.stride(0), q.stride(0), MODE=0, BLOCK_P=1, **common)
+            _fp8_rows_kernel[grid](
+                x, q, scales, None, 0, m, k, x.stride(0), q.stride(0), MODE=_MODE_PER_ROW, BLOCK_P=1, **common
+            )
         return q, scales
     # per tensor: partial maxima, then quantize with the scale each program derives from them
     scales = torch.empty((1,), dtype=torch.float32, device=dev)
@@ -310,7 +318,7 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     )  # fmt: skip
     _fp8_rows_kernel[grid](
         x, q, scales, partials, n_partials, m, k, x.stride(0), q.stride(0),
-        MODE=2, BLOCK_P=triton.next_power_of_2(n_partials), **common,
+        MODE=_MODE_PER_TENSOR, BLOCK_P=triton.next_power_of_2(n_partials), **common,
     )  # fmt: skip
     return q, scales
 

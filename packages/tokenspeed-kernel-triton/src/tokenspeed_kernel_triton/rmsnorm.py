@@ -61,13 +61,13 @@ def _rmsnorm_kernel(
     res_ptr,
     w_ptr,
     y_ptr,
-    s_ptr,
+    sum_ptr,
     n_rows,
     H,
     stride_x,
     stride_r,
     stride_y,
-    stride_s,
+    stride_sum,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     ONE_PASS: tl.constexpr,
@@ -84,11 +84,13 @@ def _rmsnorm_kernel(
         # tile it is held as two power-of-two tiles, [0, BLOCK) and [BLOCK, BLOCK +
         # BLOCK_TAIL) (GPT-OSS's 2880 = 2048 + 832 of 1024), not one 4096-wide tile: a
         # quarter fewer registers and lanes (more rows in flight), one more reduction.
-        x = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+        x = _load_sum(x_ptr, res_ptr, sum_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_sum, HAS_RESIDUAL)
         sq = tl.sum(x * x, axis=1)
         if BLOCK_TAIL > 0:
             tcols = BLOCK + tl.arange(0, BLOCK_TAIL)
-            xt = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, tcols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+            xt = _load_sum(
+                x_ptr, res_ptr, sum_ptr, rows, row_ok, tcols, H, stride_x, stride_r, stride_sum, HAS_RESIDUAL
+            )
             sq += tl.sum(xt * xt, axis=1)
         rstd = tl.rsqrt(sq / H + eps)
         _scale_store(x, w_ptr, y_ptr, rows, row_ok, cols, H, stride_y, rstd)
@@ -98,7 +100,9 @@ def _rmsnorm_kernel(
         # Long rows: one pass for the sum of squares, a second (from L2) to scale.
         acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
         for h0 in range(0, H, BLOCK):
-            x = _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, h0 + cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+            x = _load_sum(
+                x_ptr, res_ptr, sum_ptr, rows, row_ok, h0 + cols, H, stride_x, stride_r, stride_sum, HAS_RESIDUAL
+            )
             acc += x * x
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / H + eps)
         for h0 in range(0, H, BLOCK):
@@ -109,19 +113,21 @@ def _rmsnorm_kernel(
                 # Recomputed rather than re-read from s: another thread may have
                 # stored that element, and nothing orders the two passes' memory.
                 r = tl.load(res_ptr + rows[:, None] * stride_r + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                x = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32)
+                x = (x + r).to(sum_ptr.dtype.element_ty).to(tl.float32)
             _scale_store(x, w_ptr, y_ptr, rows, row_ok, c, H, stride_y, rstd)
 
 
 @triton.jit
-def _load_sum(x_ptr, res_ptr, s_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr):
+def _load_sum(
+    x_ptr, res_ptr, sum_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_sum, HAS_RESIDUAL: tl.constexpr
+):
     """x (or s = x + residual, rounded to x's dtype and stored) of ``rows`` x ``cols``, in fp32."""
     mask = row_ok[:, None] & (cols < H)[None, :]
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(s_ptr.dtype.element_ty)
-        tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+        s = (x + r).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + rows[:, None] * stride_sum + cols[None, :], s, mask=mask)
         x = s.to(tl.float32)
     return x
 

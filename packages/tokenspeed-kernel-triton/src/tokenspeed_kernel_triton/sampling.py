@@ -107,26 +107,26 @@ def sample_config(device: torch.device) -> SampleConfig:
 
 _INT_MAX = tl.constexpr(2147483647)
 #: Buckets of every histogram pass (8 key bits).
-_NB = tl.constexpr(256)
+_BUCKETS = tl.constexpr(256)
 #: One past 1.0's fp32 bits: no weight reaches it.
 _KEY_TOP = tl.constexpr(0x3F800001)
 
 # Per-row int32 scratch: these slots, then the top-k histograms (one per key level),
 # then the three top-p histograms. Zeroed per call (counters, histograms, flags).
-_S_PREFIX = tl.constexpr(0)  # + level: top-k key prefix after that many levels (levels 1..3)
-_S_KREM = tl.constexpr(4)  # + level: entries still to pass at that level
-_S_TKE = tl.constexpr(8)  # key of T_k (0: no top-k)
-_S_LO = tl.constexpr(9)  # + g - 1: top-p interval after selection g (g = 1, 2, 3)
-_S_HI = tl.constexpr(12)  # + g - 1
-_S_CNT = tl.constexpr(15)  # + list: entries appended to the candidate list (0: top-k set, 1: top-p interval)
-_S_DONE = tl.constexpr(17)  # the row is sampled
-_S_TFIN = tl.constexpr(18)  # key of the final threshold (rows not finished from the top-k list)
-_SLOTS = tl.constexpr(20)
+_SLOT_TOPK_PREFIX = tl.constexpr(0)  # + level: top-k key prefix after that many levels (levels 1..3)
+_SLOT_TOPK_LEFT = tl.constexpr(4)  # + level: entries still to pass at that level
+_SLOT_TOPK_KEY = tl.constexpr(8)  # key of T_k (0: no top-k)
+_SLOT_TOPP_LO = tl.constexpr(9)  # + g - 1: top-p interval after selection g (g = 1, 2, 3)
+_SLOT_TOPP_HI = tl.constexpr(12)  # + g - 1
+_SLOT_LIST_COUNT = tl.constexpr(15)  # + list: entries appended to a candidate list (0: top-k set, 1: top-p interval)
+_SLOT_DONE = tl.constexpr(17)  # the row is sampled
+_SLOT_FINAL_KEY = tl.constexpr(18)  # key of the final threshold (rows not finished from the top-k list)
+_INT_SLOTS = tl.constexpr(20)
 # Per-row fp64 scratch: x_max, need, then per-chunk partials (kept mass, M(lo) of the
-# interval of passes 0..3, M(hi) of passes 1..3, final kept mass): slot j of chunk c at
+# interval of passes 0..3, M(hi) of passes 1..3, final kept mass): partial j of chunk c at
 # 2 + j * n_chunks + c.
-_F_XMAX, _F_NEED, _F_PART = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-_P_KEPT, _P_MLO, _P_MHI, _P_FINAL, _N_PARTS = (
+_F64_X_MAX, _F64_NEED, _F64_PARTIALS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+_PART_KEPT, _PART_MASS_LO, _PART_MASS_HI, _PART_FINAL, _N_PARTS = (
     tl.constexpr(0),  # kept mass
     tl.constexpr(1),  # + pass (0..3): M(lo) of that pass's interval
     tl.constexpr(5),  # + pass - 1 (passes 1..3): M(hi) of that pass's interval
@@ -146,20 +146,20 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, n_chunks, BLOCK: 
     start = chunk * (BLOCK * STEPS)
     best = tl.full((), float("-inf"), tl.float32)
     best_idx = start
-    nan_idx = tl.full((), 2147483647, tl.int32)
+    nan_idx = tl.full((), _INT_MAX, tl.int32)
     for step in tl.static_range(STEPS):
         cols = start + step * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_x + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
         is_nan = x != x
-        nan_idx = tl.minimum(nan_idx, tl.min(tl.where(is_nan, cols, 2147483647), axis=0))
+        nan_idx = tl.minimum(nan_idx, tl.min(tl.where(is_nan, cols, _INT_MAX), axis=0))
         x = tl.where(is_nan, float("-inf"), x)
         m = tl.max(x, axis=0)
         # First index of the block max; a later block must be strictly larger to win.
-        i = tl.min(tl.where(x == m, cols, 2147483647), axis=0)
+        i = tl.min(tl.where(x == m, cols, _INT_MAX), axis=0)
         take = m > best
         best_idx = tl.where(take, i, best_idx)
         best = tl.where(take, m, best)
-    has_nan = nan_idx < 2147483647
+    has_nan = nan_idx < _INT_MAX
     tl.store(val_ptr + row * n_chunks + chunk, tl.where(has_nan, float("nan"), best))
     tl.store(idx_ptr + row * n_chunks + chunk, tl.where(has_nan, nan_idx, best_idx).to(idx_ptr.dtype.element_ty))
 
@@ -171,14 +171,14 @@ def _argmax_reduce_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.const
     c = tl.arange(0, BLOCK_C)
     ok = c < n_chunks
     v = tl.load(val_ptr + row * n_chunks + c, mask=ok, other=float("-inf"))
-    i = tl.load(idx_ptr + row * n_chunks + c, mask=ok, other=2147483647)
+    i = tl.load(idx_ptr + row * n_chunks + c, mask=ok, other=_INT_MAX)
     is_nan = v != v
-    nan_i = tl.min(tl.where(is_nan & ok, i, 2147483647), axis=0)
+    nan_i = tl.min(tl.where(is_nan & ok, i, _INT_MAX), axis=0)
     v = tl.where(is_nan, float("-inf"), v)
     m = tl.max(v, axis=0)
     # Chunks are in index order, so the smallest index among the tied maxima is the first.
-    best = tl.min(tl.where((v == m) & ok, i, 2147483647), axis=0)
-    tl.store(out_ptr + row, tl.where(nan_i < 2147483647, nan_i, best).to(tl.int64))
+    best = tl.min(tl.where((v == m) & ok, i, _INT_MAX), axis=0)
+    tl.store(out_ptr + row, tl.where(nan_i < _INT_MAX, nan_i, best).to(tl.int64))
 
 
 # --------------------------------------------------------------------------- top-k / top-p
@@ -200,14 +200,30 @@ def _key_logit(key):
 
 
 @triton.jit
-def _kth_digit(h, krem):
-    """One radix-select level over the digit histogram ``h``: the digit d of the krem-th
-    largest entry (the largest d with count(digit >= d) >= krem) and krem minus the entries
+def _row_scratch(scratch_i32_ptr, scratch_f64_ptr, b, n_chunks, LEVELS: tl.constexpr):
+    """Row ``b``'s int32 scratch (slots, then LEVELS + 3 histograms) and fp64 scratch
+    (slots, then the per-chunk partials)."""
+    row_i32 = scratch_i32_ptr + b * (_INT_SLOTS + (LEVELS + 3) * _BUCKETS)
+    row_f64 = scratch_f64_ptr + b * (_F64_PARTIALS + _N_PARTS * n_chunks)
+    return row_i32, row_f64
+
+
+@triton.jit
+def _weights(x_row, cols, V, t, x_max):
+    """The unnormalised weights ``e = exp(x / t - x_max)`` of logits ``cols`` (0 past V)."""
+    x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    return tl.exp(tl.div_rn(x, t) - x_max)
+
+
+@triton.jit
+def _kth_digit(h, k_left):
+    """One radix-select level over the digit histogram ``h``: the digit d of the k_left-th
+    largest entry (the largest d with count(digit >= d) >= k_left) and k_left minus the entries
     with a larger digit."""
-    j = tl.arange(0, _NB)
+    j = tl.arange(0, _BUCKETS)
     above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0)
-    d = tl.max(tl.where(above + h >= krem, j, -1), axis=0)
-    return d, krem - tl.sum(tl.where(j == d, above, 0), axis=0)
+    d = tl.max(tl.where(above + h >= k_left, j, -1), axis=0)
+    return d, k_left - tl.sum(tl.where(j == d, above, 0), axis=0)
 
 
 @triton.jit
@@ -215,7 +231,7 @@ def _shift_for(width):
     """The smallest s with (width - 1) >> s < 256: key k of a width-key interval from lo
     falls in bucket (k - lo) >> s."""
     s = tl.full((), 0, tl.int32)
-    while ((width - 1) >> s) >= _NB:
+    while ((width - 1) >> s) >= _BUCKETS:
         s += 1
     return s
 
@@ -230,17 +246,17 @@ def _sum_parts(ptr, n):
 
 
 @triton.jit
-def _topp_select(h, lo, hi, mlo, mhi, need, tke):
+def _topp_select(h, lo, hi, mass_lo, mass_hi, need, topk_key):
     """The next top-p interval from [lo, hi): ``h`` counts its entries in 256
-    sub-intervals, ``mlo`` / ``mhi`` are the exact M(lo) / M(hi) (M(t) = kept mass of
+    sub-intervals, ``mass_lo`` / ``mass_hi`` are the exact M(lo) / M(hi) (M(t) = kept mass of
     weights >= t; M(hi) < need always holds). If M(lo) < need the threshold lies below:
-    [tke, lo). Else a sub-interval's mass lies between its count times its lowest and
+    [topk_key, lo). Else a sub-interval's mass lies between its count times its lowest and
     its highest weight, which bounds M at every sub-interval start from above (M(hi) +
     the sub-intervals up to hi) and from below (M(lo) - those down to lo); the new
     interval runs from the highest start whose M is surely >= need to the first start
     above the highest whose M may be >= need."""
     s = _shift_for(hi - lo)
-    j = tl.arange(0, _NB)
+    j = tl.arange(0, _BUCKETS)
     start = lo + (j << s)
     valid = start < hi
     end = tl.minimum(start + (1 << s), hi)
@@ -252,22 +268,22 @@ def _topp_select(h, lo, hi, mlo, mhi, need, tke):
     lower = tl.where(valid, count * w_lo, 0.0) * (1.0 - 2.0**-40)
     upper_below = tl.cumsum(upper, axis=0) - upper  # sub-intervals under start j
     lower_below = tl.cumsum(lower, axis=0) - lower
-    m_upper = tl.minimum(mhi + (tl.sum(upper, axis=0) - upper_below), mlo - lower_below)
-    m_lower = tl.maximum(mhi + (tl.sum(lower, axis=0) - lower_below), mlo - upper_below)
+    m_upper = tl.minimum(mass_hi + (tl.sum(upper, axis=0) - upper_below), mass_lo - lower_below)
+    m_lower = tl.maximum(mass_hi + (tl.sum(lower, axis=0) - lower_below), mass_lo - upper_below)
     j_hi = tl.max(tl.where(valid & (m_upper >= need), j, 0), axis=0)
     j_lo = tl.minimum(tl.max(tl.where(valid & (m_lower >= need), j, 0), axis=0), j_hi)
-    new_lo = tl.where(mlo >= need, lo + (j_lo << s), tke)
-    new_hi = tl.where(mlo >= need, tl.minimum(lo + ((j_hi + 1) << s), hi), lo)
+    new_lo = tl.where(mass_lo >= need, lo + (j_lo << s), topk_key)
+    new_hi = tl.where(mass_lo >= need, tl.minimum(lo + ((j_hi + 1) << s), hi), lo)
     return new_lo, new_hi
 
 
 @triton.jit
-def _append(si_cnt_ptr, cand_i_ptr, cand_e_ptr, take, cols, e, CAP: tl.constexpr):
+def _append(count_ptr, cand_i_ptr, cand_e_ptr, take, cols, e, CAP: tl.constexpr):
     """Append the entries ``take`` of one block to a row's candidate list (slot order is
     the atomics' order; every reader sorts, so results do not depend on it)."""
     n = tl.sum(take.to(tl.int32), axis=0)
     if n > 0:  # most blocks of a top-k row hold none: no atomic, no scan
-        base = tl.atomic_add(si_cnt_ptr, n)
+        base = tl.atomic_add(count_ptr, n)
         pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
         ok = take & (pos < CAP)
         tl.store(cand_i_ptr + pos, cols, mask=ok)
@@ -279,7 +295,7 @@ def _topk_pass_kernel(
     logits_ptr,
     top_k_ptr,
     pmax_ptr,
-    si_ptr,
+    scratch_i32_ptr,
     V,
     stride_row,
     n_chunks,
@@ -294,41 +310,43 @@ def _topk_pass_kernel(
     b = tl.program_id(0)
     c = tl.program_id(1)
     x_row = logits_ptr + b.to(tl.int64) * stride_row
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
+    row_i32 = scratch_i32_ptr + b * (_INT_SLOTS + (LEVELS + 3) * _BUCKETS)
     k = tl.load(top_k_ptr + b)
     has_topk = (k > 0) & (k < V)
     start = c * (BLOCK * STEPS)
     if LEVEL == 0:
         l_max = tl.full((), float("-inf"), tl.float32)
-        hist = tl.zeros((_NB,), dtype=tl.int32)
+        hist = tl.zeros((_BUCKETS,), dtype=tl.int32)
         for step in tl.static_range(STEPS):
             cols = start + step * BLOCK + tl.arange(0, BLOCK)
             x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
             l_max = tl.maximum(l_max, tl.max(x, axis=0))
             digit = (_logit_key(x) >> 24).to(tl.int32)
-            hist += tl.histogram(digit, _NB, mask=tl.where(has_topk, cols < V, False))
+            hist += tl.histogram(digit, _BUCKETS, mask=tl.where(has_topk, cols < V, False))
         tl.store(pmax_ptr + b * n_chunks + c, l_max)
         if has_topk:
-            tl.atomic_add(si + _SLOTS + tl.arange(0, _NB), hist)
+            tl.atomic_add(row_i32 + _INT_SLOTS + tl.arange(0, _BUCKETS), hist)
     elif has_topk:
         if LEVEL == 1:
-            d, krem = _kth_digit(tl.load(si + _SLOTS + tl.arange(0, _NB)), k)
+            d, k_left = _kth_digit(tl.load(row_i32 + _INT_SLOTS + tl.arange(0, _BUCKETS)), k)
             prefix = d.to(tl.uint32)
         else:
-            h = tl.load(si + _SLOTS + (LEVEL - 1) * _NB + tl.arange(0, _NB))
-            d, krem = _kth_digit(h, tl.load(si + _S_KREM + LEVEL - 1))
-            prefix = (tl.load(si + _S_PREFIX + LEVEL - 1).to(tl.uint32, bitcast=True) << 8) | d.to(tl.uint32)
+            h = tl.load(row_i32 + _INT_SLOTS + (LEVEL - 1) * _BUCKETS + tl.arange(0, _BUCKETS))
+            d, k_left = _kth_digit(h, tl.load(row_i32 + _SLOT_TOPK_LEFT + LEVEL - 1))
+            prefix = (tl.load(row_i32 + _SLOT_TOPK_PREFIX + LEVEL - 1).to(tl.uint32, bitcast=True) << 8) | d.to(
+                tl.uint32
+            )
         if c == 0:  # for the next level (this launch's programs all computed the same)
-            tl.store(si + _S_PREFIX + LEVEL, prefix.to(tl.int32, bitcast=True))
-            tl.store(si + _S_KREM + LEVEL, krem)
-        hist = tl.zeros((_NB,), dtype=tl.int32)
+            tl.store(row_i32 + _SLOT_TOPK_PREFIX + LEVEL, prefix.to(tl.int32, bitcast=True))
+            tl.store(row_i32 + _SLOT_TOPK_LEFT + LEVEL, k_left)
+        hist = tl.zeros((_BUCKETS,), dtype=tl.int32)
         for step in tl.static_range(STEPS):
             cols = start + step * BLOCK + tl.arange(0, BLOCK)
             x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
             key = _logit_key(x)
             match = (cols < V) & ((key >> (32 - 8 * LEVEL)) == prefix)
-            hist += tl.histogram(((key >> (24 - 8 * LEVEL)) & 0xFF).to(tl.int32), _NB, mask=match)
-        tl.atomic_add(si + _SLOTS + LEVEL * _NB + tl.arange(0, _NB), hist)
+            hist += tl.histogram(((key >> (24 - 8 * LEVEL)) & 0xFF).to(tl.int32), _BUCKETS, mask=match)
+        tl.atomic_add(row_i32 + _INT_SLOTS + LEVEL * _BUCKETS + tl.arange(0, _BUCKETS), hist)
 
 
 @triton.jit
@@ -338,8 +356,8 @@ def _candidates_kernel(
     top_p_ptr,
     temperature_ptr,
     pmax_ptr,
-    si_ptr,
-    sf_ptr,
+    scratch_i32_ptr,
+    scratch_f64_ptr,
     cand_i_ptr,
     cand_e_ptr,
     V,
@@ -356,48 +374,48 @@ def _candidates_kernel(
     b = tl.program_id(0)
     c = tl.program_id(1)
     x_row = logits_ptr + b.to(tl.int64) * stride_row
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
-    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    row_i32, row_f64 = _row_scratch(scratch_i32_ptr, scratch_f64_ptr, b, n_chunks, LEVELS)
     k = tl.load(top_k_ptr + b)
     has_topk = (k > 0) & (k < V)
     has_topp = tl.load(top_p_ptr + b) < 1.0
     t = tl.load(temperature_ptr + b)
     # Division by t > 0 is monotone: max(x) = max(logits) / t (IEEE division, as the reference's).
-    cc = tl.arange(0, BLOCK_C)
-    l_max = tl.max(tl.load(pmax_ptr + b * n_chunks + cc, mask=cc < n_chunks, other=float("-inf")), axis=0)
+    chunk_ids = tl.arange(0, BLOCK_C)
+    l_max = tl.max(tl.load(pmax_ptr + b * n_chunks + chunk_ids, mask=chunk_ids < n_chunks, other=float("-inf")), axis=0)
     x_max = tl.div_rn(l_max, t)
-    tke = tl.full((), 0, tl.int32)
+    topk_key = tl.full((), 0, tl.int32)
     if has_topk:
-        h = tl.load(si + _SLOTS + (LEVELS - 1) * _NB + tl.arange(0, _NB))
-        d, _ = _kth_digit(h, tl.load(si + _S_KREM + LEVELS - 1))
-        key = (tl.load(si + _S_PREFIX + LEVELS - 1).to(tl.uint32, bitcast=True) << 8) | d.to(tl.uint32)
+        h = tl.load(row_i32 + _INT_SLOTS + (LEVELS - 1) * _BUCKETS + tl.arange(0, _BUCKETS))
+        d, _ = _kth_digit(h, tl.load(row_i32 + _SLOT_TOPK_LEFT + LEVELS - 1))
+        key = (tl.load(row_i32 + _SLOT_TOPK_PREFIX + LEVELS - 1).to(tl.uint32, bitcast=True) << 8) | d.to(tl.uint32)
         l_k = _key_logit(key << (32 - 8 * LEVELS))  # the lower key bits are zero in this dtype
-        tke = tl.exp(tl.div_rn(l_k, t) - x_max).to(tl.int32, bitcast=True)
+        topk_key = tl.exp(tl.div_rn(l_k, t) - x_max).to(tl.int32, bitcast=True)
     if c == 0:
-        tl.store(sf + _F_XMAX, x_max.to(tl.float64))
-        tl.store(si + _S_TKE, tke)
-    lo = tl.maximum(tke, _KEY_TOP - _FIRST_SPAN)
+        tl.store(row_f64 + _F64_X_MAX, x_max.to(tl.float64))
+        tl.store(row_i32 + _SLOT_TOPK_KEY, topk_key)
+    lo = tl.maximum(topk_key, _KEY_TOP - _FIRST_SPAN)
     shift = _shift_for(_KEY_TOP - lo)
-    hist = tl.zeros((_NB,), dtype=tl.int32)
+    hist = tl.zeros((_BUCKETS,), dtype=tl.int32)
     kept_mass = tl.zeros((), dtype=tl.float64)
-    m_lo = tl.zeros((), dtype=tl.float64)
+    mass_lo = tl.zeros((), dtype=tl.float64)
     start = c * (BLOCK * STEPS)
     for step in tl.static_range(STEPS):
         cols = start + step * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        e = tl.exp(tl.div_rn(x, t) - x_max)
-        ek = e.to(tl.int32, bitcast=True)
-        kept = (cols < V) & (ek >= tke)
+        e = _weights(x_row, cols, V, t, x_max)
+        e_key = e.to(tl.int32, bitcast=True)
+        kept = (cols < V) & (e_key >= topk_key)
         kept_mass += tl.sum(tl.where(kept, e, 0.0).to(tl.float64), axis=0)
-        inside = (cols < V) & (ek >= lo)
-        m_lo += tl.sum(tl.where(inside, e, 0.0).to(tl.float64), axis=0)
-        hist += tl.histogram(tl.where(inside, (ek - lo) >> shift, 0), _NB, mask=tl.where(has_topp, inside, False))
+        inside = (cols < V) & (e_key >= lo)
+        mass_lo += tl.sum(tl.where(inside, e, 0.0).to(tl.float64), axis=0)
+        hist += tl.histogram(
+            tl.where(inside, (e_key - lo) >> shift, 0), _BUCKETS, mask=tl.where(has_topp, inside, False)
+        )
         if has_topk:
-            _append(si + _S_CNT, cand_i_ptr + b * CAP, cand_e_ptr + b * CAP, kept, cols, e, CAP)
-    tl.store(sf + _F_PART + _P_KEPT * n_chunks + c, kept_mass)
-    tl.store(sf + _F_PART + _P_MLO * n_chunks + c, m_lo)
+            _append(row_i32 + _SLOT_LIST_COUNT, cand_i_ptr + b * CAP, cand_e_ptr + b * CAP, kept, cols, e, CAP)
+    tl.store(row_f64 + _F64_PARTIALS + _PART_KEPT * n_chunks + c, kept_mass)
+    tl.store(row_f64 + _F64_PARTIALS + _PART_MASS_LO * n_chunks + c, mass_lo)
     if has_topp:
-        tl.atomic_add(si + _SLOTS + LEVELS * _NB + tl.arange(0, _NB), hist)
+        tl.atomic_add(row_i32 + _INT_SLOTS + LEVELS * _BUCKETS + tl.arange(0, _BUCKETS), hist)
 
 
 @triton.jit
@@ -426,7 +444,7 @@ def _sample_list(idx, e, valid, thr_key, u, V):
 
 
 @triton.jit
-def _finish_topk(si, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, u, V, CAP: tl.constexpr):
+def _finish_topk(row_i32, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, u, V, CAP: tl.constexpr):
     """A row whose top-k set fits the list: top-p over the list sorted by weight (the
     reference's own procedure), then the sample in index order."""
     i = tl.arange(0, CAP)
@@ -442,7 +460,7 @@ def _finish_topk(si, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, u, V, CAP: tl
         thr_key = tl.sum(tl.where(i == first, keys, 0), axis=0)
     token = _sample_list(idx, e, valid, thr_key, u, V)
     tl.store(out_ptr + b, token.to(tl.int64))
-    tl.store(si + _S_DONE, 1)
+    tl.store(row_i32 + _SLOT_DONE, 1)
 
 
 @triton.jit
@@ -452,8 +470,8 @@ def _topp_pass_kernel(
     top_p_ptr,
     temperature_ptr,
     uniform_ptr,
-    si_ptr,
-    sf_ptr,
+    scratch_i32_ptr,
+    scratch_f64_ptr,
     cand_i_ptr,
     cand_e_ptr,
     out_ptr,
@@ -473,63 +491,63 @@ def _topp_pass_kernel(
     the exact masses from its ends."""
     b = tl.program_id(0)
     c = tl.program_id(1)
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
-    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
+    row_i32, row_f64 = _row_scratch(scratch_i32_ptr, scratch_f64_ptr, b, n_chunks, LEVELS)
     top_p = tl.load(top_p_ptr + b)
     if PASS == 1:
         # every program of the row sees the same count, so none waits for chunk 0's flag
         k = tl.load(top_k_ptr + b)
-        n = tl.load(si + _S_CNT)
+        n = tl.load(row_i32 + _SLOT_LIST_COUNT)
         listed = (k > 0) & (k < V) & (n <= CAP)
         if listed & (c == 0):
-            _finish_topk(si, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, tl.load(uniform_ptr + b), V, CAP)
+            _finish_topk(row_i32, cand_i_ptr, cand_e_ptr, out_ptr, b, n, top_p, tl.load(uniform_ptr + b), V, CAP)
         pending = listed == 0
     else:
-        pending = tl.load(si + _S_DONE) == 0
+        pending = tl.load(row_i32 + _SLOT_DONE) == 0
     if pending & (top_p < 1.0):
         x_row = logits_ptr + b.to(tl.int64) * stride_row
         t = tl.load(temperature_ptr + b)
-        x_max = tl.load(sf + _F_XMAX).to(tl.float32)
-        tke = tl.load(si + _S_TKE)
-        mlo = _sum_parts(sf + _F_PART + (_P_MLO + PASS - 1) * n_chunks, n_chunks)
+        x_max = tl.load(row_f64 + _F64_X_MAX).to(tl.float32)
+        topk_key = tl.load(row_i32 + _SLOT_TOPK_KEY)
+        mass_lo = _sum_parts(row_f64 + _F64_PARTIALS + (_PART_MASS_LO + PASS - 1) * n_chunks, n_chunks)
         if PASS == 1:
-            lo = tl.maximum(tke, _KEY_TOP - _FIRST_SPAN)
+            lo = tl.maximum(topk_key, _KEY_TOP - _FIRST_SPAN)
             hi = tl.full((), _KEY_TOP, tl.int32)
-            mhi = tl.zeros((), dtype=tl.float64)
-            need = top_p.to(tl.float64) * _sum_parts(sf + _F_PART + _P_KEPT * n_chunks, n_chunks)
+            mass_hi = tl.zeros((), dtype=tl.float64)
+            need = top_p.to(tl.float64) * _sum_parts(row_f64 + _F64_PARTIALS + _PART_KEPT * n_chunks, n_chunks)
             if c == 0:
-                tl.store(sf + _F_NEED, need)
+                tl.store(row_f64 + _F64_NEED, need)
         else:
-            lo = tl.load(si + _S_LO + PASS - 2)
-            hi = tl.load(si + _S_HI + PASS - 2)
-            mhi = _sum_parts(sf + _F_PART + (_P_MHI + PASS - 2) * n_chunks, n_chunks)
-            need = tl.load(sf + _F_NEED)
-        h = tl.load(si + _SLOTS + (LEVELS + PASS - 1) * _NB + tl.arange(0, _NB))
-        lo, hi = _topp_select(h, lo, hi, mlo, mhi, need, tke)
+            lo = tl.load(row_i32 + _SLOT_TOPP_LO + PASS - 2)
+            hi = tl.load(row_i32 + _SLOT_TOPP_HI + PASS - 2)
+            mass_hi = _sum_parts(row_f64 + _F64_PARTIALS + (_PART_MASS_HI + PASS - 2) * n_chunks, n_chunks)
+            need = tl.load(row_f64 + _F64_NEED)
+        h = tl.load(row_i32 + _INT_SLOTS + (LEVELS + PASS - 1) * _BUCKETS + tl.arange(0, _BUCKETS))
+        lo, hi = _topp_select(h, lo, hi, mass_lo, mass_hi, need, topk_key)
         if c == 0:
-            tl.store(si + _S_LO + PASS - 1, lo)
-            tl.store(si + _S_HI + PASS - 1, hi)
+            tl.store(row_i32 + _SLOT_TOPP_LO + PASS - 1, lo)
+            tl.store(row_i32 + _SLOT_TOPP_HI + PASS - 1, hi)
         shift = _shift_for(hi - lo)
-        hist = tl.zeros((_NB,), dtype=tl.int32)
+        hist = tl.zeros((_BUCKETS,), dtype=tl.int32)
         above = tl.zeros((), dtype=tl.float64)
         from_lo = tl.zeros((), dtype=tl.float64)
         start = c * (BLOCK * STEPS)
         for step in tl.static_range(STEPS):
             cols = start + step * BLOCK + tl.arange(0, BLOCK)
-            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            e = tl.exp(tl.div_rn(x, t) - x_max)
-            ek = e.to(tl.int32, bitcast=True)
-            above += tl.sum(tl.where((cols < V) & (ek >= hi), e, 0.0).to(tl.float64), axis=0)
-            from_lo += tl.sum(tl.where((cols < V) & (ek >= lo), e, 0.0).to(tl.float64), axis=0)
-            inside = (cols < V) & (ek >= lo) & (ek < hi)
+            e = _weights(x_row, cols, V, t, x_max)
+            e_key = e.to(tl.int32, bitcast=True)
+            above += tl.sum(tl.where((cols < V) & (e_key >= hi), e, 0.0).to(tl.float64), axis=0)
+            from_lo += tl.sum(tl.where((cols < V) & (e_key >= lo), e, 0.0).to(tl.float64), axis=0)
+            inside = (cols < V) & (e_key >= lo) & (e_key < hi)
             if PASS == 3:
-                _append(si + _S_CNT + 1, cand_i_ptr + b * CAP, cand_e_ptr + b * CAP, inside, cols, e, CAP)
+                _append(
+                    row_i32 + _SLOT_LIST_COUNT + 1, cand_i_ptr + b * CAP, cand_e_ptr + b * CAP, inside, cols, e, CAP
+                )
             else:
-                hist += tl.histogram(tl.where(inside, (ek - lo) >> shift, 0), _NB, mask=inside)
-        tl.store(sf + _F_PART + (_P_MHI + PASS - 1) * n_chunks + c, above)
-        tl.store(sf + _F_PART + (_P_MLO + PASS) * n_chunks + c, from_lo)
+                hist += tl.histogram(tl.where(inside, (e_key - lo) >> shift, 0), _BUCKETS, mask=inside)
+        tl.store(row_f64 + _F64_PARTIALS + (_PART_MASS_HI + PASS - 1) * n_chunks + c, above)
+        tl.store(row_f64 + _F64_PARTIALS + (_PART_MASS_LO + PASS) * n_chunks + c, from_lo)
         if PASS < 3:
-            tl.atomic_add(si + _SLOTS + (LEVELS + PASS) * _NB + tl.arange(0, _NB), hist)
+            tl.atomic_add(row_i32 + _INT_SLOTS + (LEVELS + PASS) * _BUCKETS + tl.arange(0, _BUCKETS), hist)
 
 
 @triton.jit
@@ -537,8 +555,8 @@ def _topp_threshold_kernel(
     logits_ptr,
     top_p_ptr,
     temperature_ptr,
-    si_ptr,
-    sf_ptr,
+    scratch_i32_ptr,
+    scratch_f64_ptr,
     cand_e_ptr,
     V,
     stride_row,
@@ -552,21 +570,22 @@ def _topp_threshold_kernel(
     exact threshold from the entries left in the last interval (sorted, with the exact
     mass above it), or, past ``CAP`` of them, from an exact search over the row."""
     b = tl.program_id(0)
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
-    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
-    if tl.load(si + _S_DONE) == 0:
-        thr = tl.load(si + _S_TKE)
+    row_i32, row_f64 = _row_scratch(scratch_i32_ptr, scratch_f64_ptr, b, n_chunks, LEVELS)
+    if tl.load(row_i32 + _SLOT_DONE) == 0:
+        thr = tl.load(row_i32 + _SLOT_TOPK_KEY)
         if tl.load(top_p_ptr + b) < 1.0:
-            lo = tl.load(si + _S_LO + 2)
-            hi = tl.load(si + _S_HI + 2)
-            need = tl.load(sf + _F_NEED)
-            n = tl.load(si + _S_CNT + 1)
+            lo = tl.load(row_i32 + _SLOT_TOPP_LO + 2)
+            hi = tl.load(row_i32 + _SLOT_TOPP_HI + 2)
+            need = tl.load(row_f64 + _F64_NEED)
+            n = tl.load(row_i32 + _SLOT_LIST_COUNT + 1)
             if n <= CAP:
                 i = tl.arange(0, CAP)
                 keys, w = _sorted_weights(tl.load(cand_e_ptr + b * CAP + i, mask=i < n, other=0.0), i < n)
                 # as the reference: the first position (in descending order) whose running
                 # mass reaches need; everything above the interval comes first
-                running = _sum_parts(sf + _F_PART + (_P_MHI + 2) * n_chunks, n_chunks) + tl.cumsum(w, axis=0)
+                running = _sum_parts(row_f64 + _F64_PARTIALS + (_PART_MASS_HI + 2) * n_chunks, n_chunks) + tl.cumsum(
+                    w, axis=0
+                )
                 first = tl.minimum(tl.sum(((i < n) & (running < need)).to(tl.int32), axis=0), n - 1)
                 thr = tl.where(n > 0, tl.sum(tl.where(i == first, keys, 0), axis=0), lo)
             else:
@@ -574,14 +593,14 @@ def _topp_threshold_kernel(
                     logits_ptr + b.to(tl.int64) * stride_row,
                     V,
                     tl.load(temperature_ptr + b),
-                    tl.load(sf + _F_XMAX).to(tl.float32),
+                    tl.load(row_f64 + _F64_X_MAX).to(tl.float32),
                     lo,
                     hi,
                     need,
                     BLOCK,
                     PROBES,
                 )
-        tl.store(si + _S_TFIN, thr)
+        tl.store(row_i32 + _SLOT_FINAL_KEY, thr)
 
 
 @triton.jit
@@ -595,10 +614,9 @@ def _exact_threshold(x_row, V, t, x_max, lo, hi, need, BLOCK: tl.constexpr, PROB
         mass = tl.zeros((PROBES,), dtype=tl.float64)
         for start in range(0, V, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            e = tl.exp(tl.div_rn(x, t) - x_max)
-            ek = e.to(tl.int32, bitcast=True)
-            mass += tl.sum(tl.where(ek[None, :] >= cand[:, None], e[None, :], 0.0).to(tl.float64), axis=1)
+            e = _weights(x_row, cols, V, t, x_max)
+            e_key = e.to(tl.int32, bitcast=True)
+            mass += tl.sum(tl.where(e_key[None, :] >= cand[:, None], e[None, :], 0.0).to(tl.float64), axis=1)
         ok = mass >= need
         lo = tl.maximum(lo, tl.max(tl.where(ok, cand, lo), axis=0))
         hi = tl.minimum(hi, tl.min(tl.where(ok, hi, cand), axis=0))
@@ -609,8 +627,8 @@ def _exact_threshold(x_row, V, t, x_max, lo, hi, need, BLOCK: tl.constexpr, PROB
 def _final_mass_kernel(
     logits_ptr,
     temperature_ptr,
-    si_ptr,
-    sf_ptr,
+    scratch_i32_ptr,
+    scratch_f64_ptr,
     V,
     stride_row,
     n_chunks,
@@ -621,21 +639,19 @@ def _final_mass_kernel(
     """Each chunk's kept mass (weights with key >= the final threshold), fp64."""
     b = tl.program_id(0)
     c = tl.program_id(1)
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
-    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
-    if tl.load(si + _S_DONE) == 0:
+    row_i32, row_f64 = _row_scratch(scratch_i32_ptr, scratch_f64_ptr, b, n_chunks, LEVELS)
+    if tl.load(row_i32 + _SLOT_DONE) == 0:
         x_row = logits_ptr + b.to(tl.int64) * stride_row
         t = tl.load(temperature_ptr + b)
-        x_max = tl.load(sf + _F_XMAX).to(tl.float32)
-        thr = tl.load(si + _S_TFIN)
+        x_max = tl.load(row_f64 + _F64_X_MAX).to(tl.float32)
+        thr = tl.load(row_i32 + _SLOT_FINAL_KEY)
         mass = tl.zeros((), dtype=tl.float64)
         start = c * (BLOCK * STEPS)
         for step in tl.static_range(STEPS):
             cols = start + step * BLOCK + tl.arange(0, BLOCK)
-            x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            e = tl.exp(tl.div_rn(x, t) - x_max)
+            e = _weights(x_row, cols, V, t, x_max)
             mass += tl.sum(tl.where((cols < V) & (e.to(tl.int32, bitcast=True) >= thr), e, 0.0).to(tl.float64), 0)
-        tl.store(sf + _F_PART + _P_FINAL * n_chunks + c, mass)
+        tl.store(row_f64 + _F64_PARTIALS + _PART_FINAL * n_chunks + c, mass)
 
 
 @triton.jit
@@ -643,8 +659,8 @@ def _final_pick_kernel(
     logits_ptr,
     temperature_ptr,
     uniform_ptr,
-    si_ptr,
-    sf_ptr,
+    scratch_i32_ptr,
+    scratch_f64_ptr,
     out_ptr,
     V,
     stride_row,
@@ -657,10 +673,9 @@ def _final_pick_kernel(
     its entries in index order and writes the sample."""
     b = tl.program_id(0)
     c = tl.program_id(1)
-    si = si_ptr + b * (_SLOTS + (LEVELS + 3) * _NB)
-    sf = sf_ptr + b * (_F_PART + _N_PARTS * n_chunks)
-    if tl.load(si + _S_DONE) == 0:
-        parts = sf + _F_PART + _P_FINAL * n_chunks
+    row_i32, row_f64 = _row_scratch(scratch_i32_ptr, scratch_f64_ptr, b, n_chunks, LEVELS)
+    if tl.load(row_i32 + _SLOT_DONE) == 0:
+        parts = row_f64 + _F64_PARTIALS + _PART_FINAL * n_chunks
         # mass before this chunk, the total and the last chunk with mass, in chunk order:
         # every program computes the same fp64 sums, so exactly one owns the target
         before = tl.zeros((), dtype=tl.float64)
@@ -678,16 +693,15 @@ def _final_pick_kernel(
         if in_mine | ((target >= total) & (c == last_c)):
             x_row = logits_ptr + b.to(tl.int64) * stride_row
             t = tl.load(temperature_ptr + b)
-            x_max = tl.load(sf + _F_XMAX).to(tl.float32)
-            thr = tl.load(si + _S_TFIN)
+            x_max = tl.load(row_f64 + _F64_X_MAX).to(tl.float32)
+            thr = tl.load(row_i32 + _SLOT_FINAL_KEY)
             running = before
             found = tl.full((), _INT_MAX, tl.int32)
             last = tl.full((), -1, tl.int32)
             start = c * (BLOCK * STEPS)
             for step in tl.static_range(STEPS):
                 cols = start + step * BLOCK + tl.arange(0, BLOCK)
-                x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-                e = tl.exp(tl.div_rn(x, t) - x_max)
+                e = _weights(x_row, cols, V, t, x_max)
                 w = tl.where((cols < V) & (e.to(tl.int32, bitcast=True) >= thr), e, 0.0).to(tl.float64)
                 cdf = running + tl.cumsum(w, axis=0)
                 found = tl.minimum(found, tl.min(tl.where(cdf > target, cols, _INT_MAX), axis=0))
@@ -779,8 +793,8 @@ def top_k_top_p_sample(
     n_chunks = triton.cdiv(v, block * cfg.steps)
     # per-row scratch: int32 slots + histograms (zeroed: counters and atomics start at 0),
     # fp64 slots + per-chunk partials, chunk maxima, the candidate list
-    si = torch.zeros((b, _SLOTS.value + (levels + 3) * _NB.value), dtype=torch.int32, device=dev)
-    sf = torch.empty((b, _F_PART.value + _N_PARTS.value * n_chunks), dtype=torch.float64, device=dev)
+    scratch_i32 = torch.zeros((b, _INT_SLOTS.value + (levels + 3) * _BUCKETS.value), dtype=torch.int32, device=dev)
+    scratch_f64 = torch.empty((b, _F64_PARTIALS.value + _N_PARTS.value * n_chunks), dtype=torch.float64, device=dev)
     pmax = torch.empty((b, n_chunks), dtype=torch.float32, device=dev)
     cand_i = torch.empty((b, cfg.cap), dtype=torch.int32, device=dev)
     cand_e = torch.empty((b, cfg.cap), dtype=torch.float32, device=dev)
@@ -788,20 +802,26 @@ def top_k_top_p_sample(
     common = dict(BLOCK=block, STEPS=cfg.steps, num_warps=cfg.num_warps)
     stride = logits.stride(0)
     for level in range(levels):
-        _topk_pass_kernel[grid](logits, top_k, pmax, si, v, stride, n_chunks, LEVEL=level, LEVELS=levels, **common)
+        _topk_pass_kernel[grid](
+            logits, top_k, pmax, scratch_i32, v, stride, n_chunks, LEVEL=level, LEVELS=levels, **common
+        )
     _candidates_kernel[grid](
-        logits, top_k, top_p, temperature, pmax, si, sf, cand_i, cand_e, v, stride, n_chunks,
+        logits, top_k, top_p, temperature, pmax, scratch_i32, scratch_f64, cand_i, cand_e, v, stride, n_chunks,
         LEVELS=levels, CAP=cfg.cap, BLOCK_C=triton.next_power_of_2(n_chunks), **common,
     )  # fmt: skip
     for p in (1, 2, 3):
         _topp_pass_kernel[grid](
-            logits, top_k, top_p, temperature, uniform, si, sf, cand_i, cand_e, out, v, stride, n_chunks,
+            logits, top_k, top_p, temperature, uniform, scratch_i32, scratch_f64, cand_i, cand_e, out, v, stride, n_chunks,
             PASS=p, LEVELS=levels, CAP=cfg.cap, **common,
         )  # fmt: skip
     _topp_threshold_kernel[(b,)](
-        logits, top_p, temperature, si, sf, cand_e, v, stride, n_chunks,
+        logits, top_p, temperature, scratch_i32, scratch_f64, cand_e, v, stride, n_chunks,
         LEVELS=levels, CAP=cfg.cap, BLOCK=block, PROBES=cfg.probes, num_warps=cfg.num_warps,
     )  # fmt: skip
-    _final_mass_kernel[grid](logits, temperature, si, sf, v, stride, n_chunks, LEVELS=levels, **common)
-    _final_pick_kernel[grid](logits, temperature, uniform, si, sf, out, v, stride, n_chunks, LEVELS=levels, **common)
+    _final_mass_kernel[grid](
+        logits, temperature, scratch_i32, scratch_f64, v, stride, n_chunks, LEVELS=levels, **common
+    )
+    _final_pick_kernel[grid](
+        logits, temperature, uniform, scratch_i32, scratch_f64, out, v, stride, n_chunks, LEVELS=levels, **common
+    )
     return out

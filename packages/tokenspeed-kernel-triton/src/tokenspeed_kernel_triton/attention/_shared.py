@@ -27,7 +27,7 @@ def score_scales(softmax_scale: float, logit_cap: float) -> tuple[float, float, 
     Without a cap the log2-domain score is ``qk * qk_scale``; with one it is
     ``tanh(qk * cap_scale) * cap_log2`` = ``cap * tanh(qk * scale / cap) * log2(e)``.
     """
-    log2e = 1.4426950408889634
+    log2e = LOG2E.value
     if logit_cap > 0:
         return softmax_scale * log2e, softmax_scale / logit_cap, logit_cap * log2e
     return softmax_scale * log2e, 0.0, 0.0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
@@ -39,11 +40,11 @@ class ExpertOperand:
     w: torch.Tensor
     scale: torch.Tensor
     bias: torch.Tensor
-    w_kind: int
-    scale_kind: int
+    w_kind: tl.constexpr  # gemm.W_*
+    scale_kind: tl.constexpr  # gemm.SCALE_*
     has_bias: bool
-    stride_se: int
-    stride_sn: int
+    scale_stride_e: int
+    scale_stride_n: int
 
     @property
     def weight_kind(self) -> str:
@@ -62,18 +63,25 @@ def expert_operand(weights: MoEWeights, which: str) -> ExpertOperand:
     fmt = weights.format
     if fmt == "mxfp4":
         scale = _last_contiguous(scale)
-        w_kind, scale_kind, sse, ssn = gemm.W_MXFP4, gemm.SCALE_NONE, scale.stride(0), scale.stride(1)
+        w_kind, scale_kind, scale_stride_e, scale_stride_n = (
+            gemm.W_MXFP4,
+            gemm.SCALE_NONE,
+            scale.stride(0),
+            scale.stride(1),
+        )
     elif fmt == "fp8_e4m3:per_channel":
         scale = scale.contiguous()
-        w_kind, scale_kind, sse, ssn = gemm.W_FP8, gemm.SCALE_PER_CHANNEL, scale.stride(0), 1
+        w_kind, scale_kind, scale_stride_e, scale_stride_n = gemm.W_FP8, gemm.SCALE_PER_CHANNEL, scale.stride(0), 1
     elif fmt == "fp8_e4m3:per_tensor":
         scale = scale.contiguous()
-        w_kind, scale_kind, sse, ssn = gemm.W_FP8, gemm.SCALE_PER_TENSOR, 1, 0
+        w_kind, scale_kind, scale_stride_e, scale_stride_n = gemm.W_FP8, gemm.SCALE_PER_TENSOR, 1, 0
     else:
-        scale, w_kind, scale_kind, sse, ssn = w, gemm.W_DENSE, gemm.SCALE_NONE, 0, 0
+        scale, w_kind, scale_kind, scale_stride_e, scale_stride_n = w, gemm.W_DENSE, gemm.SCALE_NONE, 0, 0
     if bias is not None:
         bias = bias.contiguous()
-    return ExpertOperand(w, scale, bias if bias is not None else w, w_kind, scale_kind, bias is not None, sse, ssn)
+    return ExpertOperand(
+        w, scale, bias if bias is not None else w, w_kind, scale_kind, bias is not None, scale_stride_e, scale_stride_n
+    )
 
 
 def _grouped_tiles(rows: int, num_experts: int, block_m: int) -> int:
@@ -115,7 +123,7 @@ def launch_gate_up(
     """Launch the gate/up GEMM + bias + activation into ``y``.
 
     Args:
-        a: ``[rows, H]`` bf16/fp16 A rows: ``x [T, H]`` (tiny path, ``ROWS_GATHER``) or
+        a: ``[rows, H]`` bf16/fp16 A rows: ``x [T, H]`` (``ROWS_TINY``, ``ROWS_GATHER``) or
             sorted rows (``ROWS_SORTED``).
         row_map: ``int32 [T, k]`` topk_ids (tiny) or ``int32 [E+1]`` expert_offsets.
         permutation: ``int32 [T*k]`` sorted row -> flat pair (``ROWS_GATHER``), else None.
@@ -140,7 +148,7 @@ def launch_gate_up(
     limit = activation.limit
     gemm.moe_gate_up_kernel[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map,
-        op.w, op.w.stride(0), op.w.stride(1), op.scale, op.stride_se, op.stride_sn, op.bias, op.bias.stride(0),
+        op.w, op.w.stride(0), op.w.stride(1), op.scale, op.scale_stride_e, op.scale_stride_n, op.bias, op.bias.stride(0),
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], i,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         ROWS=rows_mode, TOPK=top_k, W_KIND=op.w_kind, SCALE=op.scale_kind, HAS_BIAS=op.has_bias,
@@ -189,7 +197,7 @@ def launch_down(
     gemm.moe_down_kernel[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map,
         topk_weights if topk_weights is not None else a,
-        op.w, op.w.stride(0), op.w.stride(1), op.scale, op.stride_se, op.stride_sn, op.bias, op.bias.stride(0),
+        op.w, op.w.stride(0), op.w.stride(1), op.scale, op.scale_stride_e, op.scale_stride_n, op.bias, op.bias.stride(0),
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], n,
         ROWS=rows_mode, ROUTE_WEIGHT=topk_weights is not None, W_KIND=op.w_kind, SCALE=op.scale_kind,
         HAS_BIAS=op.has_bias, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab, MMA_FP32=y.device.type == "cpu",

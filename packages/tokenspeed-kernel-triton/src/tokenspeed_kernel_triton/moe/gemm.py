@@ -25,19 +25,19 @@ import triton.language as tl
 from .._mxfp4 import E2M1_REBIAS, e2m1_words_times_2m14, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
 
 # Row sources (the ROWS constexpr).
-ROWS_SORTED = 0  # grouped; A rows are already sorted (moe_experts' hidden, or the intermediate)
-ROWS_GATHER = 1  # grouped; A row of sorted row r is x[permutation[r] // TOPK]
-ROWS_TINY = 2  # tiny; rows are flat pair indices p, A row is x[p // TOPK] (gate/up) or inter[p] (down)
+ROWS_SORTED = tl.constexpr(0)  # grouped; A rows are already sorted (moe_experts' hidden, or the intermediate)
+ROWS_GATHER = tl.constexpr(1)  # grouped; A row of sorted row r is x[permutation[r] // TOPK]
+ROWS_TINY = tl.constexpr(2)  # tiny; rows are flat pair indices p, A row is x[p // TOPK] (gate/up) or inter[p] (down)
 
 # Weight kinds (the W_KIND constexpr).
-W_DENSE = 0
-W_FP8 = 1
-W_MXFP4 = 2
+W_DENSE = tl.constexpr(0)
+W_FP8 = tl.constexpr(1)
+W_MXFP4 = tl.constexpr(2)
 
 # Channel scales (the SCALE constexpr) of FP8 weights.
-SCALE_NONE = 0
-SCALE_PER_TENSOR = 1
-SCALE_PER_CHANNEL = 2
+SCALE_NONE = tl.constexpr(0)
+SCALE_PER_TENSOR = tl.constexpr(1)
+SCALE_PER_CHANNEL = tl.constexpr(2)
 
 
 @triton.jit
@@ -77,8 +77,8 @@ def _mma_tile(
     a_valid,
     w_ptr,
     stride_wn,
-    s_ptr,
-    stride_sn,
+    scale_ptr,
+    stride_scale_n,
     w_rows,
     w_valid,
     K,
@@ -95,7 +95,7 @@ def _mma_tile(
 ):
     """``A[a_rows, :K] @ W[w_rows, :K].T`` as float32 ``[BLOCK_M, BLOCK_N]``.
 
-    ``w_ptr``/``s_ptr`` already point at the expert; weight tiles are ``[BLOCK_N,
+    ``w_ptr``/``scale_ptr`` already point at the expert; weight tiles are ``[BLOCK_N,
     BLOCK_K]`` rows of K-contiguous memory, which is also the MMA's preferred
     K-major operand, so the transposes below are free views. Without USE_DOT
     (``BLOCK_M`` = 1, decode) the row is a GEMV on the CUDA/vector cores: any
@@ -103,7 +103,7 @@ def _mma_tile(
     decode, products accumulate elementwise and reduce once after the loop.
     """
     if not USE_DOT:
-        if W_KIND == 2:
+        if W_KIND == W_MXFP4:
             acc = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -119,15 +119,15 @@ def _mma_tile(
     w_rows64 = w_rows[:, None].to(tl.int64)
     # The bit decoder (MMA or GEMV) reads the codes as uint32 words (8 codes each;
     # rows are H/2 bytes, a multiple of 16); the others take them byte by byte.
-    WORDS: tl.constexpr = W_KIND == 2 and (not USE_DOT or DECODE == "bits")
+    WORDS: tl.constexpr = W_KIND == W_MXFP4 and (not USE_DOT or DECODE == "bits")
     W_STEP: tl.constexpr = BLOCK_K // 8 if WORDS else BLOCK_K // 2
-    if W_KIND == 2:
+    if W_KIND == W_MXFP4:
         if WORDS:
             w_ptrs = w_ptr.to(tl.pointer_type(tl.uint32)) + w_rows64 * (stride_wn // 4)
         else:
             w_ptrs = w_ptr + w_rows64 * stride_wn
         w_ptrs += tl.arange(0, W_STEP)[None, :]
-        s_ptrs = s_ptr + w_rows64 * stride_sn + tl.arange(0, BLOCK_K // 32)[None, :]
+        scale_ptrs = scale_ptr + w_rows64 * stride_scale_n + tl.arange(0, BLOCK_K // 32)[None, :]
     else:
         w_ptrs = w_ptr + w_rows64 * stride_wn + offs[None, :]
     # An explicit stage count also pipelines the GEMV's loads (no tl.dot to key on).
@@ -136,17 +136,17 @@ def _mma_tile(
             a = tl.load(a_ptrs, mask=a_valid[:, None], other=0.0)
         else:
             a = tl.load(a_ptrs, mask=a_valid[:, None] & (k0 + offs < K)[None, :], other=0.0)
-        if W_KIND == 2:
+        if W_KIND == W_MXFP4:
             if EVEN_K:
                 packed = tl.load(w_ptrs, mask=w_valid[:, None], other=0)
-                scale = tl.load(s_ptrs, mask=w_valid[:, None], other=127)
+                scale = tl.load(scale_ptrs, mask=w_valid[:, None], other=127)
             else:
                 kw = k0 // (BLOCK_K // W_STEP) + tl.arange(0, W_STEP)
                 kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
                 packed = tl.load(w_ptrs, mask=w_valid[:, None] & (kw < K // (BLOCK_K // W_STEP))[None, :], other=0)
-                scale = tl.load(s_ptrs, mask=w_valid[:, None] & (kg < K // 32)[None, :], other=127)
+                scale = tl.load(scale_ptrs, mask=w_valid[:, None] & (kg < K // 32)[None, :], other=127)
             w_ptrs += W_STEP
-            s_ptrs += BLOCK_K // 32
+            scale_ptrs += BLOCK_K // 32
             if not USE_DOT:
                 # Sum each 32-value group unscaled, then apply its scale once.
                 prod = e2m1_words_times_2m14(packed, BLOCK_N, BLOCK_K) * a.to(tl.float32)
@@ -179,7 +179,7 @@ def _mma_tile(
             else:
                 acc += w.to(tl.float32) * a.to(tl.float32)
         a_ptrs += BLOCK_K
-        if USE_DOT and (DECODE != "dot_scaled" or W_KIND != 2):
+        if USE_DOT and (DECODE != "dot_scaled" or W_KIND != W_MXFP4):
             if MMA_FP32:
                 # Interpreter only: Triton 3.6's interpreter multiplies bf16 storage
                 # bits as integers. Both operands hold x-dtype values: fp32 is exact.
@@ -200,14 +200,23 @@ def _mma_tile(
 
 @triton.jit
 def _epilogue_scale_bias(
-    acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE: tl.constexpr, HAS_BIAS: tl.constexpr
+    acc,
+    e,
+    w_rows,
+    w_valid,
+    scale_ptr,
+    stride_scale_e,
+    bias_ptr,
+    stride_bias_e,
+    SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
-    if SCALE == 1:
-        acc = acc * tl.load(s_ptr + e * stride_se)
-    elif SCALE == 2:
-        acc = acc * tl.load(s_ptr + e * stride_se + w_rows, mask=w_valid, other=0.0)[None, :]
+    if SCALE == SCALE_PER_TENSOR:
+        acc = acc * tl.load(scale_ptr + e * stride_scale_e)
+    elif SCALE == SCALE_PER_CHANNEL:
+        acc = acc * tl.load(scale_ptr + e * stride_scale_e + w_rows, mask=w_valid, other=0.0)[None, :]
     if HAS_BIAS:
-        acc = acc + tl.load(b_ptr + e * stride_be + w_rows, mask=w_valid, other=0.0).to(tl.float32)[None, :]
+        acc = acc + tl.load(bias_ptr + e * stride_bias_e + w_rows, mask=w_valid, other=0.0).to(tl.float32)[None, :]
     return acc
 
 
@@ -223,11 +232,11 @@ def _gate_up_tile(
     w_ptr,
     stride_we,
     stride_wn,
-    s_ptr,
-    stride_se,
-    stride_sn,
-    b_ptr,
-    stride_be,
+    scale_ptr,
+    stride_scale_e,
+    stride_scale_n,
+    bias_ptr,
+    stride_bias_e,
     y_ptr,
     stride_ym,
     K,
@@ -261,18 +270,20 @@ def _gate_up_tile(
     else:
         w_rows = (c % 2) * I + j
     w_valid = j < I
-    if ROWS == 1:
+    if ROWS == ROWS_GATHER:
         a_rows = tl.load(perm_ptr + rows, mask=valid, other=0) // TOPK
-    elif ROWS == 2:
+    elif ROWS == ROWS_TINY:
         a_rows = rows // TOPK
     else:
         a_rows = rows
     acc = _mma_tile(
         a_ptr, stride_am, a_rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
-        s_ptr + e.to(tl.int64) * stride_se, stride_sn, w_rows, w_valid, K,
+        scale_ptr + e.to(tl.int64) * stride_scale_e, stride_scale_n, w_rows, w_valid, K,
         W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    acc = _epilogue_scale_bias(acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE, HAS_BIAS)
+    acc = _epilogue_scale_bias(
+        acc, e, w_rows, w_valid, scale_ptr, stride_scale_e, bias_ptr, stride_bias_e, SCALE, HAS_BIAS
+    )
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
     if HAS_LIMIT:
         gate = tl.minimum(gate, limit)
@@ -296,11 +307,11 @@ def _down_tile(
     w_ptr,
     stride_we,
     stride_wn,
-    s_ptr,
-    stride_se,
-    stride_sn,
-    b_ptr,
-    stride_be,
+    scale_ptr,
+    stride_scale_e,
+    stride_scale_n,
+    bias_ptr,
+    stride_bias_e,
     y_ptr,
     stride_ym,
     K,
@@ -324,13 +335,15 @@ def _down_tile(
     w_valid = w_rows < N
     acc = _mma_tile(
         a_ptr, stride_am, rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
-        s_ptr + e.to(tl.int64) * stride_se, stride_sn, w_rows, w_valid, K,
+        scale_ptr + e.to(tl.int64) * stride_scale_e, stride_scale_n, w_rows, w_valid, K,
         W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    acc = _epilogue_scale_bias(acc, e, w_rows, w_valid, s_ptr, stride_se, b_ptr, stride_be, SCALE, HAS_BIAS)
+    acc = _epilogue_scale_bias(
+        acc, e, w_rows, w_valid, scale_ptr, stride_scale_e, bias_ptr, stride_bias_e, SCALE, HAS_BIAS
+    )
     # The grouped fused path writes each row back at its (token, slot) index, so the
     # combine reads a token's k rows contiguously; the tiny path is already there.
-    if ROWS == 1:
+    if ROWS == ROWS_GATHER:
         out_rows = tl.load(perm_ptr + rows, mask=valid, other=0)
     else:
         out_rows = rows
@@ -363,11 +376,11 @@ def moe_gate_up_kernel(
     w_ptr,
     stride_we,
     stride_wn,
-    s_ptr,
-    stride_se,
-    stride_sn,
-    b_ptr,
-    stride_be,
+    scale_ptr,
+    stride_scale_e,
+    stride_scale_n,
+    bias_ptr,
+    stride_bias_e,
     y_ptr,
     stride_ym,
     num_pairs,
@@ -405,7 +418,7 @@ def moe_gate_up_kernel(
     order (tiny).
     """
     num_tiles_n = tl.cdiv(I, BLOCK_N // 2)
-    if ROWS == 2:
+    if ROWS == ROWS_TINY:
         pid = tl.program_id(0)
         pid_p = pid % num_pairs
         pid_n = pid // num_pairs
@@ -421,7 +434,7 @@ def moe_gate_up_kernel(
                 rows, valid = _tiny_members(ids, idx, e, chunk, BLOCK_M)
                 _gate_up_tile(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
-                    s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
+                    scale_ptr, stride_scale_e, stride_scale_n, bias_ptr, stride_bias_e, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
                     ROWS, TOPK, W_KIND, SCALE, HAS_BIAS, INTERLEAVED, HAS_LIMIT, DECODE, SWAP_AB,
                     MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
@@ -431,7 +444,7 @@ def moe_gate_up_kernel(
         if e < E:
             _gate_up_tile(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
-                s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
+                scale_ptr, stride_scale_e, stride_scale_n, bias_ptr, stride_bias_e, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
                 ROWS, TOPK, W_KIND, SCALE, HAS_BIAS, INTERLEAVED, HAS_LIMIT, DECODE, SWAP_AB,
                 MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
@@ -447,11 +460,11 @@ def moe_down_kernel(
     w_ptr,
     stride_we,
     stride_wn,
-    s_ptr,
-    stride_se,
-    stride_sn,
-    b_ptr,
-    stride_be,
+    scale_ptr,
+    stride_scale_e,
+    stride_scale_n,
+    bias_ptr,
+    stride_bias_e,
     y_ptr,
     stride_ym,
     num_pairs,
@@ -483,7 +496,7 @@ def moe_down_kernel(
     H]`` is written in sorted order (moe_experts) or flat pair order (fused path).
     """
     num_tiles_n = tl.cdiv(N, BLOCK_N)
-    if ROWS == 2:
+    if ROWS == ROWS_TINY:
         pid = tl.program_id(0)
         pid_p = pid % num_pairs
         pid_n = pid // num_pairs
@@ -499,7 +512,7 @@ def moe_down_kernel(
                 rows, valid = _tiny_members(ids, idx, e, chunk, BLOCK_M)
                 _down_tile(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
-                    s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, N,
+                    scale_ptr, stride_scale_e, stride_scale_n, bias_ptr, stride_bias_e, y_ptr, stride_ym, K, N,
                     ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
@@ -508,6 +521,6 @@ def moe_down_kernel(
         if e < E:
             _down_tile(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
-                s_ptr, stride_se, stride_sn, b_ptr, stride_be, y_ptr, stride_ym, K, N,
+                scale_ptr, stride_scale_e, stride_scale_n, bias_ptr, stride_bias_e, y_ptr, stride_ym, K, N,
                 ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
