@@ -199,18 +199,20 @@ def _mma_tile(
 
 
 @triton.jit
-def _epilogue_scale_bias(
-    acc,
-    e,
-    w_rows,
-    w_valid,
-    scale_ptr,
-    stride_scale_e,
-    bias_ptr,
-    stride_bias_e,
-    SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
+def _expert_product(
+    e, a_ptr, stride_am, a_rows, a_valid, w_ptr, stride_we, stride_wn, scale_ptr, stride_scale_e, stride_scale_n,
+    bias_ptr, stride_bias_e, w_rows, w_valid, K,
+    W_KIND: tl.constexpr, SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, DECODE: tl.constexpr, SWAP_AB: tl.constexpr,
+    MMA_FP32: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Expert ``e``'s ``A[a_rows] @ W[e, w_rows].T`` (:func:`_mma_tile`), times an FP8 weight's
+    per-tensor or per-channel scale (constant along K: applied once, here), plus the bias."""
+    acc = _mma_tile(
+        a_ptr, stride_am, a_rows, a_valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
+        scale_ptr + e.to(tl.int64) * stride_scale_e, stride_scale_n, w_rows, w_valid, K,
+        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     if SCALE == SCALE_PER_TENSOR:
         acc = acc * tl.load(scale_ptr + e * stride_scale_e)
     elif SCALE == SCALE_PER_CHANNEL:
@@ -222,45 +224,13 @@ def _epilogue_scale_bias(
 
 @triton.jit
 def _gate_up_tile(
-    e,
-    rows,
-    valid,
-    pid_n,
-    a_ptr,
-    stride_am,
-    perm_ptr,
-    w_ptr,
-    stride_we,
-    stride_wn,
-    scale_ptr,
-    stride_scale_e,
-    stride_scale_n,
-    bias_ptr,
-    stride_bias_e,
-    y_ptr,
-    stride_ym,
-    K,
-    I,
-    alpha,
-    limit,
-    up_offset,
-    ROWS: tl.constexpr,
-    TOPK: tl.constexpr,
-    W_KIND: tl.constexpr,
-    SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    HAS_LIMIT: tl.constexpr,
-    DECODE: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    MMA_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    STAGES: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
+    scale_ptr, stride_scale_e, stride_scale_n, bias_ptr, stride_bias_e, y_ptr, stride_ym, K, I, alpha, limit, up_offset,
+    ROWS: tl.constexpr, TOPK: tl.constexpr, W_KIND: tl.constexpr, SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, HAS_LIMIT: tl.constexpr, DECODE: tl.constexpr, SWAP_AB: tl.constexpr,
+    MMA_FP32: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     # Tile column c holds intermediate feature j = c // 2, gate if c is even else up;
     # whatever the weight layout, the split below then finds gate and up side by side.
     c = tl.arange(0, BLOCK_N)
@@ -276,14 +246,11 @@ def _gate_up_tile(
         a_rows = rows // TOPK
     else:
         a_rows = rows
-    acc = _mma_tile(
-        a_ptr, stride_am, a_rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
-        scale_ptr + e.to(tl.int64) * stride_scale_e, stride_scale_n, w_rows, w_valid, K,
-        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc = _expert_product(
+        e, a_ptr, stride_am, a_rows, valid, w_ptr, stride_we, stride_wn, scale_ptr, stride_scale_e, stride_scale_n,
+        bias_ptr, stride_bias_e, w_rows, w_valid, K,
+        W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    acc = _epilogue_scale_bias(
-        acc, e, w_rows, w_valid, scale_ptr, stride_scale_e, bias_ptr, stride_bias_e, SCALE, HAS_BIAS
-    )
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
     if HAS_LIMIT:
         gate = tl.minimum(gate, limit)
@@ -296,51 +263,19 @@ def _gate_up_tile(
 
 @triton.jit
 def _down_tile(
-    e,
-    rows,
-    valid,
-    pid_n,
-    a_ptr,
-    stride_am,
-    perm_ptr,
-    topk_w_ptr,
-    w_ptr,
-    stride_we,
-    stride_wn,
-    scale_ptr,
-    stride_scale_e,
-    stride_scale_n,
-    bias_ptr,
-    stride_bias_e,
-    y_ptr,
-    stride_ym,
-    K,
-    N,
-    ROWS: tl.constexpr,
-    ROUTE_WEIGHT: tl.constexpr,
-    W_KIND: tl.constexpr,
-    SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    DECODE: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    MMA_FP32: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    STAGES: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
+    scale_ptr, stride_scale_e, stride_scale_n, bias_ptr, stride_bias_e, y_ptr, stride_ym, K, N,
+    ROWS: tl.constexpr, ROUTE_WEIGHT: tl.constexpr, W_KIND: tl.constexpr, SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DECODE: tl.constexpr, SWAP_AB: tl.constexpr, MMA_FP32: tl.constexpr, EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+    STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
     w_rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_valid = w_rows < N
-    acc = _mma_tile(
-        a_ptr, stride_am, rows, valid, w_ptr + e.to(tl.int64) * stride_we, stride_wn,
-        scale_ptr + e.to(tl.int64) * stride_scale_e, stride_scale_n, w_rows, w_valid, K,
-        W_KIND, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc = _expert_product(
+        e, a_ptr, stride_am, rows, valid, w_ptr, stride_we, stride_wn, scale_ptr, stride_scale_e, stride_scale_n,
+        bias_ptr, stride_bias_e, w_rows, w_valid, K,
+        W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    acc = _epilogue_scale_bias(
-        acc, e, w_rows, w_valid, scale_ptr, stride_scale_e, bias_ptr, stride_bias_e, SCALE, HAS_BIAS
-    )
     # The grouped fused path writes each row back at its (token, slot) index, so the
     # combine reads a token's k rows contiguously; the tiny path is already there.
     if ROWS == ROWS_GATHER:
@@ -365,6 +300,36 @@ def _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _tiny_program(map_ptr, num_pairs, PAIRS_PAD: tl.constexpr):
+    """Tiny path: program ``pid`` owns pair ``p = pid % num_pairs`` and N tile ``pid // num_pairs``,
+    and works only if ``p`` is the first pair routed to its expert ``e``; it then takes every
+    pair of ``e``, BLOCK_M at a time (an expert appears once per token, so one chunk usually
+    holds them all; repeated ids in a token spill into further chunks).
+
+    Returns ``(e, pid_n, ids, idx, is_first)``: ``ids`` the expert of every flat pair ``idx``.
+    """
+    pid = tl.program_id(0)
+    pid_p = pid % num_pairs
+    pid_n = pid // num_pairs
+    idx = tl.arange(0, PAIRS_PAD)
+    ids = tl.load(map_ptr + idx, mask=idx < num_pairs, other=-1)
+    e = tl.load(map_ptr + pid_p)
+    first = tl.min(tl.where(ids == e, idx, PAIRS_PAD), 0)
+    return e, pid_n, ids, idx, first == pid_p
+
+
+@triton.jit
+def _grouped_program(
+    offsets_ptr, num_tiles_m, num_tiles_n, E, GROUP_M: tl.constexpr, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr
+):
+    """Grouped path: this program's ``(expert, rows, row mask, N tile)``; the expert is ``E``
+    past the last row tile."""
+    pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
+    e, rows, valid = _grouped_tile(pid_m, offsets_ptr, E, BLOCK_M, E_PAD)
+    return e, rows, valid, pid_n
 
 
 @triton.jit
@@ -419,18 +384,9 @@ def moe_gate_up_kernel(
     """
     num_tiles_n = tl.cdiv(I, BLOCK_N // 2)
     if ROWS == ROWS_TINY:
-        pid = tl.program_id(0)
-        pid_p = pid % num_pairs
-        pid_n = pid // num_pairs
-        idx = tl.arange(0, PAIRS_PAD)
-        ids = tl.load(map_ptr + idx, mask=idx < num_pairs, other=-1)
-        e = tl.load(map_ptr + pid_p)
-        first = tl.min(tl.where(ids == e, idx, PAIRS_PAD), 0)
-        if first == pid_p:
-            # An expert appears once per token, so one chunk usually holds all its
-            # pairs; repeated ids in a token spill into further chunks.
-            count = tl.sum((ids == e).to(tl.int32), 0)
-            for chunk in range(0, count, BLOCK_M):
+        e, pid_n, ids, idx, is_first = _tiny_program(map_ptr, num_pairs, PAIRS_PAD)
+        if is_first:
+            for chunk in range(0, tl.sum((ids == e).to(tl.int32), 0), BLOCK_M):
                 rows, valid = _tiny_members(ids, idx, e, chunk, BLOCK_M)
                 _gate_up_tile(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
@@ -439,8 +395,7 @@ def moe_gate_up_kernel(
                     MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
-        pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
-        e, rows, valid = _grouped_tile(pid_m, map_ptr, E, BLOCK_M, E_PAD)
+        e, rows, valid, pid_n = _grouped_program(map_ptr, num_tiles_m, num_tiles_n, E, GROUP_M, BLOCK_M, E_PAD)
         if e < E:
             _gate_up_tile(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, w_ptr, stride_we, stride_wn,
@@ -497,18 +452,9 @@ def moe_down_kernel(
     """
     num_tiles_n = tl.cdiv(N, BLOCK_N)
     if ROWS == ROWS_TINY:
-        pid = tl.program_id(0)
-        pid_p = pid % num_pairs
-        pid_n = pid // num_pairs
-        idx = tl.arange(0, PAIRS_PAD)
-        ids = tl.load(map_ptr + idx, mask=idx < num_pairs, other=-1)
-        e = tl.load(map_ptr + pid_p)
-        first = tl.min(tl.where(ids == e, idx, PAIRS_PAD), 0)
-        if first == pid_p:
-            # An expert appears once per token, so one chunk usually holds all its
-            # pairs; repeated ids in a token spill into further chunks.
-            count = tl.sum((ids == e).to(tl.int32), 0)
-            for chunk in range(0, count, BLOCK_M):
+        e, pid_n, ids, idx, is_first = _tiny_program(map_ptr, num_pairs, PAIRS_PAD)
+        if is_first:
+            for chunk in range(0, tl.sum((ids == e).to(tl.int32), 0), BLOCK_M):
                 rows, valid = _tiny_members(ids, idx, e, chunk, BLOCK_M)
                 _down_tile(
                     e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
@@ -516,8 +462,7 @@ def moe_down_kernel(
                     ROWS, ROUTE_WEIGHT, W_KIND, SCALE, HAS_BIAS, DECODE, SWAP_AB, MMA_FP32, EVEN_K, USE_DOT, STAGES, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
     else:
-        pid_m, pid_n = _grouped_pids(num_tiles_m, num_tiles_n, GROUP_M)
-        e, rows, valid = _grouped_tile(pid_m, map_ptr, E, BLOCK_M, E_PAD)
+        e, rows, valid, pid_n = _grouped_program(map_ptr, num_tiles_m, num_tiles_n, E, GROUP_M, BLOCK_M, E_PAD)
         if e < E:
             _down_tile(
                 e, rows, valid, pid_n, a_ptr, stride_am, perm_ptr, topk_w_ptr, w_ptr, stride_we, stride_wn,
