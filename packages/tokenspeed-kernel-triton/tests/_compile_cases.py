@@ -169,8 +169,31 @@ def cross_compile_tests(kernels: dict[str, Any], cases: Callable[[str], dict[str
     return compiled, test_every_kernel_has_a_cross_compile_case, test_kernel_compiles
 
 
-def asm_summary(kernel: Any, target: str) -> dict[str, Any]:
-    """What the attention and MoE cross-compile tests check: matrix instructions, VGPR spills."""
+def signature_by_name(
+    fn: Any, constexprs: dict[str, Any], types: dict[str, str], is_pointer: Callable[[str], bool], floats: set[str]
+) -> dict[str, str]:
+    """Triton types for every argument of ``fn``, by name: constexprs, then ``types``, then
+    bf16 tensors (``is_pointer(name)``), fp32 scalars (``floats``), i32 for the rest."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in types:
+            sig[name] = types[name]
+        elif is_pointer(name):
+            sig[name] = "*bf16"
+        else:
+            sig[name] = "fp32" if name in floats else "i32"
+    return sig
+
+
+def compile_summary(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], target: str, **options) -> dict:
+    """What the attention and MoE cross-compile tests check of ``fn`` compiled for ``target``:
+    ``{"mma": matrix instructions used, "vgpr_spills": int, "error": None or why it failed}``."""
+    try:
+        kernel = cross_compile(fn, signature, constexprs, target, **options)
+    except Exception as exc:  # reported per kernel and target by the tests
+        return {"mma": False, "vgpr_spills": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
     asm = asm_of(kernel, target)
     mma = ("wgmma" in asm or "mma.sync" in asm) if target.startswith("sm") else "v_mfma" in asm
     return {"mma": mma, "vgpr_spills": vgpr_spills(asm, target), "error": None if asm else "empty assembly"}

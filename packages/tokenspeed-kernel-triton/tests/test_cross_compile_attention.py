@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _compile_cases import asm_summary, script_result, start_script
+from _compile_cases import compile_summary, script_result, signature_by_name, start_script
 
 from tokenspeed_kernel.testing import cross_compile
 
@@ -72,22 +72,9 @@ def _tile_config(table: str | None, target: str) -> tuple[dict, dict]:
 
 
 def _signature(fn, constexprs: dict) -> dict[str, str]:
-    """Triton types for every argument: bf16 tensors, fp32/int32 metadata, i32 scalars."""
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in _FP32_POINTERS:
-            sig[name] = "*fp32"
-        elif name in _INT32_POINTERS:
-            sig[name] = "*i32"
-        elif name[0].isupper():
-            sig[name] = "*bf16"
-        elif name in _FLOAT_ARGS:
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
+    """Triton types for every argument: bf16 tensors (capitalised names), fp32/int32 metadata, i32 scalars."""
+    types = dict.fromkeys(_FP32_POINTERS, "*fp32") | dict.fromkeys(_INT32_POINTERS, "*i32")
+    return signature_by_name(fn, constexprs, types, lambda name: name[0].isupper(), _FLOAT_ARGS)
 
 
 def _compile_all() -> dict[str, dict[str, dict]]:
@@ -101,12 +88,7 @@ def _compile_all() -> dict[str, dict[str, dict]]:
         for target in TARGETS:
             tiles, options = _tile_config(table, target)
             constexprs = {**base, **tiles}
-            try:
-                compiled = cross_compile(fn, _signature(fn, constexprs), constexprs, target, **options)
-            except Exception as exc:  # reported per kernel and target by the tests
-                results[name][target] = {"mma": False, "vgpr_spills": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-                continue
-            results[name][target] = asm_summary(compiled, target)
+            results[name][target] = compile_summary(fn, _signature(fn, constexprs), constexprs, target, **options)
     return results
 
 

@@ -18,9 +18,7 @@ import json
 import sys
 
 import pytest
-from _compile_cases import asm_summary, script_result, start_script
-
-from tokenspeed_kernel.testing import cross_compile
+from _compile_cases import compile_summary, script_result, signature_by_name, start_script
 
 TARGETS = ("sm90", "gfx942", "gfx950")
 _E_PAD, _TOPK, _K = 128, 4, 2880
@@ -134,23 +132,8 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
 
 def _signature(fn, constexprs: dict, pointers: dict) -> dict[str, str]:
     """Triton types: bf16 activations, the variant's weight/scale types, int32/fp32 metadata."""
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in pointers:
-            sig[name] = pointers[name]
-        elif name in _INT32_POINTERS:
-            sig[name] = "*i32"
-        elif name in _FP32_POINTERS:
-            sig[name] = "*fp32"
-        elif name.endswith("_ptr"):
-            sig[name] = "*bf16"
-        elif name in _FLOAT_ARGS:
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
+    types = dict.fromkeys(_INT32_POINTERS, "*i32") | dict.fromkeys(_FP32_POINTERS, "*fp32") | pointers
+    return signature_by_name(fn, constexprs, types, lambda name: name.endswith("_ptr"), _FLOAT_ARGS)
 
 
 def _compile_all(kernels: dict[str, tuple]) -> dict[str, dict[str, dict]]:
@@ -163,13 +146,8 @@ def _compile_all(kernels: dict[str, tuple]) -> dict[str, dict[str, dict]]:
         results[name] = {}
         for target in TARGETS:
             constexprs, extras = build("nvidia" if target.startswith("sm") else "amd")
-            try:
-                sig = _signature(fn, constexprs, extras["pointers"])
-                compiled = cross_compile(fn, sig, constexprs, target, **extras["options"])
-            except Exception as exc:  # reported per kernel and target by the tests
-                results[name][target] = {"mma": False, "vgpr_spills": 0, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-                continue
-            results[name][target] = asm_summary(compiled, target)
+            sig = _signature(fn, constexprs, extras["pointers"])
+            results[name][target] = compile_summary(fn, sig, constexprs, target, **extras["options"])
     return results
 
 

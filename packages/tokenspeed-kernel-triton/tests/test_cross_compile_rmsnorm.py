@@ -29,31 +29,20 @@ def _values(n_rows: int) -> dict[str, int]:
 
 
 def cases(family: str) -> dict[str, Case]:
-    rms, rms_big = _table_row(family, 4096), _table_row(family, 16384)
-    kernel = rmsnorm._rmsnorm_kernel
     return {
-        "rmsnorm-residual": Case(
-            kernel,
+        name: Case(
+            rmsnorm._rmsnorm_kernel,
             _TYPES,
-            # 2880 = a 2048 tile + a 1024 tail tile (832 used)
-            {"HAS_RESIDUAL": True, "ONE_PASS": True, "BLOCK": 2048, "BLOCK_TAIL": 1024, "ROWS": rms.rows},
-            rms.num_warps,
-            values=_values(4096),
-        ),
-        "rmsnorm-one-tile": Case(
-            kernel,
-            _TYPES,
-            {"HAS_RESIDUAL": False, "ONE_PASS": True, "BLOCK": 4096, "BLOCK_TAIL": 0, "ROWS": rms_big.rows},
-            rms_big.num_warps,
-            values=_values(16384),
-        ),
-        "rmsnorm-two-pass": Case(
-            kernel,
-            _TYPES,
-            {"HAS_RESIDUAL": False, "ONE_PASS": False, "BLOCK": 1024, "BLOCK_TAIL": 0, "ROWS": rms.rows},
-            rms.num_warps,
-            values=_values(4096),
-        ),
+            {"HAS_RESIDUAL": residual, "ONE_PASS": one_pass, "BLOCK": block, "BLOCK_TAIL": tail, "ROWS": cfg.rows},
+            cfg.num_warps,
+            values=_values(n_rows),
+        )
+        for name, n_rows, residual, one_pass, block, tail in (
+            ("rmsnorm-residual", 4096, True, True, 2048, 1024),  # 2880 = a 2048 tile + a 1024 tail tile (832 used)
+            ("rmsnorm-one-tile", 16384, False, True, 4096, 0),
+            ("rmsnorm-two-pass", 4096, False, False, 1024, 0),
+        )
+        for cfg in [_table_row(family, n_rows)]
     }
 
 

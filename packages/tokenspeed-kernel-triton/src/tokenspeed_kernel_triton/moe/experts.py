@@ -50,6 +50,11 @@ class ExpertOperand:
     def weight_kind(self) -> str:
         return "mxfp4" if self.w_kind == gemm.W_MXFP4 else "dense"
 
+    def kernel_args(self) -> tuple:
+        """The kernels' weight arguments: w, its expert and row strides, scale, its strides, bias, its stride."""
+        return (self.w, self.w.stride(0), self.w.stride(1), self.scale, self.scale_stride_e, self.scale_stride_n,
+                self.bias, self.bias.stride(0))  # fmt: skip
+
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -96,6 +101,36 @@ def _pairs_pad(rows_mode: int, num_pairs: int) -> int:
     return triton.next_power_of_2(num_pairs) if rows_mode == gemm.ROWS_TINY else 1
 
 
+def _launch_grid(
+    rows_mode: int, num_pairs: int, num_experts: int, block_m: int, tiles_n: int
+) -> tuple[int, tuple[int]]:
+    """(row tiles, grid): one program per (pair, N tile) on the tiny path, per (row tile, N tile) else."""
+    if rows_mode == gemm.ROWS_TINY:
+        return 0, (num_pairs * tiles_n,)
+    tiles_m = _grouped_tiles(num_pairs, num_experts, block_m)
+    return tiles_m, (tiles_m * tiles_n,)
+
+
+def _shared_constexprs(
+    op: ExpertOperand,
+    cfg: GemmConfig,
+    rows_mode: int,
+    num_pairs: int,
+    num_experts: int,
+    block_m: int,
+    k: int,
+    device: torch.device,
+) -> dict:
+    """The constexprs and launch options both GEMM kernels take."""
+    return dict(
+        W_KIND=op.w_kind, SCALE=op.scale_kind, HAS_BIAS=op.has_bias, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab,
+        MMA_FP32=device.type == "cpu", EVEN_K=k % cfg.block_k == 0, USE_DOT=cfg.use_dot, STAGES=cfg.num_stages,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
 def _block_m(rows_mode: int, cfg: GemmConfig, block_m: int | None) -> int:
     if not cfg.use_dot:
         if rows_mode != gemm.ROWS_TINY:
@@ -139,24 +174,14 @@ def launch_gate_up(
     """
     i = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
-    tiles_n = triton.cdiv(i, cfg.block_n // 2)
-    if rows_mode == gemm.ROWS_TINY:
-        tiles_m, grid = 0, (num_pairs * tiles_n,)
-    else:
-        tiles_m = _grouped_tiles(num_pairs, num_experts, bm)
-        grid = (tiles_m * tiles_n,)
+    tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, triton.cdiv(i, cfg.block_n // 2))
     limit = activation.limit
     gemm.moe_gate_up_kernel[grid](
-        a, a.stride(0), row_map, permutation if permutation is not None else row_map,
-        op.w, op.w.stride(0), op.w.stride(1), op.scale, op.scale_stride_e, op.scale_stride_n, op.bias, op.bias.stride(0),
+        a, a.stride(0), row_map, permutation if permutation is not None else row_map, *op.kernel_args(),
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], i,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
-        ROWS=rows_mode, TOPK=top_k, W_KIND=op.w_kind, SCALE=op.scale_kind, HAS_BIAS=op.has_bias,
-        INTERLEAVED=interleaved, HAS_LIMIT=limit is not None, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab,
-        MMA_FP32=y.device.type == "cpu", EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot, STAGES=cfg.num_stages,
-        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROWS=rows_mode, TOPK=top_k, INTERLEAVED=interleaved, HAS_LIMIT=limit is not None,
+        **_shared_constexprs(op, cfg, rows_mode, num_pairs, num_experts, bm, a.shape[1], y.device),
     )  # fmt: skip
 
 
@@ -188,23 +213,13 @@ def launch_down(
     """
     n = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
-    tiles_n = triton.cdiv(n, cfg.block_n)
-    if rows_mode == gemm.ROWS_TINY:
-        tiles_m, grid = 0, (num_pairs * tiles_n,)
-    else:
-        tiles_m = _grouped_tiles(num_pairs, num_experts, bm)
-        grid = (tiles_m * tiles_n,)
+    tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, triton.cdiv(n, cfg.block_n))
     gemm.moe_down_kernel[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map,
-        topk_weights if topk_weights is not None else a,
-        op.w, op.w.stride(0), op.w.stride(1), op.scale, op.scale_stride_e, op.scale_stride_n, op.bias, op.bias.stride(0),
+        topk_weights if topk_weights is not None else a, *op.kernel_args(),
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], n,
-        ROWS=rows_mode, ROUTE_WEIGHT=topk_weights is not None, W_KIND=op.w_kind, SCALE=op.scale_kind,
-        HAS_BIAS=op.has_bias, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab, MMA_FP32=y.device.type == "cpu",
-        EVEN_K=a.shape[1] % cfg.block_k == 0, USE_DOT=cfg.use_dot, STAGES=cfg.num_stages,
-        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROWS=rows_mode, ROUTE_WEIGHT=topk_weights is not None,
+        **_shared_constexprs(op, cfg, rows_mode, num_pairs, num_experts, bm, a.shape[1], y.device),
     )  # fmt: skip
 
 
