@@ -542,3 +542,152 @@ def test_public_validation_errors_name_the_argument():
         tokenspeed_kernel.kvcache_store(
             torch.zeros(2, HKV, D), torch.zeros(2, HKV, D), kc, vc, torch.zeros(2, dtype=torch.float32)
         )
+
+
+# ---------------------------------------------------------------------------
+# Checks that read values: always on host tensors, under TOKENSPEED_KERNEL_DEBUG=1 on device tensors
+
+
+def _bad_value_calls():
+    """(label, call, exception, message start): every call is wrong in one value only."""
+    q, k, v, cq, ck, mq, mk = _prefill_inputs()  # 5 tokens as sequences of 2 and 3
+    P = tokenspeed_kernel.mha_prefill
+    E = tokenspeed_kernel.mha_extend_with_kvcache
+    Dc = tokenspeed_kernel.mha_decode_with_kvcache
+    S = tokenspeed_kernel.kvcache_store
+    qd, kc, vc, pt, lens = _paged_inputs()  # 4 pages of 4; page_table 2 columns: 8 tokens per sequence
+    qe = torch.zeros(5, HQ, D)
+    ce = cu([2, 3])
+    kv = torch.zeros(3, HKV, D)
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)
+    return [
+        ("cu_seqlens past the tokens", lambda: P(q, k, v, cu([2, 5]), ck, 5, 3), ValueError,
+         r"cu_seqlens_q: the last entry \(7\) must equal the 5 packed tokens of q"),
+        ("cu_seqlens short of the tokens", lambda: P(q, k, v, cq, cu([2, 2]), mq, mk), ValueError,
+         r"cu_seqlens_k: the last entry \(4\) must equal the 5 packed tokens of k"),
+        ("cu_seqlens decreasing", lambda: P(q, k, v, i32(0, 4, 2, 5), i32(0, 4, 2, 5), 4, 4), ValueError,
+         r"cu_seqlens_q: must start at 0 and be non-decreasing, got \[0, 4, 2, 5\]"),
+        ("cu_seqlens not from 0", lambda: P(q, k, v, i32(1, 3, 5), ck, mq, mk), ValueError,
+         r"cu_seqlens_q: must start at 0"),
+        ("max_seqlen_q too small", lambda: P(q, k, v, cq, ck, 2, mk), ValueError,
+         r"max_seqlen_q: expected at least the longest sequence of cu_seqlens_q \(3 tokens\), got 2"),
+        ("max_seqlen_k too small", lambda: P(q, k, v, cq, ck, mq, 1), ValueError, r"max_seqlen_k: .*got 1"),
+        ("extend cu_seqlens past q", lambda: E(qe, kc, vc, pt, lens, cu([2, 4]), 4), ValueError,
+         r"cu_seqlens_q: the last entry \(6\) must equal the 5 packed tokens of q"),
+        ("extend max_seqlen_q too small", lambda: E(qe, kc, vc, pt, lens, ce, 2), ValueError, r"max_seqlen_q: "),
+        ("extend cache shorter than its queries", lambda: E(qe, kc, vc, pt, i32(3, 2), ce, 3), ValueError,
+         r"cache_seqlens: sequence 1 holds 2 tokens, fewer than its 3 queries"),
+        ("extend cache past the page table", lambda: E(qe, kc, vc, pt, i32(3, 9), ce, 3), ValueError,
+         r"cache_seqlens: sequence 1 holds 9 tokens, past the 8 slots"),
+        ("decode cache_seqlens 0", lambda: Dc(qd, kc, vc, pt, i32(0, 5)), ValueError,
+         r"cache_seqlens: expected >= 1 per sequence .* got 0 for sequence 0"),
+        ("decode cache_seqlens negative", lambda: Dc(qd, kc, vc, pt, i32(3, -1)), ValueError,
+         r"cache_seqlens: expected >= 1"),
+        ("decode cache past the page table", lambda: Dc(qd, kc, vc, pt, i32(3, 9)), ValueError,
+         r"cache_seqlens: sequence 1 holds 9 tokens, past the 8 slots its page_table row can address"),
+        ("page id past the cache", lambda: Dc(qd, kc, vc, i32(0, 1, 2, 4).view(2, 2), i32(3, 5)), ValueError,
+         r"page_table: row 1 column 1 names page 4, outside the cache's \[0, 4\) pages"),
+        ("negative page id", lambda: Dc(qd, kc, vc, i32(-1, 0, 2, 3).view(2, 2), i32(3, 5)), ValueError,
+         r"page_table: row 0 column 0 names page -1"),
+        ("slot past the cache", lambda: S(kv, kv, kc, vc, i32(0, 16, -1)), ValueError,
+         r"slot_mapping: slot 16 is past the cache's 16 slots"),
+    ]  # fmt: skip
+
+
+BAD_VALUES = _bad_value_calls()
+
+
+@pytest.mark.parametrize("label", [c[0] for c in BAD_VALUES])
+def test_host_index_tensors_are_checked_without_debug_mode(label, monkeypatch):
+    """Reading a CPU tensor costs no device sync: these checks always run for host tensors."""
+    monkeypatch.delenv("TOKENSPEED_KERNEL_DEBUG", raising=False)
+    tokenspeed_kernel.reload_settings()
+    _, call, exc, message = next(c for c in BAD_VALUES if c[0] == label)
+    with pytest.raises(exc, match="^" + message):
+        call()
+
+
+def test_unused_page_table_entries_and_padding_slots_are_not_checked():
+    """Only the pages a sequence uses must be valid; negative slots are padding."""
+    qd, kc, vc, _, _ = _paged_inputs()
+    pt = torch.tensor([[1, 99], [2, -7]], dtype=torch.int32)  # column 1 unused: 3 and 4 tokens fit one page
+    lens = torch.tensor([3, 4], dtype=torch.int32)
+    out = tokenspeed_kernel.mha_decode_with_kvcache(qd, kc, vc, pt, lens)
+    assert out.shape == qd.shape
+    kv = torch.ones(3, HKV, D)
+    kc0 = torch.zeros_like(kc)
+    tokenspeed_kernel.kvcache_store(kv, kv, kc0, kc0.clone(), torch.tensor([5, -1, -2], dtype=torch.int32))
+    assert kc0[1, 1].eq(1).all() and kc0.sum() == HKV * D  # slot 5 only
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,message",
+    [
+        ({"window_left": True}, TypeError, r"window_left: expected -1 \(full attention\) or an int >= 0, got True"),
+        ({"window_left": 2.0}, TypeError, r"window_left: expected .* got 2.0 \(float\)"),
+        ({"window_left": -2}, ValueError, r"window_left: expected .* got -2"),
+        ({"softmax_scale": math.nan}, ValueError, r"softmax_scale: expected a finite float > 0 or None, got nan"),
+        ({"softmax_scale": math.inf}, ValueError, r"softmax_scale: expected a finite float > 0 or None, got inf"),
+        ({"softmax_scale": 0.0}, ValueError, r"softmax_scale: .* got 0.0"),
+        ({"softmax_scale": "0.1"}, TypeError, r"softmax_scale: .* got '0.1' \(str\)"),
+        ({"logit_cap": math.inf}, ValueError, r"logit_cap: expected a finite float >= 0 \(0 = off\), got inf"),
+        ({"logit_cap": math.nan}, ValueError, r"logit_cap: .* got nan"),
+        ({"logit_cap": True}, TypeError, r"logit_cap: .* got True \(bool\)"),
+        ({"solution": 123}, TypeError, r"solution: expected a kernel or solution name, or a non-empty list"),
+        ({"override": ["triton", 7]}, TypeError, r"override: expected a kernel or solution name"),
+    ],
+)
+def test_scalar_arguments_are_checked(kwargs, exc, message):
+    """Before: window_left=True raised an internal RuntimeError, nan/inf scales returned NaN, solution=123
+    raised "'int' object is not iterable"."""
+    q, k, v, cq, ck, mq, mk = _prefill_inputs()
+    with pytest.raises(exc, match="^" + message):
+        tokenspeed_kernel.mha_prefill(q, k, v, cq, ck, mq, mk, **kwargs)
+
+
+def test_max_seqlen_must_be_a_host_int():
+    q, k, v, cq, ck, mq, mk = _prefill_inputs()
+    with pytest.raises(TypeError, match=r"^max_seqlen_q: expected a host int >= 0 .* got True \(bool\)"):
+        tokenspeed_kernel.mha_prefill(q, k, v, cq, ck, True, mk)
+    with pytest.raises(TypeError, match=r"^max_seqlen_k: .*\(Tensor\)"):
+        tokenspeed_kernel.mha_prefill(q, k, v, cq, ck, mq, torch.tensor(3))
+
+
+def test_values_of_fake_and_meta_tensors_are_never_read():
+    """Under torch.compile the arguments are FakeTensors (a subclass): no value check, no error."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v, _, _, mq, mk = _prefill_inputs()
+    wrong = cu([2, 9])  # on the host this fails: last entry 11 != 5 tokens
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fq, fk, fv, bad = (mode.from_tensor(t) for t in (q, k, v, wrong))
+        sig, _, sizes = tokenspeed_kernel.mha_prefill.call_key(fq, fk, fv, bad, bad, mq, mk)
+    assert sig == ("fp32", "fp32") and sizes == {"tokens": 5}
+    with pytest.raises(ValueError, match="^cu_seqlens_q: the last entry"):
+        tokenspeed_kernel.mha_prefill.call_key(q, k, v, wrong, wrong, mq, mk)
+    meta = wrong.to("meta")
+    sig, _, _ = tokenspeed_kernel.mha_prefill.call_key(q.to("meta"), k.to("meta"), v.to("meta"), meta, meta, mq, mk)
+    assert sig == ("fp32", "fp32")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_index_tensors_are_checked_in_debug_mode_only(monkeypatch):
+    """A device tensor's values cost a sync: checked only under TOKENSPEED_KERNEL_DEBUG=1."""
+    q, k, v, _, ck, _, mk = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _prefill_inputs())
+    bad = cu([2, 5]).cuda()  # last entry 7 != 5 tokens
+    call = lambda: tokenspeed_kernel.mha_prefill.call_key(q, k, v, bad, ck, 5, mk)
+    monkeypatch.delenv("TOKENSPEED_KERNEL_DEBUG", raising=False)
+    tokenspeed_kernel.reload_settings()
+    call()  # not read: no error, no sync
+    monkeypatch.setenv("TOKENSPEED_KERNEL_DEBUG", "1")
+    tokenspeed_kernel.reload_settings()
+    try:
+        with pytest.raises(ValueError, match=r"^cu_seqlens_q: the last entry \(7\) must equal the 5 packed tokens"):
+            call()
+        qd, kc, vc, pt, _ = (t.cuda() for t in _paged_inputs())
+        with pytest.raises(ValueError, match=r"^cache_seqlens: expected >= 1"):
+            tokenspeed_kernel.mha_decode_with_kvcache.call_key(qd, kc, vc, pt, torch.tensor([0, 3]).int().cuda())
+    finally:
+        monkeypatch.delenv("TOKENSPEED_KERNEL_DEBUG")
+        tokenspeed_kernel.reload_settings()

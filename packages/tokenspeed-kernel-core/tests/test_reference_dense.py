@@ -369,3 +369,22 @@ def test_fp8_granularity_of_one_row_scales():
     assert fp8_granularity(torch.ones(1), 1, 256, weight=False, name="a_scale") == "per_tensor"
     assert fp8_granularity(one, 4, 256, weight=False, name="a_scale") == "per_tensor"
     assert fp8_granularity(torch.ones(1, 1), 1, 256, weight=True, name="b_scale") == "per_channel"
+
+
+def test_scalar_and_index_arguments_must_be_finite_and_in_range():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="^eps: expected a finite float >= 0, got nan"):
+        tk.rmsnorm(x, torch.ones(8), float("nan"))
+    with pytest.raises(TypeError, match=r"^eps: expected a finite float >= 0, got '1e-5' \(str\)"):
+        tk.rmsnorm(x, torch.ones(8), "1e-5")
+    with pytest.raises(ValueError, match="^alpha: expected a finite float, got inf"):
+        tk.swiglu(x, alpha=float("inf"))
+    with pytest.raises(TypeError, match=r"^up_offset: expected a finite float, got None \(NoneType\)"):
+        tk.swiglu(x, up_offset=None)
+    with pytest.raises(ValueError, match="^limit: expected None or a finite float > 0, got nan"):
+        tk.swiglu(x, limit=float("nan"))
+    q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
+    with pytest.raises(ValueError, match=r"^positions: expected rows of cos_sin_cache in \[0, 8\), got \[0, 8\]"):
+        tk.apply_rotary(q, k, _cos_sin_cache(8, 8), torch.tensor([0, 3, 8]))
+    with pytest.raises(ValueError, match=r"^positions: expected rows of cos_sin_cache in \[0, 8\), got \[-1, 3\]"):
+        tk.apply_rotary(q, k, _cos_sin_cache(8, 8), torch.tensor([0, 3, -1]))

@@ -376,18 +376,74 @@ def test_public_moe_validation_names_the_argument():
         MoEActivation(kind="silu", limit=7.0)
 
 
-def test_out_of_range_expert_ids_are_caught_in_debug_mode(monkeypatch):
+def test_out_of_range_expert_ids_on_the_host_are_caught_without_debug_mode(monkeypatch):
+    """Before: an id past E gave an internal RuntimeError (or bincount's) unless TOKENSPEED_KERNEL_DEBUG=1."""
+    monkeypatch.delenv("TOKENSPEED_KERNEL_DEBUG", raising=False)
+    tk.reload_settings()
     w = make_weights("bf16", E, H, I, bias=False, interleaved=True)
     tw, ids = make_routing(3, E, 2)
-    ids[1, 0] = E
-    monkeypatch.setenv("TOKENSPEED_KERNEL_DEBUG", "1")
-    tk.reload_settings()
+    high, low = ids.clone(), ids.clone()
+    high[1, 0] = E
+    low[2, 1] = -1
+    with pytest.raises(ValueError, match=r"^topk_ids: expert ids must lie in \[0, 6\), got \[\d, 6\]"):
+        tk.moe_apply(torch.randn(3, H), tw, high, w, GPT_OSS)
+    with pytest.raises(ValueError, match=r"^topk_ids: expert ids must lie in \[0, 6\), got \[-1, \d\]"):
+        tk.moe_dispatch(torch.randn(3, H), low, E)
+
+
+def test_staged_index_tensors_on_the_host_are_checked():
+    w = make_weights("bf16", E, H, I, bias=False, interleaved=True)
+    hidden = torch.randn(6, H)
+    offsets = torch.tensor([0, 2, 2, 4, 5, 6, 6], dtype=torch.int32)
+    assert tk.moe_experts(hidden, offsets, w, GPT_OSS).shape == (6, H)
+    for bad in ([0, 2, 2, 4, 5, 6, 7], [0, 3, 2, 4, 5, 6, 6], [1, 2, 2, 4, 5, 6, 6]):
+        with pytest.raises(ValueError, match=r"^expert_offsets: expected to start at 0, be non-decreasing and end "
+                           r"at the 6 rows of hidden"):  # fmt: skip
+            tk.moe_experts(hidden, torch.tensor(bad, dtype=torch.int32), w, GPT_OSS)
+    tw = torch.full((3, 2), 0.5)
+    with pytest.raises(ValueError, match=r"^permutation: entries must lie in \[0, 6\)"):
+        tk.moe_combine(hidden, torch.tensor([0, 1, 2, 3, 4, 6], dtype=torch.int32), tw)
+
+
+def test_canonical_weights_are_validated_once_per_object():
+    """Before: a w2 of the wrong shape surfaced as an internal matmul error inside the reference."""
+    good = make_weights("fp32", E, H, I, bias=False, interleaved=True)
+    x = torch.randn(3, H)
+    tw, ids = make_routing(3, E, 2)
+    bad = MoEWeights(good.w13, torch.randn(E, H, I + 1), "fp32")
+    with pytest.raises(ValueError, match=rf"^weights.w2: expected shape \[{E}, {H}, {I}\], got \[{E}, {H}, {I + 1}\]"):
+        tk.moe_apply(x, tw, ids, bad, GPT_OSS)
+    with pytest.raises(ValueError, match="^weights.w2: expected shape"):
+        tk.moe_experts(torch.randn(6, H), torch.tensor([0, 6, 6, 6, 6, 6, 6], dtype=torch.int32), bad, GPT_OSS)
+    wrong_dtype = MoEWeights(good.w13, good.w2.to(torch.bfloat16), "fp32")
+    with pytest.raises(TypeError, match="^weights.w2: expected dtype fp32"):
+        tk.moe_apply(x, tw, ids, wrong_dtype, GPT_OSS)
+    # Validated on the first call, then remembered on the object (no per-call cost).
+    fresh = MoEWeights(good.w13, good.w2, "fp32")
+    assert not fresh.__dict__.get("_validated")
+    calls = []
+    original = MoEWeights.validate
     try:
-        with pytest.raises(ValueError, match=r"^topk_ids: expert ids must lie in \[0, 6\)"):
-            tk.moe_apply(torch.randn(3, H), tw, ids, w, GPT_OSS)
+        MoEWeights.validate = lambda self: (calls.append(1), original(self))[1]
+        for _ in range(3):
+            tk.moe_apply(x, tw, ids, fresh, GPT_OSS)
     finally:
-        monkeypatch.delenv("TOKENSPEED_KERNEL_DEBUG")
-        tk.reload_settings()
+        MoEWeights.validate = original
+    assert calls == [1] and fresh.__dict__["_validated"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"alpha": float("nan")}, "^alpha: expected a finite float, got nan"),
+        ({"up_offset": float("inf")}, "^up_offset: expected a finite float, got inf"),
+        ({"limit": float("inf")}, "^limit: expected None or a finite float > 0, got inf"),
+        ({"limit": -1.0}, "^limit: expected None or a finite float > 0, got -1.0"),
+    ],
+)
+def test_activation_constants_must_be_finite(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MoEActivation(**kwargs)
 
 
 def test_weights_validate_names_the_argument():

@@ -225,3 +225,40 @@ def test_sampling_validation_names_the_argument():
         tk.top_k_top_p_sample(logits, generator=torch.Generator(), uniform=torch.zeros(2))
     with pytest.raises(TypeError, match="^uniform: expected dtype"):
         tk.top_k_top_p_sample(logits, uniform=torch.zeros(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ([float("nan")] * 5, r"^logits: row 1 holds NaN or \+inf \(its probabilities would all be NaN\)"),
+        ([0.0, float("nan"), 1.0, 2.0, 3.0], r"^logits: row 1 holds NaN or \+inf"),
+        ([0.0, float("inf"), 1.0, 2.0, 3.0], r"^logits: row 1 holds NaN or \+inf"),
+        ([float("-inf")] * 5, r"^logits: row 1 is -inf everywhere \(no token can be sampled\)"),
+    ],
+)
+def test_sampler_rejects_rows_with_no_probabilities(row, message):
+    """Before: an all-NaN row returned a token id."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0], row])
+    with pytest.raises(ValueError, match=message):
+        tk.top_k_top_p_sample(logits, 2, 0.9)
+
+
+def test_sampler_accepts_masked_tokens():
+    """-inf on part of a row is a mask: those tokens are never drawn."""
+    logits = torch.tensor([[float("-inf"), 1.0, float("-inf"), 0.5, float("-inf")]] * 64)
+    got = tk.top_k_top_p_sample(logits, 0, 1.0, generator=torch.Generator().manual_seed(1))
+    assert set(got.tolist()) == {1, 3}
+
+
+def test_sampler_per_row_tensors_on_the_host_are_range_checked():
+    logits = torch.randn(2, 5)
+    with pytest.raises(ValueError, match=r"^top_k: expected values in \[0, 5\], got 6 in row 1"):
+        tk.top_k_top_p_sample(logits, top_k=torch.tensor([1, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^top_p: expected values in \[1e-09, 1.0\], got 0.0 in row 0"):
+        tk.top_k_top_p_sample(logits, top_p=torch.tensor([0.0, 0.5]))
+    with pytest.raises(ValueError, match=r"^temperature: expected values in \[1e-09, inf\], got nan in row 1"):
+        tk.top_k_top_p_sample(logits, temperature=torch.tensor([1.0, float("nan")]))
+    with pytest.raises(ValueError, match=r"^uniform: expected values in \[0, 1\)"):
+        tk.top_k_top_p_sample(logits, uniform=torch.tensor([0.5, 1.0]))
+    with pytest.raises(ValueError, match=r"^top_k: expected an int in \[0, 5\]"):
+        tk.top_k_top_p_sample(logits, top_k=2.5)

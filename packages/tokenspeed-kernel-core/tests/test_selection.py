@@ -378,6 +378,97 @@ def test_override_config_file(two_kernels, monkeypatch, tmp_path):
     monkeypatch.delenv("TOKENSPEED_KERNEL_CONFIG")
 
 
+OPS_LISTED = r"ops: apply_rotary, argmax, .*, top_k_top_p_sample \(or '\*'\)"
+
+
+@pytest.fixture
+def fresh_settings(monkeypatch):
+    """Settings read from a clean environment; read again, as they were, afterwards."""
+    for var in ("TOKENSPEED_KERNEL_OVERRIDE", "TOKENSPEED_KERNEL_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    yield monkeypatch
+    monkeypatch.undo()
+    tk.reload_settings()
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        (
+            "RMSNORM=reference",
+            r"TOKENSPEED_KERNEL_OVERRIDE entry 'RMSNORM=reference': 'RMSNORM' is not an op; " + OPS_LISTED,
+        ),
+        ("nosuchop=reference", r"TOKENSPEED_KERNEL_OVERRIDE entry 'nosuchop=reference': 'nosuchop' is not an op; "),
+        ("rmsnorm=lo,nosuchop=reference", r"TOKENSPEED_KERNEL_OVERRIDE entry 'nosuchop=reference': 'nosuchop' is not"),
+        ("=reference", r"TOKENSPEED_KERNEL_OVERRIDE: entry '=reference' names no op before '='"),
+        ("rmsnorm=", r"TOKENSPEED_KERNEL_OVERRIDE entry 'rmsnorm=' \(op rmsnorm\): expected a kernel or solution name"),
+        ("rmsnorm=a||b", r"TOKENSPEED_KERNEL_OVERRIDE entry 'rmsnorm=a\|\|b' \(op rmsnorm\): expected"),
+        ("rmsnorm=lo,,mm=lo", r"TOKENSPEED_KERNEL_OVERRIDE: empty entry"),
+        ("rmsnorm=lo,rmsnorm=hi", r"TOKENSPEED_KERNEL_OVERRIDE: op 'rmsnorm' is given twice"),
+    ],
+)
+def test_override_env_mistakes_raise_naming_the_variable(fresh_settings, value, message):
+    """Before: RMSNORM=..., nosuchop=... and =... were ignored silently; rmsnorm= named neither variable nor op."""
+    fresh_settings.setenv("TOKENSPEED_KERNEL_OVERRIDE", value)
+    with pytest.raises(tk.SettingsError, match="^" + message):
+        tk.reload_settings()
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[override]\nrmsnrom = 'reference'\n", r"TOKENSPEED_KERNEL_CONFIG .*kernels.toml \[override\] rmsnrom: "
+         r"'rmsnrom' is not an op; " + OPS_LISTED),
+        ("[override\n", r"TOKENSPEED_KERNEL_CONFIG: .*kernels.toml is not valid TOML: Expected ']'"),
+        ("override = 'x'\n", r"TOKENSPEED_KERNEL_CONFIG .*kernels.toml: 'override' must be a table .* got a str"),
+        ("[override]\nrmsnorm = 3\n", r"TOKENSPEED_KERNEL_CONFIG .*\[override\] rmsnorm: expected a kernel/solution "
+         r"name or a non-empty list of them, got 3"),
+        ("[override]\nrmsnorm = []\n", r"TOKENSPEED_KERNEL_CONFIG .*\[override\] rmsnorm: expected"),
+        ("[overrides]\nrmsnorm = 'lo'\n", r"TOKENSPEED_KERNEL_CONFIG .*: unknown table\(s\) \['overrides'\]"),
+    ],
+)  # fmt: skip
+def test_config_file_mistakes_raise_naming_the_file(fresh_settings, tmp_path, text, message):
+    """Before: a typo'd op was ignored silently, bad TOML was a bare TOMLDecodeError, a non-table an AttributeError."""
+    cfg = tmp_path / "kernels.toml"
+    cfg.write_text(text)
+    fresh_settings.setenv("TOKENSPEED_KERNEL_CONFIG", str(cfg))
+    with pytest.raises(tk.SettingsError, match="^" + message):
+        tk.reload_settings()
+
+
+def test_a_missing_config_file_raises(fresh_settings, tmp_path):
+    fresh_settings.setenv("TOKENSPEED_KERNEL_CONFIG", str(tmp_path / "nope.toml"))
+    with pytest.raises(tk.SettingsError, match="^TOKENSPEED_KERNEL_CONFIG: no such file"):
+        tk.reload_settings()
+
+
+def test_settings_errors_reach_the_first_op_call(fresh_settings):
+    """Read lazily, the settings fail the first call that selects, with the same message (a ValueError)."""
+    fresh_settings.setenv("TOKENSPEED_KERNEL_OVERRIDE", "nosuchop=reference")
+    selection._settings._settings = None  # as in a fresh process: nothing read yet
+    tk.clear_selection_cache()
+    with pytest.raises(ValueError, match="^TOKENSPEED_KERNEL_OVERRIDE entry 'nosuchop=reference'"):
+        tk.rmsnorm(torch.randn(2, 8), torch.ones(8))
+
+
+def test_kernel_override_with_an_unknown_op_raises():
+    with pytest.raises(ValueError, match=r"^kernel_override\(nosuchop=...\): unknown op 'nosuchop'; ops: apply_rotary"):
+        with tk.kernel_override(nosuchop="reference"):
+            pass
+
+
+def test_an_override_naming_nothing_lists_the_candidates(two_kernels):
+    """Before: the message ended with "(no kernel is registered for this op)" although kernels were."""
+    x, w = two_kernels
+    with pytest.raises(tk.OverrideError) as err:
+        tk.rmsnorm(x, w, override="nosuch")
+    text = str(err.value)
+    assert text.startswith("override=: 'nosuch' is neither a registered kernel nor a solution (solutions: ")
+    assert "no kernel is registered" not in text
+    for name in ("hi.rmsnorm", "lo.rmsnorm", "nv.rmsnorm", "reference.rmsnorm"):
+        assert f"  - {name} [" in text
+
+
 def test_selection_log_once(two_kernels, monkeypatch, caplog):
     x, w = two_kernels
     monkeypatch.setenv("TOKENSPEED_KERNEL_LOG", "selection")

@@ -134,7 +134,11 @@ def kernel_override(solution: Target | None = None, /, **per_op: Target) -> Iter
     if solution is not None:
         entries.append(("*", _as_target(solution, what="kernel_override")))
     for op, target in per_op.items():
-        get_contract(op)
+        try:
+            get_contract(op)
+        except ValueError as exc:
+            known = str(exc).partition("known ops: ")[2]
+            raise ValueError(f"kernel_override({op}=...): unknown op {op!r}; ops: {known}") from None
         entries.append((op, _as_target(target, what=f"kernel_override({op}=...)")))
     token = _context.set(_context.get() + tuple(entries))
     try:

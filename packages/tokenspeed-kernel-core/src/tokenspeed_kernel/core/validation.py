@@ -1,13 +1,20 @@
 """Argument checks shared by every public op.
 
 Each check raises ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong
-shape, device, layout, value) naming the argument and what was expected. Checks
-that need a device synchronisation (values inside index tensors) run only when
-``TOKENSPEED_KERNEL_DEBUG=1``.
+shape, device, layout, value) naming the argument and what was expected.
+
+Checks that read a tensor's values (``cu_seqlens`` monotone and ending at the
+token count, page ids and slots in range, expert ids in range, ...) run always
+for a plain CPU tensor, where reading it costs no device synchronisation (engines
+often keep ``cu_seqlens`` on the host), and for a device tensor only when
+``TOKENSPEED_KERNEL_DEBUG=1``. They never run on tensor subclasses (the
+``FakeTensor`` of ``torch.compile``, ...) or meta tensors, which have no values:
+see :func:`readable_values`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -19,6 +26,9 @@ __all__ = [
     "check_tensor",
     "check_same_device",
     "check_cu_seqlens",
+    "check_int",
+    "check_float",
+    "readable_values",
     "debug_checks_enabled",
 ]
 
@@ -76,16 +86,86 @@ def check_same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor |
             raise ValueError(f"{name}: expected device {dev} (like {ref_name}), got {t.device}")
 
 
-def check_cu_seqlens(name: str, cu: torch.Tensor, *, batch: int | None = None) -> int:
-    """Check a ``cu_seqlens`` tensor's form; returns the batch size."""
+def readable_values(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` on the host, when the checks that read values should run on it; else None.
+
+    A plain CPU tensor is read as it is (no sync, no copy). A device tensor is
+    copied to the host (a sync) only under ``TOKENSPEED_KERNEL_DEBUG=1``. Tensor
+    subclasses (``FakeTensor``, ``nn.Parameter``, ...) and meta tensors are never
+    read: ``type(t) is torch.Tensor`` keeps this one comparison on the hot path.
+    """
+    if type(t) is not torch.Tensor:
+        return None
+    if t.is_cpu:
+        return t
+    if t.is_meta or not debug_checks_enabled():
+        return None
+    return t.cpu()
+
+
+def check_int(name: str, value: object, *, minimum: int, expected: str) -> int:
+    """A host ``int`` (not a bool, not a tensor) ``>= minimum``."""
+    if type(value) is bool or not isinstance(value, int):
+        raise TypeError(f"{name}: expected {expected}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return value
+
+
+def check_float(
+    name: str, value: object, *, expected: str, minimum: float | None = None, strict: bool = False
+) -> float:
+    """A finite host number (an int or a float, not a bool) ``>= minimum`` (``> minimum`` if ``strict``)."""
+    if type(value) is bool or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected {expected}, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or (minimum is not None and (value <= minimum if strict else value < minimum)):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return float(value)
+
+
+def check_cu_seqlens(
+    name: str,
+    cu: torch.Tensor,
+    *,
+    batch: int | None = None,
+    tokens: int | None = None,
+    tokens_of: str = "q",
+    max_seqlen: int | None = None,
+    max_name: str = "",
+) -> tuple[int, torch.Tensor | None]:
+    """Check a ``cu_seqlens`` tensor; returns (batch size, the lengths on the host or None).
+
+    The form always; the values when :func:`readable_values` reads them: start at
+    0, non-decreasing, last entry ``== tokens`` (the packed rows of ``tokens_of``),
+    no length above ``max_seqlen`` (the argument ``max_name``).
+    """
     check_tensor(name, cu, dtypes=(torch.int32,), dim=1)
     if cu.shape[0] < 2:
         raise ValueError(f"{name}: expected [batch + 1] >= 2 entries, got shape {list(cu.shape)}")
     b = cu.shape[0] - 1
     if batch is not None and b != batch:
         raise ValueError(f"{name}: expected batch {batch} (+1 entries), got {b}")
-    if debug_checks_enabled():
-        c = cu.cpu()
-        if int(c[0]) != 0 or bool((c[1:] < c[:-1]).any()):
-            raise ValueError(f"{name}: must start at 0 and be non-decreasing, got {c.tolist()}")
-    return b
+    c = readable_values(cu)
+    if c is None:
+        return b, None
+    lengths = c.diff()
+    shortest, longest = (int(x) for x in torch.aminmax(lengths))
+    if int(c[0]) != 0 or shortest < 0:
+        raise ValueError(f"{name}: must start at 0 and be non-decreasing, got {_head(c)}")
+    last = int(c[-1])
+    if tokens is not None and last != tokens:
+        raise ValueError(
+            f"{name}: the last entry ({last}) must equal the {tokens} packed tokens of {tokens_of} "
+            f"({tokens_of}.shape[0]), got {_head(c)}"
+        )
+    if max_seqlen is not None and longest > max_seqlen:
+        raise ValueError(
+            f"{max_name}: expected at least the longest sequence of {name} ({longest} tokens), got {max_seqlen}"
+        )
+    return b, lengths
+
+
+def _head(t: torch.Tensor, n: int = 16) -> str:
+    """The first values of a 1-D host tensor, as text."""
+    values = t[:n].tolist()
+    return str(values) if t.numel() <= n else str(values)[:-1] + ", ...]"

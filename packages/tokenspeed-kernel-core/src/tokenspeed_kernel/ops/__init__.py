@@ -1,7 +1,17 @@
-"""The public API: one module per op family. Importing it defines every op contract."""
+"""The public API: one module per op family. Importing it defines every op contract.
+
+``mha_prefill_with_kvcache`` and ``moe_fused`` (the upstream README's names) are the
+``mha_extend_with_kvcache`` and ``moe_apply`` op objects themselves.
+"""
 
 from .activation import silu_and_mul, swiglu
-from .attention import kvcache_store, mha_decode_with_kvcache, mha_extend_with_kvcache, mha_prefill
+from .attention import (
+    kvcache_store,
+    mha_decode_with_kvcache,
+    mha_extend_with_kvcache,
+    mha_prefill,
+    mha_prefill_with_kvcache,
+)
 from .gemm import mm
 from .moe import (
     MoEActivation,
@@ -12,6 +22,7 @@ from .moe import (
     moe_combine,
     moe_dispatch,
     moe_experts,
+    moe_fused,
     moe_plan,
     moe_process_weights,
     moe_route,
@@ -24,6 +35,7 @@ from .sampling import argmax, top_k_top_p_sample
 __all__ = [
     "mha_prefill",
     "mha_extend_with_kvcache",
+    "mha_prefill_with_kvcache",
     "mha_decode_with_kvcache",
     "kvcache_store",
     "moe_route",
@@ -31,6 +43,7 @@ __all__ = [
     "moe_experts",
     "moe_combine",
     "moe_apply",
+    "moe_fused",
     "moe_plan",
     "moe_process_weights",
     "MoEActivation",

@@ -7,7 +7,7 @@ import torch
 from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
-from ..core.validation import check_same_device, check_tensor
+from ..core.validation import check_float, check_same_device, check_tensor
 
 __all__ = ["swiglu", "silu_and_mul"]
 
@@ -47,12 +47,14 @@ def _bind_swiglu(
     limit)``; ``out = (up + up_offset) * gate * sigmoid(alpha * gate)``.
     """
     rows = _check(x, out)
-    if limit is not None and (not isinstance(limit, (int, float)) or limit <= 0):
-        raise ValueError(f"limit: expected None or a float > 0, got {limit!r}")
+    if limit is not None:
+        limit = check_float("limit", limit, minimum=0.0, strict=True, expected="None or a finite float > 0")
+    alpha = check_float("alpha", alpha, expected="a finite float")
+    up_offset = check_float("up_offset", up_offset, expected="a finite float")
     traits = {"interleaved": bool(interleaved), "clamp": limit is not None}
     return kernel_call(
         x.device, (DTYPE_NAMES[x.dtype],), traits, (rows,),
-        x, alpha=float(alpha), limit=None if limit is None else float(limit), up_offset=float(up_offset),
+        x, alpha=alpha, limit=limit, up_offset=up_offset,
         interleaved=bool(interleaved), out=out,
     )  # fmt: skip
 

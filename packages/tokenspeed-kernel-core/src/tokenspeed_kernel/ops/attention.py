@@ -16,6 +16,13 @@ that joins the softmax denominator only. The log-sum-exp (``return_lse``) is the
 natural log of that denominator (sinks included), ``float32 [total_q, Hq]``
 (``[B, Hq]`` for decode). A query that sees no key (and has no sink) outputs
 zeros and an lse of ``-inf``.
+
+Checks that read index tensors' values (``cu_seqlens`` start at 0, never decrease
+and end at the packed token count; ``max_seqlen_*`` bound the longest sequence;
+``cache_seqlens`` fit the page table and hold at least the new tokens; the pages
+used and the slots written lie inside the cache) run whenever those tensors are on
+the host, and for device tensors under ``TOKENSPEED_KERNEL_DEBUG=1`` (they cost a
+device sync).
 """
 
 from __future__ import annotations
@@ -27,9 +34,22 @@ import torch
 from ..core.contracts import ANY, Range, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
-from ..core.validation import check_cu_seqlens, check_same_device, check_tensor, debug_checks_enabled
+from ..core.validation import (
+    check_cu_seqlens,
+    check_float,
+    check_int,
+    check_same_device,
+    check_tensor,
+    readable_values,
+)
 
-__all__ = ["mha_prefill", "mha_extend_with_kvcache", "mha_decode_with_kvcache", "kvcache_store"]
+__all__ = [
+    "mha_prefill",
+    "mha_extend_with_kvcache",
+    "mha_prefill_with_kvcache",
+    "mha_decode_with_kvcache",
+    "kvcache_store",
+]
 
 _Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _KV_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -57,15 +77,15 @@ def _check_common(q, sinks, softmax_scale, logit_cap, window_left) -> float:
     if sinks is not None:
         check_tensor("sinks", sinks, dtypes=(torch.float32,), shape=(q.shape[1],))
         check_same_device("q", q, sinks=sinks)
-    if not isinstance(window_left, int) or window_left < -1:
-        raise ValueError(f"window_left: expected -1 (full attention) or an int >= 0, got {window_left!r}")
-    if not isinstance(logit_cap, (int, float)) or logit_cap < 0:
-        raise ValueError(f"logit_cap: expected a float >= 0 (0 = off), got {logit_cap!r}")
+    check_int("window_left", window_left, minimum=-1, expected="-1 (full attention) or an int >= 0")
+    check_float("logit_cap", logit_cap, minimum=0.0, expected="a finite float >= 0 (0 = off)")
     if softmax_scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
-    if not isinstance(softmax_scale, (int, float)) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale: expected a positive float or None, got {softmax_scale!r}")
-    return float(softmax_scale)
+    return check_float("softmax_scale", softmax_scale, minimum=0.0, strict=True, expected="a finite float > 0 or None")
+
+
+def _check_max_seqlen(name: str, value: object) -> None:
+    check_int(name, value, minimum=0, expected="a host int >= 0 (the longest sequence)")
 
 
 def _check_out(out, shape, dtype, device) -> None:
@@ -75,7 +95,12 @@ def _check_out(out, shape, dtype, device) -> None:
             raise ValueError(f"out: expected device {device}, got {out.device}")
 
 
-def _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch: int) -> None:
+def _check_paged(
+    q, k_cache, v_cache, page_table, cache_seqlens, batch: int, *, decode: bool, q_lens: torch.Tensor | None = None
+) -> None:
+    """The paged cache's form, and its values when readable: ``cache_seqlens`` within what the page table
+    addresses and >= 1 (decode) or >= each sequence's query count (extend, ``q_lens`` when read), the
+    pages the sequences use inside the cache."""
     d = q.shape[-1]
     check_tensor("k_cache", k_cache, dtypes=_KV_DTYPES, dim=4, last_dim_contiguous=True)
     check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), shape=tuple(k_cache.shape), last_dim_contiguous=True)
@@ -86,19 +111,47 @@ def _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch: int) -> 
         raise ValueError(f"page_table: expected {batch} rows (one per sequence), got {page_table.shape[0]}")
     check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
     check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)
-    if debug_checks_enabled():
-        num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
-        lens = cache_seqlens.cpu()
-        if bool((lens < 0).any()) or bool((lens > page_table.shape[1] * page_size).any()):
+    lens = readable_values(cache_seqlens)
+    pt = readable_values(page_table)
+    if lens is None or pt is None or batch == 0:
+        return
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    capacity = page_table.shape[1] * page_size
+    lo, hi = (int(x) for x in torch.aminmax(lens))
+    if hi > capacity:
+        b = int((lens > capacity).nonzero()[0])
+        raise ValueError(
+            f"cache_seqlens: sequence {b} holds {hi} tokens, past the {capacity} slots its page_table row "
+            f"can address ({page_table.shape[1]} columns x page_size {page_size})"
+        )
+    if decode and lo < 1:
+        b = int((lens < 1).nonzero()[0])
+        raise ValueError(
+            f"cache_seqlens: expected >= 1 per sequence (the new token is in the cache), got {lo} for sequence {b}"
+        )
+    if lo < 0:
+        b = int((lens < 0).nonzero()[0])
+        raise ValueError(f"cache_seqlens: expected values >= 0, got {lo} for sequence {b}")
+    if q_lens is not None:
+        short = lens < q_lens
+        if bool(short.any()):
+            b = int(short.nonzero()[0])
             raise ValueError(
-                f"cache_seqlens: values must lie in [0, {page_table.shape[1] * page_size}] "
-                f"(page_table columns x page_size), got {lens.tolist()}"
+                f"cache_seqlens: sequence {b} holds {int(lens[b])} tokens, fewer than its {int(q_lens[b])} queries "
+                "(cache_seqlens counts the new tokens too)"
             )
-        pt = page_table.cpu()
-        for b in range(batch):
-            used = pt[b, : -(-int(lens[b]) // page_size)]
-            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
-                raise ValueError(f"page_table: row {b} names pages outside [0, {num_pages}): {used.tolist()}")
+    pages_used = (lens + (page_size - 1)) // page_size
+    used = torch.arange(page_table.shape[1]).unsqueeze(0) < pages_used.unsqueeze(1)
+    ids = pt[used]
+    if ids.numel():
+        first, last = (int(x) for x in torch.aminmax(ids))
+        if first < 0 or last >= num_pages:
+            bad = used & ((pt < 0) | (pt >= num_pages))
+            b, col = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"page_table: row {b} column {col} names page {int(pt[b, col])}, outside the cache's "
+                f"[0, {num_pages}) pages (k_cache.shape[0])"
+            )
 
 
 def _traits(q, hkv, window_left, sinks, logit_cap, return_lse, **extra) -> dict[str, object]:
@@ -135,14 +188,15 @@ def _bind_mha_prefill(
     Args:
         q: ``[total_q, Hq, D]`` bf16/fp16/fp32, last dim contiguous.
         k, v: ``[total_k, Hkv, D]``, same dtype as ``q``; ``Hkv`` divides ``Hq``.
-        cu_seqlens_q, cu_seqlens_k: ``int32 [B+1]`` prefix sums of the lengths.
-        max_seqlen_q, max_seqlen_k: host ints bounding the lengths (sizes grids
-            without a device sync).
+        cu_seqlens_q, cu_seqlens_k: ``int32 [B+1]`` prefix sums of the lengths:
+            ``0``, non-decreasing, the last entry ``total_q`` (``total_k``).
+        max_seqlen_q, max_seqlen_k: host ints, at least the longest sequence
+            (they size grids without a device sync).
         causal: bottom-right aligned causal mask.
-        window_left: -1, or keys ``[p - window_left, p]`` only (GPT-OSS: 127).
+        window_left: int: -1, or keys ``[p - window_left, p]`` only (GPT-OSS: 127).
         sinks: ``float32 [Hq]`` sink logits, or None.
-        softmax_scale: None means ``1/sqrt(D)``.
-        logit_cap: ``> 0`` applies ``cap * tanh(s / cap)`` to scores.
+        softmax_scale: a finite float > 0; None means ``1/sqrt(D)``.
+        logit_cap: a finite float; ``> 0`` applies ``cap * tanh(s / cap)`` to scores.
         return_lse: also return ``float32 [total_q, Hq]`` log-sum-exp.
         out: optional ``[total_q, Hq, D]`` output of ``q``'s dtype.
 
@@ -156,12 +210,16 @@ def _bind_mha_prefill(
         raise ValueError(f"k: expected head_dim {q.shape[-1]} (like q), got {k.shape[-1]}")
     hkv = k.shape[1]
     _check_heads(q, hkv, "k")
-    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch=batch)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    batch, _ = check_cu_seqlens(
+        "cu_seqlens_q", cu_seqlens_q, tokens=q.shape[0], max_seqlen=max_seqlen_q, max_name="max_seqlen_q"
+    )
+    check_cu_seqlens(
+        "cu_seqlens_k", cu_seqlens_k, batch=batch, tokens=k.shape[0], tokens_of="k",
+        max_seqlen=max_seqlen_k, max_name="max_seqlen_k",
+    )  # fmt: skip
     check_same_device("q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not isinstance(val, int) or val < 0:
-            raise ValueError(f"{name}: expected a host int >= 0, got {val!r}")
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k.dtype])
@@ -196,21 +254,26 @@ def _bind_mha_extend_with_kvcache(
     The cache already holds the new tokens: query ``i`` of sequence ``b`` (with
     ``q_len_b`` queries) sits at position ``cache_seqlens[b] - q_len_b + i``.
 
+    Also exported as ``mha_prefill_with_kvcache`` (the name in the upstream README's
+    API list): the same op object.
+
     Args:
-        q: ``[total_q, Hq, D]`` packed by ``cu_seqlens_q int32 [B+1]``.
+        q: ``[total_q, Hq, D]`` packed by ``cu_seqlens_q int32 [B+1]`` (ending at ``total_q``).
         k_cache, v_cache: ``[num_pages, page_size, Hkv, D]`` (NHD).
-        page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]``.
-        max_seqlen_q: host int bounding the query lengths.
+        page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]``, each
+            ``>= q_len_b`` and ``<= max_pages * page_size``.
+        max_seqlen_q: host int, at least the longest query length.
         Other arguments as :func:`mha_prefill`.
     """
     check_tensor("q", q, dtypes=_Q_DTYPES, dim=3, last_dim_contiguous=True)
-    batch = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
-    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    batch, q_lens = check_cu_seqlens(
+        "cu_seqlens_q", cu_seqlens_q, tokens=q.shape[0], max_seqlen=max_seqlen_q, max_name="max_seqlen_q"
+    )
     check_same_device("q", q, cu_seqlens_q=cu_seqlens_q)
+    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch, decode=False, q_lens=q_lens)
     hkv = k_cache.shape[2]
     _check_heads(q, hkv, "k_cache")
-    if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
-        raise ValueError(f"max_seqlen_q: expected a host int >= 0, got {max_seqlen_q!r}")
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k_cache.dtype])
@@ -245,12 +308,13 @@ def _bind_mha_decode_with_kvcache(
     Args:
         q: ``[B, Hq, D]``.
         k_cache, v_cache: ``[num_pages, page_size, Hkv, D]`` (NHD).
-        page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]`` >= 1.
+        page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]``, each
+            ``>= 1`` (the new token) and ``<= max_pages * page_size``.
         Other arguments as :func:`mha_prefill`; lse is ``float32 [B, Hq]``.
     """
     check_tensor("q", q, dtypes=_Q_DTYPES, dim=3, last_dim_contiguous=True)
     batch = q.shape[0]
-    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch)
+    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch, decode=True)
     hkv = k_cache.shape[2]
     _check_heads(q, hkv, "k_cache")
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
@@ -285,10 +349,14 @@ def _bind_kvcache_store(
     check_tensor("v", v, dtypes=(k.dtype,), shape=tuple(k.shape), last_dim_contiguous=True)
     check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int32, torch.int64), shape=(k.shape[0],))
     check_same_device("k", k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    if debug_checks_enabled() and slot_mapping.numel():
-        hi = int(slot_mapping.max())
+    slots = readable_values(slot_mapping)
+    if slots is not None and slots.numel():
+        hi = int(slots.max())
         if hi >= k_cache.shape[0] * k_cache.shape[1]:
-            raise ValueError(f"slot_mapping: slot {hi} is past the cache's {k_cache.shape[0] * k_cache.shape[1]} slots")
+            raise ValueError(
+                f"slot_mapping: slot {hi} is past the cache's {k_cache.shape[0] * k_cache.shape[1]} slots "
+                f"(num_pages {k_cache.shape[0]} x page_size {k_cache.shape[1]}); negative slots are padding"
+            )
     sig = (DTYPE_NAMES[k_cache.dtype],)
     return kernel_call(k.device, sig, (), (k.shape[0],), k, v, k_cache, v_cache, slot_mapping)
 
@@ -339,6 +407,9 @@ mha_extend_with_kvcache = Op(
     ),
     workload=f"{_CASES}:MHA_EXTEND_WITH_KVCACHE",
 )
+#: Alias (the upstream README's name): the same op object, so its name, selection and custom op are
+#: ``mha_extend_with_kvcache``'s.
+mha_prefill_with_kvcache = mha_extend_with_kvcache
 mha_decode_with_kvcache = Op(
     name="mha_decode_with_kvcache",
     family="attention",

@@ -38,7 +38,7 @@ from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.platform import platform_for_device
 from ..core.registry import registry
 from ..core.selection import Target, select_spec
-from ..core.validation import check_same_device, check_tensor, debug_checks_enabled
+from ..core.validation import check_float, check_same_device, check_tensor, readable_values
 
 __all__ = [
     "MoEActivation",
@@ -50,6 +50,7 @@ __all__ = [
     "moe_experts",
     "moe_combine",
     "moe_apply",
+    "moe_fused",
     "moe_plan",
     "moe_process_weights",
     "WEIGHT_FORMATS",
@@ -77,8 +78,10 @@ class MoEActivation:
             raise ValueError(f"kind: expected 'swiglu' or 'silu', got {self.kind!r}")
         if self.kind == "silu" and (self.alpha != 1.0 or self.limit is not None or self.up_offset != 0.0):
             raise ValueError("MoEActivation(kind='silu') takes no alpha/limit/up_offset; use kind='swiglu' for those")
-        if self.limit is not None and self.limit <= 0:
-            raise ValueError(f"limit: expected None or > 0, got {self.limit!r}")
+        check_float("alpha", self.alpha, expected="a finite float")
+        check_float("up_offset", self.up_offset, expected="a finite float")
+        if self.limit is not None:
+            check_float("limit", self.limit, minimum=0.0, strict=True, expected="None or a finite float > 0")
 
     @classmethod
     def silu(cls) -> MoEActivation:
@@ -131,7 +134,7 @@ class MoEWeights:
         return self.w2.shape[1]
 
     def validate(self) -> None:
-        """Check shapes and dtypes of the canonical layout."""
+        """Check shapes, dtypes and devices of the canonical layout (the ops call it once per object)."""
         if self.format not in WEIGHT_FORMATS:
             raise ValueError(f"format: expected one of {WEIGHT_FORMATS}, got {self.format!r}")
         if self.layout != "canonical":
@@ -166,6 +169,12 @@ class MoEWeights:
             check_tensor("w13_bias", self.w13_bias, shape=(e, two_i))
         if self.w2_bias is not None:
             check_tensor("w2_bias", self.w2_bias, shape=(e, h))
+        check_same_device(
+            "w13", self.w13, w2=self.w2, w13_bias=self.w13_bias, w2_bias=self.w2_bias,
+            w13_scale=self.w13_scale, w2_scale=self.w2_scale,
+        )  # fmt: skip
+        # Checked once per object (the tensors are fixed at construction): every op call asks.
+        object.__setattr__(self, "_validated", True)
 
     @classmethod
     def from_gpt_oss(
@@ -293,8 +302,9 @@ def _check_topk(topk_ids: torch.Tensor, tokens: int, num_experts: int, name: str
     check_tensor(name, topk_ids, dtypes=(torch.int32,), dim=2, contiguous=True)
     if topk_ids.shape[0] != tokens:
         raise ValueError(f"{name}: expected {tokens} rows (one per token), got {topk_ids.shape[0]}")
-    if debug_checks_enabled() and topk_ids.numel():
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+    ids = readable_values(topk_ids)
+    if ids is not None and ids.numel():
+        lo, hi = (int(v) for v in torch.aminmax(ids))
         if lo < 0 or hi >= num_experts:
             raise ValueError(f"{name}: expert ids must lie in [0, {num_experts}), got [{lo}, {hi}]")
 
@@ -353,8 +363,14 @@ def _check_weights(x: torch.Tensor, weights: MoEWeights, activation: MoEActivati
         raise TypeError(f"weights: expected MoEWeights, got {type(weights).__name__}")
     if not isinstance(activation, MoEActivation):
         raise TypeError(f"activation: expected MoEActivation, got {type(activation).__name__}")
-    if weights.layout == "canonical" and x.shape[-1] != weights.hidden:
-        raise ValueError(f"x: expected hidden size {weights.hidden} (the weights'), got {x.shape[-1]}")
+    if weights.layout == "canonical":
+        if not weights.__dict__.get("_validated"):
+            try:
+                weights.validate()
+            except (TypeError, ValueError) as exc:  # name the op's argument too: "weights.w2: expected ..."
+                raise type(exc)(f"weights.{exc}") from None
+        if x.shape[-1] != weights.hidden:
+            raise ValueError(f"x: expected hidden size {weights.hidden} (the weights'), got {x.shape[-1]}")
     if weights.w13.device != x.device:
         raise ValueError(f"weights: expected device {x.device} (like x), got {weights.w13.device}")
 
@@ -380,6 +396,13 @@ def _bind_moe_experts(
     _check_weights(hidden, weights, activation)
     check_tensor("expert_offsets", expert_offsets, dtypes=(torch.int32,), shape=(weights.num_experts + 1,))
     check_same_device("hidden", hidden, expert_offsets=expert_offsets, out=out)
+    offsets = readable_values(expert_offsets)
+    if offsets is not None:
+        if int(offsets[0]) != 0 or bool((offsets.diff() < 0).any()) or int(offsets[-1]) != hidden.shape[0]:
+            raise ValueError(
+                f"expert_offsets: expected to start at 0, be non-decreasing and end at the {hidden.shape[0]} "
+                f"rows of hidden, got {offsets.tolist()}"
+            )
     if out is not None:
         check_tensor("out", out, dtypes=(hidden.dtype,), shape=tuple(hidden.shape))
     sig = (DTYPE_NAMES[hidden.dtype], weights.format)
@@ -428,6 +451,13 @@ def _bind_moe_combine(
     if expert_out.shape[0] != topk_weights.numel():
         raise ValueError(f"expert_out: expected {topk_weights.numel()} rows (T * k), got {expert_out.shape[0]}")
     check_same_device("expert_out", expert_out, permutation=permutation, topk_weights=topk_weights, out=out)
+    perm = readable_values(permutation)
+    if perm is not None and perm.numel():
+        lo, hi = (int(v) for v in torch.aminmax(perm))
+        if lo < 0 or hi >= perm.numel():
+            raise ValueError(
+                f"permutation: entries must lie in [0, {perm.numel()}) (token * k + slot), got [{lo}, {hi}]"
+            )
     if out is not None:
         check_tensor("out", out, dtypes=(expert_out.dtype,), shape=(topk_weights.shape[0], expert_out.shape[1]))
     return kernel_call(
@@ -465,6 +495,9 @@ def _bind_moe_apply(
     out: torch.Tensor | None = None,
 ) -> KernelCall:
     """The fused MoE layer: ``sum_s w[t,s] * expert_{ids[t,s]}(x[t])``.
+
+    Also exported as ``moe_fused`` (the name in the upstream README's API list): the
+    same op object.
 
     Args:
         x: ``[T, H]``.
@@ -516,6 +549,9 @@ moe_apply = Op(
     reference=Reference(f"{_REFERENCE}:moe_apply", formats=[{"x": _FLOAT, "w": WEIGHT_FORMATS}], traits=_ANY_MOE),
     workload=f"{_CASES}:MOE_APPLY",
 )
+#: Alias (the upstream README's name): the same op object, so its name, selection and custom op are
+#: ``moe_apply``'s.
+moe_fused = moe_apply
 
 
 def moe_plan(

@@ -7,7 +7,7 @@ import torch
 from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
-from ..core.validation import check_same_device, check_tensor
+from ..core.validation import check_float, check_same_device, check_tensor
 
 __all__ = ["rmsnorm"]
 
@@ -45,15 +45,14 @@ def _bind_rmsnorm(
         check_tensor("residual", residual, dtypes=(x.dtype,), shape=tuple(x.shape), last_dim_contiguous=True)
     if out is not None:
         check_tensor("out", out, dtypes=(x.dtype,), shape=tuple(x.shape), last_dim_contiguous=True)
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps: expected a float >= 0, got {eps!r}")
+    eps = check_float("eps", eps, minimum=0.0, expected="a finite float >= 0")
     device = x.device
     if weight.device != device or (residual is not None or out is not None):
         check_same_device("x", x, weight=weight, residual=residual, out=out)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return kernel_call(
         device, (DTYPE_NAMES[x.dtype],), (("fused_residual", residual is not None),), (rows,),
-        x, weight, float(eps), residual=residual, out=out,
+        x, weight, eps, residual=residual, out=out,
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import torch
 from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
-from ..core.validation import check_same_device, check_tensor
+from ..core.validation import check_same_device, check_tensor, readable_values
 
 __all__ = ["apply_rotary"]
 
@@ -46,6 +46,13 @@ def _bind_apply_rotary(
     if style not in ("neox", "gptj"):
         raise ValueError(f"style: expected 'neox' or 'gptj', got {style!r}")
     check_same_device("q", q, k=k, cos_sin_cache=cos_sin_cache, positions=positions)
+    pos = readable_values(positions)
+    if pos is not None and pos.numel():
+        lo, hi = (int(v) for v in torch.aminmax(pos))
+        if lo < 0 or hi >= cos_sin_cache.shape[0]:
+            raise ValueError(
+                f"positions: expected rows of cos_sin_cache in [0, {cos_sin_cache.shape[0]}), got [{lo}, {hi}]"
+            )
     traits = {"style": style, "partial": rot < q.shape[-1]}
     return kernel_call(
         q.device, (DTYPE_NAMES[q.dtype],), traits, (q.shape[0],), q, k, cos_sin_cache, positions, style=style

@@ -20,7 +20,7 @@ import torch
 from ..core.contracts import Size
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
-from ..core.validation import check_same_device, check_tensor
+from ..core.validation import check_same_device, check_tensor, readable_values
 
 __all__ = ["argmax", "top_k_top_p_sample"]
 
@@ -54,14 +54,35 @@ argmax = Op(
 
 
 def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -> torch.Tensor:
+    kind = "an int" if dtype == torch.int32 else "a number"
     if isinstance(value, torch.Tensor):
         check_tensor(name, value, dtypes=(dtype,), shape=(batch,))
         if value.device != device:
             raise ValueError(f"{name}: expected device {device}, got {value.device}")
+        host = readable_values(value)
+        if host is not None and host.numel() and not bool(((host >= lo) & (host <= hi)).all()):
+            bad = int((~((host >= lo) & (host <= hi))).nonzero()[0])
+            raise ValueError(f"{name}: expected values in [{lo}, {hi}], got {host[bad].item()!r} in row {bad}")
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise ValueError(f"{name}: expected a number in [{lo}, {hi}] or a [{batch}] tensor, got {value!r}")
+    allowed = int if dtype == torch.int32 else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not lo <= value <= hi:
+        raise ValueError(f"{name}: expected {kind} in [{lo}, {hi}] or a [{batch}] tensor, got {value!r}")
     return torch.full((batch,), value, dtype=dtype, device=device)
+
+
+def _check_logit_values(logits: torch.Tensor) -> None:
+    """Every row has a finite logit and no NaN or +inf (they make every probability NaN)."""
+    host = readable_values(logits)
+    if host is None or not host.numel() or bool(torch.isfinite(host).all()):
+        return
+    broken = (torch.isnan(host) | torch.isposinf(host)).any(dim=1)
+    if bool(broken.any()):
+        row = int(broken.nonzero()[0])
+        raise ValueError(f"logits: row {row} holds NaN or +inf (its probabilities would all be NaN)")
+    masked = torch.isneginf(host).all(dim=1)
+    if bool(masked.any()):
+        row = int(masked.nonzero()[0])
+        raise ValueError(f"logits: row {row} is -inf everywhere (no token can be sampled)")
 
 
 def _bind_top_k_top_p_sample(
@@ -76,6 +97,9 @@ def _bind_top_k_top_p_sample(
     """Sample one token per row of ``logits [B, V]`` -> ``int64 [B]`` (see the module doc of
     ``tokenspeed_kernel.ops.sampling``).
 
+    Every row needs a finite logit and no NaN or +inf (checked for host tensors, and
+    for device tensors under ``TOKENSPEED_KERNEL_DEBUG=1``, as the tensor arguments' ranges).
+
     Args:
         top_k: int or ``int32 [B]``; 0 disables top-k.
         top_p: float or ``float32 [B]`` in (0, 1]; 1 disables top-p.
@@ -87,6 +111,7 @@ def _bind_top_k_top_p_sample(
     check_tensor("logits", logits, dtypes=_DTYPES, dim=2, last_dim_contiguous=True)
     b, v = logits.shape
     dev = logits.device
+    _check_logit_values(logits)
     top_k_t = _per_row("top_k", top_k, b, torch.int32, dev, 0, v)
     top_p_t = _per_row("top_p", top_p, b, torch.float32, dev, 1e-9, 1.0)
     temp_t = _per_row("temperature", temperature, b, torch.float32, dev, 1e-9, float("inf"))
@@ -97,6 +122,9 @@ def _bind_top_k_top_p_sample(
     else:
         check_tensor("uniform", uniform, dtypes=(torch.float32,), shape=(b,))
         check_same_device("logits", logits, uniform=uniform)
+        host = readable_values(uniform)
+        if host is not None and host.numel() and not bool(((host >= 0) & (host < 1)).all()):
+            raise ValueError(f"uniform: expected values in [0, 1), got {host.tolist()[:16]}")
     return kernel_call(dev, (DTYPE_NAMES[logits.dtype],), (), (b,), logits, top_k_t, top_p_t, temp_t, uniform)
 
 
