@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import os
+import shutil
 import sys
 import time
 
@@ -200,6 +203,36 @@ def test_progress_bar_goes_to_stderr(capsys):
     bench("rmsnorm", cases=[_rmsnorm_case()], device="cpu", warmup_ms=1, rep_ms=3, ceilings=False)
     err = capsys.readouterr().err
     assert "[" in err and "] 1/" in err and "reference.rmsnorm" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("columns", [80, 40])
+def test_progress_bar_fits_the_terminal_width(columns, monkeypatch):
+    """Before: every redraw was padded to 160 columns and wrapped on an 80-column terminal."""
+    from tokenspeed_kernel.benchmark.progress import Progress
+
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=(80, 24): os.terminal_size((columns, 24)))
+    term = _Terminal()
+    bar = Progress(3, stream=term)
+    for label in ("reference.rmsnorm " * 10, "short", "mid " * 5):
+        bar.step(label)
+    bar.close()
+    redraws = term.getvalue().split("\r")[1:]
+    assert len(redraws) == 3
+    assert all(len(r.rstrip("\n")) <= columns - 1 for r in redraws)
+    assert redraws[0].startswith("[########................] 1/3") and len(redraws[0]) == columns - 1  # cut
+    # A shorter line clears what the longer one before it left on the row, and no more.
+    second = redraws[1].rstrip()
+    assert second.startswith("[################........] 2/3") and ("short".startswith(second.split()[-1]))
+    assert len(redraws[1]) == columns - 1
+    assert term.getvalue().endswith("\n")
+    plain = io.StringIO()  # not a terminal (CI logs): whole lines, never cut
+    Progress(1, stream=plain).step("x" * 300)
+    assert plain.getvalue().endswith("x" * 300 + "\n")
 
 
 def test_cpu_ceilings_are_measured_and_positive():

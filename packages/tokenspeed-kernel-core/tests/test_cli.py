@@ -298,6 +298,64 @@ def test_plugins_reports_failures_with_errors(capsys, fake_plugins):
     assert "plugin 'clibroken' failed to load" in err and "Traceback" not in err
 
 
+def test_plugin_filter_naming_no_installed_plugin_is_a_note(capsys, fake_plugins, monkeypatch):
+    """Before: TOKENSPEED_KERNEL_PLUGINS=nosuchplugin filtered every plugin out and the CLI said nothing."""
+    monkeypatch.setenv("TOKENSPEED_KERNEL_PLUGINS", "nosuchplugin")
+    code, out, err = run_cli(capsys, "plugins")
+    assert code == 0
+    assert err.strip() == (
+        "tokenspeed-kernel: note: TOKENSPEED_KERNEL_PLUGINS names plugin(s) ['nosuchplugin'] that are not installed; "
+        "installed plugins: clibroken, cligood"
+    )
+    assert "filtered out by TOKENSPEED_KERNEL_PLUGINS: clibroken, cligood" in out
+
+
+# ---------------------------------------------------------------------------
+# settings mistakes: one line, exit 2, for every command
+
+
+def _cli_process(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenspeed_kernel", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TOKENSPEED_KERNEL_PLUGINS": "none", **env},
+        timeout=300,
+    )
+
+
+def test_a_malformed_config_file_is_one_line_of_error_not_a_traceback(tmp_path):
+    """Before: `explain` printed a TOMLDecodeError traceback naming neither the file nor the variable."""
+    cfg = tmp_path / "kernels.toml"
+    cfg.write_text("[override\n")
+    for argv in (["explain", "rmsnorm"], ["verify", "rmsnorm", "--dtype", "fp32"]):
+        proc = _cli_process(*argv, TOKENSPEED_KERNEL_CONFIG=str(cfg))
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert proc.stdout == "" and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"tokenspeed-kernel {argv[0]}: error: TOKENSPEED_KERNEL_CONFIG: {cfg} is not valid TOML: "
+            "Expected ']' at the end of a table declaration (at line 1, column 10)"
+        ]
+
+
+@pytest.mark.parametrize("argv", [["list"], ["explain", "rmsnorm"], ["plugins"], ["verify", "rmsnorm"],
+                                  ["bench", "rmsnorm"], ["demo"]])  # fmt: skip
+def test_a_bad_override_variable_stops_every_command(capsys, monkeypatch, argv):
+    from tokenspeed_kernel.core import settings as settings_module
+
+    monkeypatch.setenv("TOKENSPEED_KERNEL_OVERRIDE", "rmsnrom=reference")
+    monkeypatch.setattr(settings_module, "_settings", None)  # as in a fresh process
+    try:
+        code, out, err = run_cli(capsys, *argv)
+    finally:
+        monkeypatch.undo()
+        tk.reload_settings()
+    assert code == 2 and out == ""
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"tokenspeed-kernel {argv[0]}: error: TOKENSPEED_KERNEL_OVERRIDE entry 'rmsnrom=reference':")
+    assert "'rmsnrom' is not an op; ops: apply_rotary" in last
+
+
 # ---------------------------------------------------------------------------
 # extension subcommands
 
@@ -349,6 +407,46 @@ def test_python_m_runs_the_cli():
     )
     assert proc.returncode == 0, proc.stderr
     assert "selected:  reference.silu_and_mul [reference]" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "module,argv,expect",
+    [
+        ("tokenspeed_kernel.plugins", [], "core             loaded"),
+        ("tokenspeed_kernel.numerics", ["silu_and_mul", "--dtype", "fp32"], "verify on cpu"),
+        ("tokenspeed_kernel.benchmark", ["silu_and_mul", "--shapes", "cpu", "--dtype", "fp32", "--quiet",
+                                         "--no-ceilings", "--warmup-ms", "1", "--rep-ms", "2"], "reference.silu_and_mul"),
+        ("tokenspeed_kernel.numerics", ["--help"], "usage: python -m tokenspeed_kernel.numerics"),
+        ("tokenspeed_kernel.benchmark", ["--help"], "usage: python -m tokenspeed_kernel.benchmark"),
+    ],
+)  # fmt: skip
+def test_python_m_entry_points_of_the_upstream_readme(module, argv, expect):
+    """Before: `python -m tokenspeed_kernel.numerics / .benchmark / .plugins` did not run."""
+    env = {**os.environ, "TOKENSPEED_KERNEL_PLUGINS": "none"}
+    proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
+
+
+def test_help_imports_no_extension_dependency_and_no_model():
+    """``--help`` builds the parser only: no plugin, no model code, no profiler (torch comes with the package)."""
+    code = (
+        "import sys, runpy, time\n"
+        "sys.argv = ['tokenspeed-kernel', '--help']\n"
+        "t0 = time.perf_counter()\n"
+        "try:\n"
+        "    runpy.run_module('tokenspeed_kernel', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "from tokenspeed_kernel.core import plugins\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('tokenspeed_kernel.models', 'tokenspeed_kernel_',"
+        " 'triton', 'matplotlib', 'transformers')))\n"
+        "print('RESULT', plugins._loaded, bad, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: tokenspeed-kernel" in proc.stdout and "demo" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == "RESULT False []"
 
 
 def test_importing_the_cli_loads_no_plugin_and_no_extension():

@@ -17,8 +17,9 @@ Subcommands:
 Exit codes: 0 success; 1 the question has a negative answer (``explain``: no
 kernel can run the call; ``plugins --strict``: a plugin failed); 2 bad input.
 
-Importing this module loads no plugin and imports none of the extension modules;
-that happens when :func:`main` builds the parser.
+Importing this module loads no plugin, imports none of the extension modules and
+none of the core's (they import torch): the parser is built first, the core is
+imported by the command that runs.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import json
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .core.contracts import REQUIRED, OpContract, Range, TraitSpec, all_contracts, describe_bucket, size_bucket
-from .core.formats import is_known_format, known_formats
-from .core.registry import KernelSpec, registry
+if TYPE_CHECKING:
+    from .core.contracts import OpContract, TraitSpec
+    from .core.registry import KernelSpec
 
 __all__ = ["main", "build_parser", "CliError"]
 
@@ -56,19 +57,23 @@ class CliError(Exception):
 
 
 def _load_plugins(*, quiet: bool = False) -> None:
-    """Load the plugins once; a failed plugin becomes a one-line note instead of a warning with a traceback."""
+    """Load the plugins once; a failed plugin becomes a one-line note instead of a warning with a traceback,
+    and the loader's other warnings (an allow-list naming no installed plugin) one line each."""
     from .core.plugins import ensure_loaded, plugin_reports
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
         ensure_loaded()
-    if not quiet:
-        for report in plugin_reports().values():
-            if report.status == "failed":
-                print(
-                    f"{PROG}: note: plugin {report.name!r} failed to load and was skipped (`{PROG} plugins` shows why)",
-                    file=sys.stderr,
-                )
+    notes = [
+        str(w.message).removeprefix("tokenspeed_kernel: ")
+        for w in caught
+        if issubclass(w.category, RuntimeWarning) and "failed and was skipped" not in str(w.message)
+    ]
+    for report in plugin_reports().values():
+        if report.status == "failed" and not quiet:
+            notes.append(f"plugin {report.name!r} failed to load and was skipped (`{PROG} plugins` shows why)")
+    for note in notes:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------
@@ -76,6 +81,8 @@ def _load_plugins(*, quiet: bool = False) -> None:
 
 
 def _allowed_json(allowed: object) -> object:
+    from .core.contracts import Range
+
     if allowed is None:
         return None
     if isinstance(allowed, Range):
@@ -84,6 +91,8 @@ def _allowed_json(allowed: object) -> object:
 
 
 def _trait_schema_json(spec: TraitSpec) -> dict[str, object]:
+    from .core.contracts import REQUIRED
+
     required = spec.default is REQUIRED
     return {
         "type": spec.type.__name__,
@@ -95,6 +104,8 @@ def _trait_schema_json(spec: TraitSpec) -> dict[str, object]:
 
 
 def _matcher_json(matcher: Any) -> object:
+    from .core.contracts import Range
+
     if matcher.everything:
         return "any"
     if isinstance(matcher.values, Range):
@@ -131,6 +142,8 @@ def _hardware_text(spec: KernelSpec) -> str:
 
 
 def _trait_schema_text(name: str, spec: TraitSpec) -> str:
+    from .core.contracts import REQUIRED, Range
+
     default = "required" if spec.default is REQUIRED else f"default {spec.default!r}"
     allowed = ""
     if spec.allowed is not None:
@@ -162,6 +175,9 @@ def _print_op_text(contract: OpContract, kernels: Sequence[KernelSpec]) -> None:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from .core.contracts import all_contracts
+    from .core.registry import registry
+
     _load_plugins(quiet=args.json)
     contracts = all_contracts()
     if args.op is not None and args.op not in contracts:
@@ -217,6 +233,8 @@ _FORMAT_ALIASES = {
 
 
 def _format_value(text: str, what: str) -> str:
+    from .core.formats import is_known_format, known_formats
+
     fmt = _FORMAT_ALIASES.get(text.lower(), text)
     if not is_known_format(fmt):
         raise CliError(f"{what}: unknown format {text!r}; known formats: {', '.join(sorted(known_formats()))}")
@@ -367,6 +385,8 @@ def _sizes(contract: OpContract, args: argparse.Namespace, derived: dict[str, in
 
 
 def _check_target(flag: str, target: str | None) -> None:
+    from .core.registry import registry
+
     if target is not None and registry.get(target) is None and target not in registry.solutions():
         raise CliError(
             f"{flag}: {target!r} is neither a registered kernel nor a solution; "
@@ -375,7 +395,9 @@ def _check_target(flag: str, target: str | None) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    from .core.contracts import all_contracts, describe_bucket, size_bucket
     from .core.platform import current_platform, fake_platform, make_platform
+    from .core.registry import registry
     from .core.selection import explain_selection, format_explanation
 
     contracts = all_contracts()
@@ -566,9 +588,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .core.settings import SettingsError, settings
+
     try:
+        settings()  # a bad TOKENSPEED_KERNEL_* setting is bad input to every command
         code = args.func(args)
-    except CliError as exc:
+    except (CliError, SettingsError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return int(code or 0)

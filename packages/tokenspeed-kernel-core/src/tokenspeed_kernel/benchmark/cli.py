@@ -160,8 +160,8 @@ def _cases(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, str | 
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    from ..core.settings import settings
+    from ..numerics.cli import _device
     from ..numerics.runner import default_device
     from .report import PLOT_HINT, plot_available, print_summary, write_json, write_markdown, write_plot
     from .runner import bench
@@ -170,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenspeed-kernel bench: --plot: {PLOT_HINT}", file=sys.stderr)
         return 2
     try:
-        device = torch.device(args.device) if args.device else default_device()
+        settings()  # a bad TOKENSPEED_KERNEL_* setting fails here, once
+        device = _device(args.device, default_device)
         cases, counts, shape_set = _cases(args, device.type)
         report = bench(
             args.target,
@@ -193,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenspeed-kernel bench: {exc}", file=sys.stderr)
         return 2
     print_summary(report, sys.stdout)
-    command = "tokenspeed-kernel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else None
+    command = getattr(args, "command_line", None)
+    if command is None and len(sys.argv) > 1:  # tokenspeed-kernel bench ...
+        command = "tokenspeed-kernel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if args.json:
         write_json(report, args.json)
     if args.md:
@@ -213,11 +216,13 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed or any(r.error for r in report.results) else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokenspeed-kernel bench", description=_DESCRIPTION,
+def main(argv: list[str] | None = None, *, prog: str = "tokenspeed-kernel bench") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     configure(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.command_line = " ".join([prog, *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -98,9 +98,23 @@ def build_cases(target: str | None, shapes: list[list[str]] | None, shapes_file:
     return cases
 
 
-def run(args: argparse.Namespace) -> int:
+def _device(text: str | None, default: Any) -> Any:
+    """``--device``: a torch device that exists here (default: ``default()``)."""
     import torch
 
+    if not text:
+        return default()
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: no CUDA device here (torch.cuda.is_available() is False)")
+    return device
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core.settings import settings
     from .cases import all_op_cases
     from .runner import default_device, verify
 
@@ -109,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{op}: " + " ".join(f"{k}={v!r}" for k, v in oc.defaults.items()))
         return 0
     try:
-        device = torch.device(args.device) if args.device else default_device()
+        settings()  # a bad TOKENSPEED_KERNEL_* setting fails here, once, not in every case
+        device = _device(args.device, default_device)
         cases = build_cases(args.target, args.shape, args.shapes, args.dtype, device.type)
         report = verify(
             args.target,
@@ -130,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokenspeed-kernel verify", description=_DESCRIPTION,
+def main(argv: list[str] | None = None, *, prog: str = "tokenspeed-kernel verify") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     configure(parser)
     return run(parser.parse_args(argv))
