@@ -3,7 +3,10 @@
 # wheels and this checkout's packages into /tmp/site, then run the named stages.
 #   tools/gpu_session.sh STAGE [STAGE ...]
 # Stages: tests (GPU-marked tests of every package), verify, bench-prefill,
-#         bench-triton-attention, bench-triton-moe, bench-triton-dense, gpt-oss, demo.
+#         bench-triton-attention, bench-triton-moe, bench-triton-dense, gpt-oss, demo,
+#         tk-tests (triton_kernels wrapper GPU tests), selection (tools/selection_h200.py bench),
+#         selection-report (table + regret), e2e-selection (GPT-OSS-20B with and without the new table),
+#         tk-anchor (the triton_kernels MoE anchor, .anchors/tk_moe.py carried beside the checkout).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -39,6 +42,20 @@ for stage in "$@"; do
     bench-triton-dense) python3 "$repo/tools/bench_triton_dense.py" --out "$OUT" || rc=1 ;;
     gpt-oss) python3 "$repo/tools/gpt_oss_throughput.py" --out "$OUT" || rc=1 ;;
     demo) python3 -m tokenspeed_kernel demo 2>&1 | tee "$OUT/demo.log" || rc=1 ;;
+    tk-tests)
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-nvidia/tests/test_triton_kernels.py" \
+        2>&1 | tee "$OUT/tk-tests.log" | tail -15 || rc=1 ;;
+    selection) python3 "$repo/tools/selection_h200.py" bench --out "$OUT/sel" ${SELECTION_ARGS:-} || rc=1 ;;
+    selection-report)
+      python3 "$repo/tools/selection_h200.py" report --runs "$OUT/sel" --table "$OUT/sel/h200.json" \
+        --md "$OUT/sel/selection.md" > "$OUT/sel/report.log" 2>&1 || rc=1; tail -3 "$OUT/sel/report.log" ;;
+    e2e-selection)
+      for oracle in none "$OUT/sel/h200.json"; do
+        name=$([ "$oracle" = none ] && echo priority || echo measured)
+        TOKENSPEED_KERNEL_ORACLE=$oracle python3 "$repo/tools/gpt_oss_throughput.py" --out "$OUT/e2e-$name" \
+          --configs full ${E2E_ARGS:---prefill 8x2048 --decode-batches 1,64} 2>&1 | tail -12 || rc=1
+      done ;;
+    tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Shape-aware selection on the H200: measure, build the table, and judge it on held-out shapes.
+
+Two stages:
+
+``bench`` (on the GPU): times every registered kernel of ``mm``, ``mha_prefill``,
+``mha_decode_with_kvcache`` and ``moe_apply`` at GPT-OSS shapes (``tokenspeed-kernel
+bench`` with CUDA-graph timing, L2 flushed) on two case sets per op:
+
+- set A, the measurement set: one size per power-of-two bucket (M = 1, 4, 16, ...);
+- set B, the held-out set: other sizes inside those buckets (M = 3, 12, 48, ...),
+  never used to build the table.
+
+writing ``OUT/<op>-A.json`` and ``OUT/<op>-B.json`` (bench reports).
+
+``report`` (anywhere, CPU is enough): builds the measured table from the A reports
+(``tokenspeed-kernel oracle build``), then for every case of both sets looks up the
+kernel the table makes selection pick for that call (its signature, traits and size
+buckets) and its *regret*: its measured time over the fastest kernel's time in that
+case. Writes the table and a Markdown report with regret per op and size bucket.
+
+    python tools/selection_h200.py bench --out OUT [--ops mm moe_apply] [--quick]
+    python tools/selection_h200.py report --runs OUT --table table.json --md selection.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+OPS = ("mm", "mha_prefill", "mha_decode_with_kvcache", "moe_apply")
+GPT_OSS_ATTN = {"heads_q": 64, "heads_kv": 8, "head_dim": 64, "sinks": True}
+#: GPT-OSS-20B projections: qkv (64 + 2 * 8 heads of 64 from 2880) and o (4096 -> 2880).
+MM_SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096)}
+
+
+def _sizes(quick: bool) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(set A, set B) of the swept size per op family."""
+    if quick:
+        return {"m": ((1, 64, 4096), (3, 96)), "tokens": ((1, 64, 4096), (3, 96))}
+    a = tuple(1 << p for p in range(0, 15, 2))  # 1, 4, 16, ..., 16384
+    b = (3, 12, 48, 192, 768, 3072, 12288)  # inside those buckets: 2..3, 8..15, 32..63, ...
+    return {"m": (a, b), "tokens": (a, b)}
+
+
+def cases(op: str, which: str, quick: bool) -> list[Any]:
+    from tokenspeed_kernel.numerics.cases import custom_case
+
+    sizes = _sizes(quick)
+    pick = 0 if which == "A" else 1
+    out: list[Any] = []
+    if op == "mm":
+        for name, (n, k) in MM_SHAPES.items():
+            for m in sizes["m"][pick]:
+                [c] = custom_case("mm", {"m": m, "n": n, "k": k, "bias": True}, dtypes=["bf16"])
+                out.append(dataclasses.replace(c, label=f"{name} M={m}"))
+    elif op == "mha_prefill":
+        shapes_a = ((1, 512), (1, 2048), (2, 4096), (4, 8192), (16, 4096)) if not quick else ((1, 1024), (4, 2048))
+        shapes_b = ((1, 700), (3, 1000), (1, 6000), (6, 4000), (8, 7000)) if not quick else ((1, 1500),)
+        for w in (-1, 127):
+            for b, s in shapes_a if which == "A" else shapes_b:
+                params = {"seqlens_q": (s,) * b, "window_left": w, **GPT_OSS_ATTN}
+                [c] = custom_case(op, params, dtypes=["bf16"])
+                out.append(dataclasses.replace(c, label=f"{b}x{s} w{w}"))
+    elif op == "mha_decode_with_kvcache":
+        batches = (
+            ((1, 4, 16, 64, 256) if not quick else (1, 64))
+            if which == "A"
+            else ((3, 12, 48, 200) if not quick else (3,))
+        )
+        contexts = (2048, 8192) if which == "A" else (3000, 12000)
+        for w in (-1, 127):
+            for b in batches:
+                for n in contexts:
+                    params = {"cache_lens": (n,) * b, "window_left": w, "page_size": 16, **GPT_OSS_ATTN}
+                    [c] = custom_case(op, params, dtypes=["bf16"])
+                    out.append(dataclasses.replace(c, label=f"{b}x{n} w{w}"))
+    elif op == "moe_apply":
+        for t in sizes["tokens"][pick]:
+            params = {"tokens": t, "experts": 128, "top_k": 4, "hidden": 2880, "inter": 2880, "weight_format": "mxfp4",
+                      "bias": True, "interleaved": True}  # fmt: skip
+            [c] = custom_case(op, params, dtypes=["bf16"])
+            out.append(dataclasses.replace(c, label=f"GPT-OSS-120B layer T={t}"))
+    else:
+        raise ValueError(f"op: one of {OPS}, got {op!r}")
+    return out
+
+
+def stage_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark import bench
+    from tokenspeed_kernel.benchmark.report import write_json
+
+    os.makedirs(args.out, exist_ok=True)
+    tk.load_plugins()
+    rc = 0
+    for op in args.ops:
+        for which in ("A", "B"):
+            t0 = time.time()
+            report = bench(op, cases=cases(op, which, args.quick), graph=torch.cuda.is_available(), ceilings=which == "A" and op == args.ops[0],
+                           warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, progress=False)  # fmt: skip
+            path = os.path.join(args.out, f"{op}-{which}.json")
+            write_json(report, path)
+            errors = [
+                (r.description, e.name, e.reason) for r in report.results for e in r.entries if e.status == "error"
+            ]
+            print(f"{op} set {which}: {len(report.results)} cases in {time.time() - t0:.0f} s -> {path}"
+                  + (f"; {len(errors)} kernel errors, first: {errors[0]}" if errors else ""), flush=True)  # fmt: skip
+            rc |= bool(errors)
+    return rc
+
+
+def _time(entry: dict[str, Any]) -> float | None:
+    if entry.get("kind") != "kernel" or entry.get("status") != "ok":
+        return None
+    return entry.get("graph_median_us") or entry.get("median_us")
+
+
+def stage_report(args: argparse.Namespace) -> int:
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.oracle import build_table
+    from tokenspeed_kernel.core.contracts import describe_bucket, size_bucket
+    from tokenspeed_kernel.numerics.cases import Case, case_call_key
+
+    runs = {(op, w): os.path.join(args.runs, f"{op}-{w}.json") for op in args.ops for w in ("A", "B")}
+    present = {k: p for k, p in runs.items() if os.path.exists(p)}
+    table = build_table([p for (op, w), p in present.items() if w == "A"])
+    if args.table:
+        table.save(args.table)
+    plat = tk.make_platform("sm90", device_name="NVIDIA H200")
+    tk.set_selection_oracle(table)
+    rows: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    detail = []
+    for (op, which), path in sorted(present.items()):
+        data = json.load(open(path))
+        for r in data["results"]:
+            times = {e["name"]: t for e in r["entries"] if (t := _time(e)) is not None}
+            if len(times) < 2:
+                continue
+            case = Case.from_json(r["case"])
+            sig, traits, sizes = case_call_key(case)
+            cands = tk.explain_selection(op, sig, traits, sizes=sizes, platform=plat)
+            chosen = next((c.name for c in cands if c.selected), None)
+            best = min(times, key=times.get)
+            regret = times[chosen] / times[best] if chosen in times else math.nan
+            bucket = ", ".join(f"{k}={describe_bucket(size_bucket(n))}" for k, n in sizes.items())
+            rows[(op, bucket, which)].append(regret)
+            detail.append((op, which, r.get("label") or r["description"], bucket, chosen, best, regret,
+                           {k: round(v, 1) for k, v in sorted(times.items(), key=lambda kv: kv[1])}))  # fmt: skip
+    tk.set_selection_oracle(None)
+    lines = [
+        "| op | size bucket | set | cases | worst regret | mean regret |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    worst_all = 1.0
+    for (op, bucket, which), vals in sorted(rows.items()):
+        finite = [v for v in vals if math.isfinite(v)]
+        worst = max(finite) if finite else math.nan
+        worst_all = max(worst_all, worst) if finite else worst_all
+        mean = sum(finite) / len(finite) if finite else math.nan
+        lines.append(f"| {op} | {bucket} | {which} | {len(vals)} | {worst:.3f} | {mean:.3f} |")
+    lines += ["", "| op | set | case | bucket | selected | fastest | regret | times (us, graph) |",
+              "| --- | --- | --- | --- | --- | --- | ---: | --- |"]  # fmt: skip
+    for op, which, label, bucket, chosen, best, regret, times in detail:
+        lines.append(f"| {op} | {which} | {label} | {bucket} | {chosen} | {best} | {regret:.3f} | {times} |")
+    text = "\n".join(lines) + "\n"
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+    print(text)
+    print(f"worst regret over every case: {worst_all:.3f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="stage", required=True)
+    b = sub.add_parser("bench", help="time every kernel on sets A and B (GPU)")
+    b.add_argument("--out", required=True)
+    b.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    b.add_argument("--quick", action="store_true", help="a few sizes only")
+    b.add_argument("--warmup-ms", type=float, default=10.0)
+    b.add_argument("--rep-ms", type=float, default=40.0)
+    r = sub.add_parser("report", help="build the table from set A and judge it on A and B")
+    r.add_argument("--runs", required=True, help="the folder bench wrote")
+    r.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    r.add_argument("--table", help="write the table here")
+    r.add_argument("--md", help="write the report here")
+    args = p.parse_args(argv)
+    return stage_bench(args) if args.stage == "bench" else stage_report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
