@@ -52,6 +52,14 @@ class CliError(Exception):
     """Bad command-line input; the message names the option and what was expected."""
 
 
+def _ops() -> dict[str, OpContract]:
+    """The op catalog (importing the ops fills it)."""
+    from . import ops  # noqa: F401
+    from .core.contracts import all_contracts
+
+    return all_contracts()
+
+
 # ---------------------------------------------------------------------------
 # Plugin loading with compact failure notes
 
@@ -175,11 +183,10 @@ def _print_op_text(contract: OpContract, kernels: Sequence[KernelSpec]) -> None:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from .core.contracts import all_contracts
     from .core.registry import registry
 
     _load_plugins(quiet=args.json)
-    contracts = all_contracts()
+    contracts = _ops()
     if args.op is not None and args.op not in contracts:
         raise CliError(f"--op: unknown op {args.op!r}; known ops: {', '.join(sorted(contracts))}")
     if args.solution is not None and args.solution not in registry.solutions():
@@ -395,12 +402,12 @@ def _check_target(flag: str, target: str | None) -> None:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from .core.contracts import all_contracts, describe_bucket, size_bucket
+    from .core.contracts import describe_bucket, size_bucket
     from .core.platform import current_platform, fake_platform, make_platform
     from .core.registry import registry
     from .core.selection import explain_selection, format_explanation
 
-    contracts = all_contracts()
+    contracts = _ops()
     contract = contracts.get(args.op)
     if contract is None:
         raise CliError(f"OP: unknown op {args.op!r}; known ops: {', '.join(sorted(contracts))}")
@@ -591,6 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .core.settings import SettingsError, settings
 
     try:
+        _ops()  # settings name ops: the catalog first
         settings()  # a bad TOKENSPEED_KERNEL_* setting is bad input to every command
         code = args.func(args)
     except (CliError, SettingsError) as exc:

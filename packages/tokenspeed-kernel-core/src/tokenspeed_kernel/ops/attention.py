@@ -140,18 +140,20 @@ def _check_paged(
                 f"cache_seqlens: sequence {b} holds {int(lens[b])} tokens, fewer than its {int(q_lens[b])} queries "
                 "(cache_seqlens counts the new tokens too)"
             )
+    if pt.numel():
+        first, last = (int(x) for x in torch.aminmax(pt))
+        if first >= 0 and last < num_pages:
+            return  # every entry names a page: nothing to mask
+    # Entries past a sequence's pages are never read and may hold anything (padding).
     pages_used = (lens + (page_size - 1)) // page_size
     used = torch.arange(page_table.shape[1]).unsqueeze(0) < pages_used.unsqueeze(1)
-    ids = pt[used]
-    if ids.numel():
-        first, last = (int(x) for x in torch.aminmax(ids))
-        if first < 0 or last >= num_pages:
-            bad = used & ((pt < 0) | (pt >= num_pages))
-            b, col = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(
-                f"page_table: row {b} column {col} names page {int(pt[b, col])}, outside the cache's "
-                f"[0, {num_pages}) pages (k_cache.shape[0])"
-            )
+    bad = used & ((pt < 0) | (pt >= num_pages))
+    if bool(bad.any()):
+        b, col = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"page_table: row {b} column {col} names page {int(pt[b, col])}, outside the cache's "
+            f"[0, {num_pages}) pages (k_cache.shape[0])"
+        )
 
 
 def _traits(q, hkv, window_left, sinks, logit_cap, return_lse, **extra) -> dict[str, object]:
