@@ -235,3 +235,17 @@ def test_no_import_statement_on_the_hot_path():
                     if isinstance(n, (ast.Import, ast.ImportFrom)) and n is not fn
                 ]
     assert not found, found
+
+
+@pytest.mark.parametrize(
+    "alias,name", [("mha_prefill_with_kvcache", "mha_extend_with_kvcache"), ("moe_fused", "moe_apply")]
+)
+def test_aliases_of_the_upstream_readme_are_the_op_objects(alias, name):
+    """The upstream README's names: the same Op (one contract, one selection, one custom op), exported, documented."""
+    from tokenspeed_kernel import ops
+
+    assert getattr(tk, alias) is getattr(tk, name) is tk.get_contract(name)
+    assert alias in tk.__all__ and alias in ops.__all__
+    assert alias not in tk.all_contracts()  # the catalog holds each op once, under its name
+    assert getattr(tk, alias).name == name
+    assert f"Also exported as ``{alias}``" in getattr(tk, name).__doc__
