@@ -45,8 +45,8 @@ def _sizes(quick: bool) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """(set A, set B) of the swept size per op family."""
     if quick:
         return {"m": ((1, 64, 4096), (3, 96)), "tokens": ((1, 64, 4096), (3, 96))}
-    a = tuple(1 << p for p in range(0, 15, 2))  # 1, 4, 16, ..., 16384
-    b = (3, 48, 768, 12288)  # inside the buckets of 2, 32, 512 and 8192
+    a = (1, 16, 64, 256, 1024, 4096)
+    b = (3, 48, 768)  # inside the buckets of 2, 32 and 512
     return {"m": (a, b), "tokens": (a, b)}
 
 
