@@ -227,7 +227,7 @@ def test_mm_bf16_gpt_oss_gpu(m, n, k):
     assert_triton("mm", ("bf16",) * 3, {"bias": True}, a.device)
     y = tk.mm(a, b, bias)
     expected = a.float() @ b.float().T + bias.float()
-    torch.testing.assertassert_close(y.float(), expected, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(y.float(), expected, atol=2e-2, rtol=1e-2)
 
 
 def _weight_block128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,7 +280,7 @@ def test_mm_fp8_gpt_oss_gpu(m, ga, gb):
         f"{int((err > bound).sum())} results off; worst {err.flatten()[worst]:.3g} > {bound.flatten()[worst]:.3g}"
     )
     # and realistic magnitudes (|b| ~ 1/sqrt(K)), so the usual absolute check applies too
-    torch.testing.assertassert_close(y, ref, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(y, ref, atol=3e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
@@ -295,4 +295,4 @@ def test_mm_mxfp4_gpt_oss_gpu(m):
     assert_triton("mm", ("bf16", "mxfp4", "bf16"), {"bias": False}, a.device)
     y = tk.mm(a, blocks, b_scale=scales)
     ref = ref_gemm.mm(a, blocks, None, a_scale=None, b_scale=scales, out_dtype=torch.float32, out=None)
-    torch.testing.assertassert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)

@@ -87,4 +87,4 @@ def test_rmsnorm_gpt_oss_gpu(tokens, residual):
     if residual:
         assert torch.equal(got[1], want[1])
         got, want = got[0], want[0]
-    torch.testing.assertassert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)
