@@ -47,6 +47,8 @@ def test_registered_as_the_peer_for_gpt_oss_mxfp4_on_hopper_only():
         _candidates({**gpt_oss, "layout": "canonical"})[NAME].reason == f"trait layout='canonical' (supports {NAME!r})"
     )
     assert "activation='silu'" in _candidates({**gpt_oss, "activation": "silu", "clamp": False})[NAME].reason
+    # Its fused SwiGLU computes up + 1: another offset goes to a kernel that takes it.
+    assert _candidates({**gpt_oss, "up_offset": 0.5})[NAME].reason == "trait up_offset=0.5 (supports 1.0)"
     assert "formats x=fp16" in _candidates(gpt_oss, sig=("fp16", "mxfp4"))[NAME].reason
     sm100 = tk.make_platform("sm100")
     assert _candidates(gpt_oss, platform=sm100)[NAME].reason == "needs arch <= sm90, platform is sm100"

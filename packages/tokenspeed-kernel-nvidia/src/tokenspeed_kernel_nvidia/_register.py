@@ -123,6 +123,7 @@ def register_triton_kernels() -> None:
             "clamp": (False, True),
             "bias": (False, True),
             "gate_up_interleaved": (False, True),
+            "up_offset": (1.0,),
         },
         capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
         priority=Priority.PERFORMANT,

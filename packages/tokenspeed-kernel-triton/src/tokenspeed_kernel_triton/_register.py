@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from tokenspeed_kernel import Range, register_kernel
+from tokenspeed_kernel import ANY, Range, register_kernel
 
 from ._common import TRITON_CAPABILITY, TRITON_PRIORITY
 
@@ -57,7 +57,13 @@ def _attention_traits(*, causal: bool, paged: bool) -> dict[str, Any]:
 #: Expert weight formats the MoE GEMMs read in their canonical layout (no preprocessor).
 _MOE_WEIGHTS = ("bf16", "fp16", "fp8_e4m3:per_channel", "fp8_e4m3:per_tensor", "mxfp4")
 _MOE_X = ("bf16", "fp16")
-_EXPERT_TRAITS = {"activation": ("swiglu", "silu"), "clamp": _BOOL, "bias": _BOOL, "gate_up_interleaved": _BOOL}
+_EXPERT_TRAITS = {
+    "activation": ("swiglu", "silu"),
+    "clamp": _BOOL,
+    "bias": _BOOL,
+    "gate_up_interleaved": _BOOL,
+    "up_offset": ANY,  # a launch argument
+}
 
 _KERNELS = (
     # attention/

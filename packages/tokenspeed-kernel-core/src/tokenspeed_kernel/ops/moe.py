@@ -241,6 +241,9 @@ _MOE_TRAITS = {
     "clamp": TraitSpec(bool, default=False, doc="activation limit set"),
     "bias": TraitSpec(bool, default=False, doc="expert biases"),
     "gate_up_interleaved": TraitSpec(bool, default=False, doc="gate/up rows alternate"),
+    # A kernel whose activation fixes the offset (triton_kernels' fused SwiGLU computes up + 1)
+    # declares the values it computes; most take any (ANY).
+    "up_offset": TraitSpec(float, default=1.0, doc="added to up before the product (GPT-OSS: 1.0; silu: 0.0)"),
     # The weights' layout: "canonical", or the one a kernel's weight preprocessor writes
     # (set by the registry for such kernels). It belongs to the kernel, not to the call,
     # so measured tables compare kernels of every layout with each other.
@@ -250,7 +253,7 @@ _FLOAT = ("fp32", "bf16", "fp16")
 _REFERENCE = "tokenspeed_kernel.reference.moe"
 _CASES = "tokenspeed_kernel.numerics.cases.moe"
 _TOKENS = (Size("tokens", "T, the tokens routed"),)
-_ANY_MOE = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY}
+_ANY_MOE = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY, "up_offset": ANY}
 
 
 def _bind_moe_route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True) -> KernelCall:
@@ -354,6 +357,7 @@ def _weight_traits(weights: MoEWeights, activation: MoEActivation) -> dict[str, 
         "clamp": activation.limit is not None,
         "bias": weights.w13_bias is not None or weights.w2_bias is not None,
         "gate_up_interleaved": weights.gate_up_interleaved,
+        "up_offset": float(activation.up_offset),
         "layout": weights.layout,
     }
 

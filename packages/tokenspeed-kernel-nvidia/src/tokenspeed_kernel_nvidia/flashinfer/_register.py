@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tokenspeed_kernel import Capability, Priority, Range, register_kernel
+from tokenspeed_kernel import ANY, Capability, Priority, Range, register_kernel
 
 __all__ = ["HOPPER", "PRIORITY", "register"]
 
@@ -117,6 +117,7 @@ def register() -> None:
             "clamp": (False, True),
             "bias": (False, True),
             "gate_up_interleaved": (False, True),
+            "up_offset": ANY,  # SwigluBias' beta
         },
         impl=f"{_PKG}.moe:moe_apply",
         weight_preprocessor=f"{_PKG}.moe:preprocess_weights",
