@@ -11,6 +11,8 @@ from tokenspeed_kernel.core.registry import registry
 GPT_OSS = {"head_dim": 64, "gqa_group": 8, "sinks": True}
 SIG = ("bf16", "bf16")
 _KERNELS = ("triton.mha_decode_with_kvcache", "fa3.mha_decode_with_kvcache", "triton.mha_prefill", "fa3.mha_prefill")
+_MM = ("cublas.mm_bf16", "triton.mm")
+_MOE = ("triton.moe_apply", "triton_kernels.moe_apply")
 
 
 @pytest.fixture
@@ -23,7 +25,8 @@ def env(monkeypatch):
 
 
 def _ranked(op, traits, platform, **sizes) -> list[str]:
-    cands = tk.explain_selection(op, SIG, traits, sizes=sizes or None, platform=platform)
+    sig = ("bf16",) * len(tk.get_contract(op).roles)
+    cands = tk.explain_selection(op, sig, traits, sizes=sizes or None, platform=platform)
     return [c.name for c in cands if c.eligible]
 
 
@@ -35,11 +38,11 @@ def test_the_plugin_registers_its_h200_table_and_it_loads():
     assert measured.tables_for_device("NVIDIA H100 80GB HBM3") == []
     assert len(table) >= 3 and not table.notes
     assert all(s["device"] == "NVIDIA H200" and s["date"].startswith("2026-") for s in table.sources)
-    assert {e.op for e in table.entries} >= {"mha_prefill", "mha_decode_with_kvcache"}
+    assert {e.op for e in table.entries} == {"mm", "mha_prefill", "mha_decode_with_kvcache", "moe_apply"}
     assert all(min(e.scores.values()) == pytest.approx(1.0) for e in table.entries)
     assert all(e.buckets for e in table.entries)  # every group is per size bucket
-    # The table names kernels of other packages (it compares them) but core names none.
-    assert {k for e in table.entries for k in e.scores} <= set(_KERNELS)
+    # The table names kernels of other packages (it compares them); core names none.
+    assert {k for e in table.entries for k in e.scores} == {*_KERNELS, *_MM, *_MOE}
 
 
 @pytest.fixture
@@ -48,14 +51,16 @@ def measured_kernels(env):
     (this package's tests run without the Triton package; FA3 may be absent)."""
     tk.load_plugins()
     added = []
-    for name in _KERNELS:
+    for name in (*_KERNELS, *_MM, *_MOE):
         env.delitem(selection._broken, name, raising=False)  # a CPU selection elsewhere may have failed to load FA3
         if registry.get(name) is None:
-            op = name.split(".", 1)[1]
-            traits = {t: tk.ANY for t in tk.get_contract(op).traits}
+            op = name.split(".", 1)[1].removesuffix("_bf16")
+            contract = tk.get_contract(op)
+            traits = {t: tk.ANY for t in contract.traits}
             band = tk.Priority.PORTABLE if name.startswith("triton.") else tk.Priority.PERFORMANT + 10
-            tk.register_kernel(op, name=name, solution=name.split(".")[0], formats=[{"q": "bf16", "kv": "bf16"}],
-                               traits=traits, priority=band, impl=lambda *a, **k: None)  # fmt: skip
+            formats = [{role: ("bf16", "mxfp4") for role in contract.roles}]
+            tk.register_kernel(op, name=name, solution=name.split(".")[0], formats=formats, traits=traits,
+                               priority=band, impl=lambda *a, **k: None)  # fmt: skip
             added.append(name)
     yield
     for name in added:
@@ -82,3 +87,16 @@ def test_it_ranks_triton_for_decode_and_windowed_prefill_and_fa3_for_full_causal
     env.setenv("TOKENSPEED_KERNEL_ORACLE", "none")
     selection.reload_settings()
     assert _ranked("mha_prefill", {**GPT_OSS, "window": True}, h200, tokens=8192)[0] == "fa3.mha_prefill"
+
+
+def test_moe_plan_by_token_count_and_mm_follow_the_table(env, measured_kernels):
+    """Measured 2026-12-01: our Triton MoE wins at 1 token, triton_kernels from 2 tokens on; cuBLAS wins mm."""
+    h200 = tk.make_platform("sm90", device_name="NVIDIA H200")
+    moe = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "layout": tk.ANY}
+    first = {}
+    for tokens in (1, 64, 4096):
+        cands = tk.explain_selection("moe_apply", ("bf16", "mxfp4"), moe, sizes={"tokens": tokens}, platform=h200)
+        first[tokens] = next(c.name for c in cands if c.selected)
+    assert first == {1: "triton.moe_apply", 64: "triton_kernels.moe_apply", 4096: "triton_kernels.moe_apply"}
+    for m in (1, 64, 4096):
+        assert _ranked("mm", {"bias": True}, h200, m=m)[0] == "cublas.mm_bf16"

@@ -130,7 +130,8 @@ def register_triton_kernels() -> None:
         tags=("cuda_graph_safe",),
         impl="tokenspeed_kernel_nvidia.triton_kernels.moe:moe_apply",
         weight_preprocessor="tokenspeed_kernel_nvidia.triton_kernels.moe:preprocess_weights",
-        hardware_validated=False,
+        # GPU tests and bench on an H200: docs/benchmarks/h200-2026-12-01.
+        hardware_validated=True,
         peer=True,
         doc="OpenAI triton_kernels MXFP4 MoE (Hopper layouts, gather + fused SwiGLU, scatter + routing weights)",
     )
