@@ -179,6 +179,7 @@ def test_cli_writes_all_outputs(tmp_path, capsys):
     out = {ext: tmp_path / f"b.{ext}" for ext in ("json", "md", "png")}
     args = _parser().parse_args([
         "bench", "rmsnorm", "--shape", "tokens=4", "hidden=128", "--dtype", "fp32", "--peers", "--no-ceilings",
+        "--device", "cpu",  # the references the test reads run on a CPU (a GPU machine would default to cuda)
         "--warmup-ms", "1", "--rep-ms", "5", "--quiet",
         "--json", str(out["json"]), "--md", str(out["md"]), "--plot", str(out["png"]),
     ])  # fmt: skip
@@ -246,7 +247,7 @@ def test_cpu_ceilings_are_measured_and_positive():
 def test_top_level_cli_has_bench(tmp_path, capsys):
     cli = pytest.importorskip("tokenspeed_kernel.cli")
     out = tmp_path / "o.json"
-    argv = ["bench", "reference.silu_and_mul", "--shape", "tokens=2", "inter=8", "--dtype", "fp32", "--no-ceilings",
+    argv = ["bench", "reference.silu_and_mul", "--device", "cpu", "--shape", "tokens=2", "inter=8", "--dtype", "fp32", "--no-ceilings",
             "--quiet", "--warmup-ms", "1", "--rep-ms", "2", "--json", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
     [res] = json.loads(out.read_text())["results"]

@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.core.formats import fp8_granularity
+
 from ._host import arch_family
 from ._mxfp4 import E2M1_REBIAS, e2m1_word_planes, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
 
@@ -506,14 +508,20 @@ TRITON_KERNELS = {"mm": _mm_kernel, "mxfp4_gemv": _mxfp4_gemv_kernel, "split_k_r
 _REDUCE_BLOCK_N = 1024
 
 
-def _scale_mode(scale: torch.Tensor | None, rows: int) -> int:
+#: The core's FP8 scale granularities (the op's format) -> the kernel's scale mode.
+_SCALE_MODES = {
+    "per_tensor": SCALE_TENSOR,
+    "per_token": SCALE_ROW,
+    "per_channel": SCALE_ROW,
+    "block128": SCALE_BLOCK128,
+}
+
+
+def _scale_mode(scale: torch.Tensor | None, rows: int, cols: int, *, weight: bool) -> int:
+    """The kernel's scale mode of an FP8 operand ``[rows, cols]`` (one copy of the granularity rules: the core's)."""
     if scale is None:
         return SCALE_NONE
-    if scale.numel() == 1:
-        return SCALE_TENSOR
-    if scale.dim() == 2 and scale.shape[0] == rows and scale.shape[1] == 1:
-        return SCALE_ROW
-    return SCALE_BLOCK128
+    return _SCALE_MODES[fp8_granularity(scale, rows, cols, weight=weight, name="b_scale" if weight else "a_scale")]
 
 
 def _scale_strides(scale: torch.Tensor | None, mode: int) -> tuple[int, int]:
@@ -567,8 +575,8 @@ def operand_kind(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
     if b.dtype == torch.uint8:
         return "mxfp4"
     if a.dtype in _FP8:
-        m, n = a.shape[0], b.shape[0]
-        modes = (_scale_mode(a_scale, m), _scale_mode(b_scale, n))
+        (m, k), n = a.shape, b.shape[0]
+        modes = (_scale_mode(a_scale, m, k, weight=False), _scale_mode(b_scale, n, k, weight=True))
         return "fp8_block128" if SCALE_BLOCK128 in modes else "fp8"
     return "fp32" if a.dtype == torch.float32 else "16bit"
 
@@ -618,12 +626,12 @@ def mm_with_config(
             return _gemv(a, words, bias, b_scale, out, cfg)
         # unaligned codes: the table's MMA tile (of an explicit config, the same width)
         cfg = mm_config(kind, m, a.device, gemv=False) if config is None else replace(cfg, block_m=16, gemv=False)
-    a_mode = _scale_mode(a_scale, m)
+    a_mode = _scale_mode(a_scale, m, k, weight=False)
     if kind == "mxfp4":
         b_mode = SCALE_MXFP4_WORDS if words is not None else SCALE_MXFP4
         b = words if words is not None else b
     else:
-        b_mode = _scale_mode(b_scale, n)
+        b_mode = _scale_mode(b_scale, n, k, weight=True)
     a_scale_strides = _scale_strides(a_scale, a_mode)
     b_scale_strides = _scale_strides(b_scale, b_mode)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)

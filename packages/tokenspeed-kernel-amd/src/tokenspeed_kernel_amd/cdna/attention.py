@@ -38,10 +38,6 @@ from .arch import CdnaArch
 
 __all__ = ["mha_prefill", "mha_decode_with_kvcache", "prefill_launch", "decode_launch", "KernelLaunch"]
 
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
-
-
 # log2(e) and ln(2): the softmax runs in base 2 (exp2 is the native instruction).
 _LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 _LN2: gl.constexpr = gl.constexpr(0.6931471805599453)

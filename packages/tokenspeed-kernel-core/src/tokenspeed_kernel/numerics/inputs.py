@@ -8,7 +8,6 @@ on the target device: the same case and seed give the same tensors.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -175,8 +174,3 @@ def decode_e2m1(blocks: torch.Tensor) -> torch.Tensor:
 def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     """``uint8`` E8M0 -> float32 ``2**(s - 127)``."""
     return torch.exp2(scales.to(torch.float32) - 127.0)
-
-
-def normal_scale_for(fan_in: int) -> float:
-    """Std of a weight whose product with N(0, 1) inputs is O(1)."""
-    return 1.0 / math.sqrt(max(fan_in, 1))

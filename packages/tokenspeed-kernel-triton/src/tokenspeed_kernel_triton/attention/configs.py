@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .._host import arch_family
+
 __all__ = [
     "PREFILL_CONFIGS",
     "EXTEND_CONFIGS",
@@ -146,13 +148,6 @@ STORE_CONFIGS: dict[str, Config] = {
     "amd": {"elements_per_program": 2048, "num_warps": 4},  # not yet measured on hardware
     "interpret": {"elements_per_program": 4096, "num_warps": 4},
 }
-
-
-def arch_family(device: torch.device) -> str:
-    """``"nvidia"``, ``"amd"`` or ``"interpret"`` (CPU tensors run by Triton's interpreter)."""
-    if device.type != "cuda":
-        return "interpret"
-    return "amd" if torch.version.hip else "nvidia"
 
 
 def _by_head_dim(table: dict[int, Config], head_dim: int) -> Config:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed_kernel.core.platform import platform_for_device
+from .._host import arch_family
 
 __all__ = [
     "GemmConfig",
@@ -35,7 +35,6 @@ __all__ = [
     "GATHER_BLOCK",
     "COMBINE_BLOCK_H",
     "family_of",
-    "arch_family",
     "lookup",
     "apply_path",
     "gemm_config",
@@ -183,16 +182,9 @@ GROUPED_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig],
 }
 
 
-def arch_family(device_type: str, vendor: str) -> str:
-    """``"interpret"`` for CPU tensors, else the GPU vendor (``"nvidia"``/``"amd"``)."""
-    if device_type == "cpu":
-        return "interpret"
-    return "amd" if vendor == "amd" else "nvidia"
-
-
 def family_of(device: torch.device) -> str:
-    """The arch family of a torch device (platform detection is cached by the core)."""
-    return arch_family(device.type, platform_for_device(device).vendor)
+    """The arch family of a torch device: ``"nvidia"``, ``"amd"`` or ``"interpret"``."""
+    return arch_family(device)
 
 
 def lookup(rows: tuple[tuple[int | None, object], ...], size: int) -> object:
