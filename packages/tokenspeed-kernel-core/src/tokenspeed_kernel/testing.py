@@ -34,6 +34,7 @@ __all__ = [
     "AmdgcnStats",
     "amdgcn_stats",
     "installed_alone_problems",
+    "VENDOR_MODULES",
 ]
 
 #: Target name -> (backend, arch, warp size): every Triton kernel must compile for these (CI, no GPU).
@@ -146,44 +147,44 @@ def amdgcn_stats(asm: str) -> AmdgcnStats:
     )
 
 
-_VENDOR_MODULES = {
+#: Modules of the project's vendor packages and their libraries: a plugin installed alone must
+#: import none of the others' (a third-party plugin passes its own ``forbidden``).
+VENDOR_MODULES = {
     "triton": ("tokenspeed_kernel_triton",),
-    "nvidia": ("tokenspeed_kernel_nvidia", "flash_attn_interface", "flashinfer"),
+    "nvidia": ("tokenspeed_kernel_nvidia", "flash_attn_interface", "flashinfer", "triton_kernels"),
     "amd": ("tokenspeed_kernel_amd", "aiter"),
 }
-_DISTRIBUTIONS = {
-    "triton": "tokenspeed-kernel-triton",
-    "nvidia": "tokenspeed-kernel-nvidia",
-    "amd": "tokenspeed-kernel-amd",
-}
 
 
-def installed_alone_problems(plugin: str) -> list[str]:
+def installed_alone_problems(plugin: str, *, forbidden: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """Why this environment is not "core + ``plugin``'s wheel and nothing else" (empty: it is).
 
     Checks: only the core and ``plugin`` are discovered, every registered kernel
-    comes from one of them, no other vendor package or library was imported while
-    loading, and ``plugin``'s distribution was installed from a wheel (not editable).
+    comes from one of them, no module of ``forbidden`` (default: the project's other
+    vendor packages, :data:`VENDOR_MODULES`) was imported while loading, Triton only
+    by the ``triton`` plugin, and ``plugin``'s distribution (the one its entry point
+    belongs to) was installed from a wheel (not editable).
     """
     problems = []
     reports = plugin_reports()
     if set(reports) != {"core", plugin}:
         problems.append(f"plugins discovered: {sorted(reports)}, expected ['core', {plugin!r}]")
-    if reports.get(plugin) is None or reports[plugin].status != "loaded":
-        problems.append(f"plugin {plugin!r} did not load: {reports.get(plugin)}")
+    report = reports.get(plugin)
+    if report is None or report.status != "loaded":
+        problems.append(f"plugin {plugin!r} did not load: {report}")
     sources = {s.source for s in registry.all()}
     if not sources <= {"core", plugin}:
         problems.append(f"kernels registered by {sorted(sources - {'core', plugin})}")
-    for other, modules in _VENDOR_MODULES.items():
-        if other == plugin:
-            continue
+    others = forbidden if forbidden is not None else {k: v for k, v in VENDOR_MODULES.items() if k != plugin}
+    for other, modules in others.items():
         loaded = [m for m in modules if m in sys.modules]
         if loaded:
             problems.append(f"modules of {other!r} imported: {loaded}")
     if plugin != "triton" and "triton" in sys.modules:
         problems.append("triton was imported by loading the plugins")
-    dist = metadata.distribution(_DISTRIBUTIONS[plugin])
-    direct = dist.read_text("direct_url.json")
-    if direct and json.loads(direct).get("dir_info", {}).get("editable"):
-        problems.append(f"{dist.name} is an editable install, not a wheel")
+    if report is not None and report.distribution:
+        dist = metadata.distribution(report.distribution)
+        direct = dist.read_text("direct_url.json")
+        if direct and json.loads(direct).get("dir_info", {}).get("editable"):
+            problems.append(f"{dist.name} is an editable install, not a wheel")
     return problems
