@@ -252,3 +252,23 @@ def test_top_level_cli_has_bench(tmp_path, capsys):
     assert cli.main(argv) == 0
     [res] = json.loads(out.read_text())["results"]
     assert res["op"] == "silu_and_mul" and res["entries"][0]["median_us"] > 0
+
+
+def test_a_kernel_registered_as_peer_is_a_candidate_and_shown_as_the_peer():
+    """A wrapper of the library users would call instead (peer=True): timed and selectable like any
+    kernel, and marked as the peer in reports."""
+    ensure_loaded()
+    name = "libx.rmsnorm"
+    register_kernel("rmsnorm", name=name, solution="libx", impl=_slow_rmsnorm, formats=[{"x": "fp32"}],
+                    traits={"fused_residual": ANY}, priority=150, peer=True)  # fmt: skip
+    try:
+        report = bench("rmsnorm", cases=[_rmsnorm_case()], device="cpu", **FAST)
+        [res] = report.results
+        entry = res.entry(name)
+        assert entry.kind == "kernel" and entry.peer and entry.timing is not None
+        assert res.selected == name  # a candidate like any other (the highest band here)
+        assert report.to_json()["results"][0]["entries"][[e.name for e in res.entries].index(name)]["peer"] is True
+        header = next(ln for ln in markdown(report).splitlines() if ln.startswith("| shape"))
+        assert f"{name} (peer)" in header and "reference.rmsnorm |" in header
+    finally:
+        unregister_kernel(name)

@@ -74,11 +74,13 @@ def _ops(report: BenchReport) -> dict[str, list[CaseResult]]:
 
 
 def _columns(results: list[CaseResult]) -> list[tuple[str, str]]:
+    """(name, kind) per column; kind "peer" for external peers and for kernels registered with peer=True."""
     cols: list[tuple[str, str]] = []
     for r in results:
         for e in r.entries:
-            if (e.name, e.kind) not in cols:
-                cols.append((e.name, e.kind))
+            col = (e.name, "peer" if e.peer else e.kind)
+            if col not in cols:
+                cols.append(col)
     return sorted(cols, key=lambda c: (c[1] == "peer", cols.index(c)))
 
 
@@ -103,7 +105,10 @@ def markdown(report: BenchReport, *, command: str | None = None) -> str:
     )
     if command:
         lines.append(f"- command: `{command}`")
-    lines.append("- regret: the selected kernel's time over the fastest registered kernel's (peers excluded)")
+    lines.append(
+        "- regret: the selected kernel's time over the fastest registered kernel's (external peers excluded; "
+        "kernels marked (peer) wrap the library users would call instead and count as kernels)"
+    )
     if report.unavailable:
         lines.append("- not run here: " + "; ".join(f"{k} ({v})" for k, v in sorted(report.unavailable.items())))
     for op, results in _ops(report).items():
