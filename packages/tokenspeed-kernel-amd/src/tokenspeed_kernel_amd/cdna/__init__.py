@@ -12,7 +12,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .._triton import require_triton
 from .arch import CdnaArch
+
+# Every Gluon kernel module lives under this package: check Triton before any of them imports it.
+require_triton()
 
 __all__ = ["bind_arch"]
 
