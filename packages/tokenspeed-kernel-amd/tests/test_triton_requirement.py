@@ -56,6 +56,8 @@ def test_unsupported_versions_name_the_range(version):
 
 def test_supported_range_is_the_one_stated():
     assert SUPPORTED == ((3, 6), (3, 7))
+    # The README's install instructions state the range the check enforces.
+    assert f"`{RANGE}`" in (PYPROJECT.parent / "README.md").read_text()
 
 
 def _import_kernel_with(tmp_path, triton_init: str | None):
@@ -88,11 +90,13 @@ def test_too_old_triton_gives_the_clear_error_at_first_use(tmp_path):
     line = _import_kernel_with(tmp_path, "__version__ = '3.4.0'\n")
     assert line.startswith("TritonVersionError: ") and RANGE in line and "found 3.4.0" in line, line
     assert "pytorch-triton-rocm" in line
+    # Where the unsupported Triton was imported from (here the fake one shadowing any other).
+    assert f"imported from {tmp_path / 'site' / 'triton'};" in line
 
 
 def test_missing_triton_gives_the_clear_error_at_first_use(tmp_path):
     line = _import_kernel_with(tmp_path, None)
-    assert line.startswith("TritonVersionError: ") and RANGE in line and "none is importable" in line, line
+    assert line.startswith("TritonVersionError: ") and RANGE in line and "and none is importable" in line, line
 
 
 def test_selection_reports_the_error_and_skips_the_kernel(tmp_path):

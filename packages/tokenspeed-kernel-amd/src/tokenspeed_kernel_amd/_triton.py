@@ -11,6 +11,7 @@ missing or unsupported Triton gives an error naming the supported range.
 from __future__ import annotations
 
 import importlib
+import os
 from importlib import metadata
 
 __all__ = ["SUPPORTED", "TritonVersionError", "check_triton_version", "require_triton"]
@@ -30,22 +31,32 @@ class TritonVersionError(ImportError):
     """Triton is missing or outside :data:`SUPPORTED` (an ImportError: the kernel cannot load)."""
 
 
-def _distribution_of_triton() -> str:
-    names = metadata.packages_distributions().get("triton") or []
-    return ", ".join(sorted(set(names))) or "unknown distribution"
+def _where(module: object) -> str:
+    """The imported ``triton``'s folder and the distributions that claim the module name."""
+    names = ", ".join(sorted(set(metadata.packages_distributions().get("triton") or []))) or "no distribution"
+    return f"imported from {os.path.dirname(getattr(module, '__file__', '') or '?')}; installed: {names}"
 
 
-def check_triton_version(version: str, *, source: str = "triton") -> None:
-    """Raise :class:`TritonVersionError` unless ``version`` (e.g. ``"3.6.0+rocm7.0"``) is supported."""
+def _problem(version: str) -> str | None:
+    """Why ``version`` is not supported (None: it is)."""
     parts = version.split("+")[0].split(".")
     try:
         found = (int(parts[0]), int(parts[1]))
     except (IndexError, ValueError):
-        raise TritonVersionError(
-            f"tokenspeed-kernel-amd needs Triton {_RANGE}; cannot read the version {version!r} of {source}. {_HOW}"
-        ) from None
-    if not SUPPORTED[0] <= found < SUPPORTED[1]:
-        raise TritonVersionError(f"tokenspeed-kernel-amd needs Triton {_RANGE}, found {version} ({source}). {_HOW}")
+        return f"cannot read its version {version!r}"
+    return None if SUPPORTED[0] <= found < SUPPORTED[1] else f"found {version}"
+
+
+def _error(problem: str, source: str) -> TritonVersionError:
+    return TritonVersionError(f"tokenspeed-kernel-amd needs Triton {_RANGE}, {problem} ({source}). {_HOW}")
+
+
+def check_triton_version(version: str, *, source: str = "triton") -> None:
+    """Raise :class:`TritonVersionError` unless ``version`` (e.g. ``"3.6.0+rocm7.0"``) is supported;
+    ``source`` says in the message where that Triton comes from."""
+    problem = _problem(version)
+    if problem is not None:
+        raise _error(problem, source)
 
 
 def require_triton() -> None:
@@ -53,7 +64,7 @@ def require_triton() -> None:
     try:
         triton = importlib.import_module("triton")
     except ImportError as exc:
-        raise TritonVersionError(
-            f"tokenspeed-kernel-amd needs Triton {_RANGE}, and none is importable ({exc}). {_HOW}"
-        ) from exc
-    check_triton_version(str(getattr(triton, "__version__", "")), source=_distribution_of_triton())
+        raise _error("and none is importable", str(exc)) from exc
+    problem = _problem(str(getattr(triton, "__version__", "")))
+    if problem is not None:
+        raise _error(problem, _where(triton))
