@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenspeed_kernel_amd.cdna.attention import KernelLaunch
+from tokenspeed_kernel_amd._launch import KernelLaunch
 
 
 @pytest.fixture

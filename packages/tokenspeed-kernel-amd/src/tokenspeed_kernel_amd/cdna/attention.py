@@ -34,6 +34,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .._launch import KernelLaunch
 from .arch import CdnaArch
 
 __all__ = ["mha_prefill", "mha_decode_with_kvcache", "prefill_launch", "decode_launch", "KernelLaunch"]
@@ -488,21 +489,6 @@ def _decode_merge_kernel(
 
 # ---------------------------------------------------------------------------
 # Host side: launch plans (also used by the cross-compilation tests) and the ops
-
-
-class KernelLaunch:
-    """One kernel launch: the Gluon function, its grid, arguments and compile options."""
-
-    __slots__ = ("args", "fn", "grid", "kwargs")
-
-    def __init__(self, fn: Any, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
-        self.fn = fn
-        self.grid = grid
-        self.args = args
-        self.kwargs = kwargs
-
-    def __call__(self) -> None:
-        self.fn[self.grid](*self.args, **self.kwargs)
 
 
 #: Tile configuration by head dim: (BLOCK_M, BLOCK_N, num_warps). BLOCK_M = 128 rows of

@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .arch import CdnaArch
-from .attention import KernelLaunch
+from .._launch import KernelLaunch
 
 __all__ = ["rmsnorm", "rmsnorm_launch"]
 
