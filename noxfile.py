@@ -71,9 +71,12 @@ def nvidia(session: nox.Session) -> None:
 
 @nox.session
 def amd(session: nox.Session) -> None:
-    """Core + AMD package: Gluon cross-compilation to gfx942/gfx950, registration."""
+    """Core + AMD package: Gluon cross-compilation to gfx942/gfx950, registration; then the
+    MoE's portable Triton twin under TRITON_INTERPRET=1 (its own process: the variable must
+    be set before Triton compiles anything)."""
     _install(session, CORE, PACKAGES["amd"])
     session.run(*PYTEST, f"{PACKAGES['amd']}/tests", *session.posargs, env={"TOKENSPEED_INSTALL_ALONE": "amd"})
+    session.run(*PYTEST, f"{PACKAGES['amd']}/tests/interpreter", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(venv_backend="none")

@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from tokenspeed_kernel_amd._launch import KernelLaunch
+
+# Helper modules of this folder (_moe_ref) import by name, here and from tests/interpreter.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture

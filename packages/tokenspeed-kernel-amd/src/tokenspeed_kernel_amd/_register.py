@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from tokenspeed_kernel import Capability, Priority, Range, register_kernel
+from tokenspeed_kernel import ANY, Capability, Priority, Range, register_kernel
 
 __all__ = ["register", "GLUON_TARGETS"]
 
@@ -53,6 +53,21 @@ DECODE_TRAITS = {
     "return_lse": _BOTH,
 }
 _TAGS = ("deterministic", "cuda_graph_safe")
+#: What the MoE kernels compute: SwiGLU with any constants (silu is its alpha=1, no-limit,
+#: no-offset case), biases or not, either gate/up order (the preprocessor interleaves).
+MOE_TRAITS = {
+    "activation": ("swiglu", "silu"),
+    "clamp": _BOTH,
+    "bias": _BOTH,
+    "gate_up_interleaved": _BOTH,
+    "up_offset": ANY,
+    # One layout for both archs: a plan made on either serves the other.
+    "layout": "amd.cdna.mxfp4",
+}
+_MOE_DOC = {
+    "gfx950": "Gluon MXFP4 MoE for gfx950: decode path (routing fused, 2 launches) / ragged grouped GEMMs",
+    "gfx942": "Gluon MXFP4 MoE for gfx942: weights decoded to bf16 for the bf16 MFMA; decode / grouped paths",
+}
 
 
 def _register_gluon() -> None:
@@ -84,6 +99,20 @@ def _register_gluon() -> None:
             impl=f"{pkg}.attention:mha_decode_with_kvcache",
             hardware_validated=False,
             doc=f"Gluon split-KV paged decode for {t.arch} (MFMA 16x16, merge with sinks)",
+        )
+        register_kernel(
+            "moe_apply",
+            name=f"amd.{t.arch}.moe_apply",
+            solution="gluon",
+            formats=[{"x": ("bf16", "fp16"), "w": "mxfp4"}],
+            traits=MOE_TRAITS,
+            capability=attn_cap,
+            priority=Priority.PERFORMANT,
+            tags=_TAGS,
+            impl=f"{pkg}.moe:moe_apply",
+            weight_preprocessor=f"{pkg}.moe:preprocess_weights",
+            hardware_validated=False,
+            doc=_MOE_DOC[t.arch],
         )
         register_kernel(
             "rmsnorm",

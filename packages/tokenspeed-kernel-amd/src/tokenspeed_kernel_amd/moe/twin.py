@@ -56,8 +56,19 @@ def _mxfp4_rows(w_base, s_base, rows, row_ok, k0, stride_wn, stride_sn, K: tl.co
 
 @triton.jit
 def _to_fp8(v, scale):
-    """``v / scale`` rounded to E4M3 (saturating), returned as float32."""
-    return tl.clamp(v / scale, -_FP8_MAX, _FP8_MAX).to(tl.float8e4nv).to(tl.float32)
+    """``v / scale`` rounded to E4M3 (saturating, to nearest even), returned as float32.
+
+    The rounding is done in fp32 arithmetic before the cast, which is then exact: the
+    GPUs' conversions round to nearest even anyway, but Triton 3.6's interpreter
+    truncates, and the twin must compute the same values everywhere.
+    """
+    q = tl.clamp(v / scale, -_FP8_MAX, _FP8_MAX)
+    # E4M3 step at q's binade: 2^(e - 3), e >= -6 (the subnormal range shares the step 2^-9).
+    e = tl.maximum(((q.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    # Adding and subtracting 1.5 * 2^23 rounds |q / step| < 2^22 to an integer, ties to even.
+    r = ((q / step + 12582912.0) - 12582912.0) * step
+    return r.to(tl.float8e4nv).to(tl.float32)
 
 
 @triton.jit
