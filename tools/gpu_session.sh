@@ -6,14 +6,16 @@
 #         bench-triton-attention, bench-triton-moe, bench-triton-dense, gpt-oss, demo,
 #         tk-tests (triton_kernels wrapper GPU tests), selection (tools/selection_h200.py bench),
 #         selection-report (table + regret), e2e-selection (GPT-OSS-20B with and without the new table),
-#         tk-anchor (the triton_kernels MoE anchor, .anchors/tk_moe.py carried beside the checkout).
+#         tk-anchor (the triton_kernels MoE anchor, .anchors/tk_moe.py carried beside the checkout),
+#         amd-moe (the AMD MoE's portable twin: GPU tests, tools/bench_amd_moe_twin.py).
+# WHL_DIR: the folder of carried wheels (default .whl).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [ ! -f /tmp/site/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHL_DIR:-.whl}"/*.whl || exit 1
   export PYTHONPATH=/tmp/site
   for p in core triton nvidia amd; do
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site \
@@ -55,6 +57,10 @@ for stage in "$@"; do
         TOKENSPEED_KERNEL_ORACLE=$oracle python3 "$repo/tools/gpt_oss_throughput.py" --out "$OUT/e2e-$name" \
           --configs full ${E2E_ARGS:---prefill 8x2048 --decode-batches 1,64} 2>&1 | tail -12 || rc=1
       done ;;
+    amd-moe)
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-amd/tests/test_gpu_moe_twin.py" \
+        2>&1 | tee "$OUT/amd-moe-tests.log" | tail -15; s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1
+      python3 "$repo/tools/bench_amd_moe_twin.py" --out "$OUT" ${AMD_MOE_ARGS:-} 2>&1 | tee "$OUT/amd-moe-bench.log" | tail -12 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

@@ -9,6 +9,7 @@ first), as vLLM's ``torch_experts`` reference does.
 from __future__ import annotations
 
 import torch
+
 from tokenspeed_kernel.reference.moe import moe_route
 from tokenspeed_kernel.reference.quantization import mxfp4_to_float
 

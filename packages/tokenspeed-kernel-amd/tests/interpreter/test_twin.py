@@ -118,7 +118,9 @@ def test_vllm_calling_sequence():
     assert torch.equal(layer.w13_weight_triton_tensor, w13) and torch.equal(layer.w2_weight_triton_tensor, w2)
     assert torch.equal(layer.w13_precision_config.b_mx_scale, s13)
     assert layer.w13_weight_bias.dtype == torch.float32 and not layer.w13_weight_bias.any()
-    assert layer.w13_act_scale.tolist() == [pytest.approx(0.02)] and layer.w2_act_scale.tolist() == [pytest.approx(0.03)]
+    assert layer.w13_act_scale.tolist() == [pytest.approx(0.02)] and layer.w2_act_scale.tolist() == [
+        pytest.approx(0.03)
+    ]
     for dtype in (torch.bfloat16, torch.float16):
         x = torch.randn(4, 64, dtype=dtype) / 10
         logits = torch.randn(4, 4)

@@ -28,8 +28,6 @@ row that sees no key and has no sink.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -17,8 +17,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .arch import CdnaArch
 from .._launch import KernelLaunch
+from .arch import CdnaArch
 
 __all__ = ["rmsnorm", "rmsnorm_launch"]
 

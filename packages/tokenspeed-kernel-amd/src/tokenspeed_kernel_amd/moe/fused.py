@@ -132,7 +132,14 @@ def moe_launches(
     clamp = limit is not None
     limit_v = float(limit) if clamp else 0.0
     inter_dtype = torch.float8_e4m3fn if fp8 else x.dtype
-    w13, s13, w2, s2, b13, b2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias
+    w13, s13, w2, s2, b13, b2 = (
+        weights.w13,
+        weights.w13_scale,
+        weights.w2,
+        weights.w2_scale,
+        weights.w13_bias,
+        weights.w2_bias,
+    )
     has_bias = b13 is not None or b2 is not None
     if has_bias:
         b13 = b13 if b13 is not None else torch.zeros(w13.shape[:2], dtype=torch.float32, device=dev)

@@ -5,6 +5,7 @@ vLLM entry point, with the caller's routing and activations in their own dtype (
 from __future__ import annotations
 
 import torch
+
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from .fused import fused_moe

@@ -145,7 +145,8 @@ def build_schedule(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Sc
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).to(torch.int64)
     sorted_rows = torch.sort(flat, stable=True).indices.to(torch.int32)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add, not bincount: bincount sizes its output from the data (a host sync).
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
     offsets[1:] = torch.cumsum(counts, 0)
     tiles = (counts + block_m - 1) // block_m

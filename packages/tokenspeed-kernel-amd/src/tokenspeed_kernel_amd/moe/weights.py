@@ -90,7 +90,9 @@ def prepare_weights(
     _check("w2_scale", w2_scale, torch.uint8, (e, h, i // 32))
     if w13_bias is not None:
         if not w13_bias.is_floating_point() or tuple(w13_bias.shape) != (e, two_i):
-            raise ValueError(f"w13_bias: expected a float [E, 2I] = {[e, two_i]}, got {w13_bias.dtype} {list(w13_bias.shape)}")
+            raise ValueError(
+                f"w13_bias: expected a float [E, 2I] = {[e, two_i]}, got {w13_bias.dtype} {list(w13_bias.shape)}"
+            )
         w13_bias = w13_bias.to(torch.float32)
     if w2_bias is not None:
         if not w2_bias.is_floating_point() or tuple(w2_bias.shape) != (e, h):
