@@ -71,10 +71,11 @@ class MoeTiles:
     num_warps: int
 
 
-#: Decode path: a program owns ``block_n1`` columns of one (token, slot); with I = 2880
-#: that is 90 programs per slot, 360 for GPT-OSS's top-4 at one token: above the 256 CUs
-#: of an MI355X (and the 132 SMs of the H200 the twin is timed on).
-DECODE_TILES = MoeTiles("decode", 1, 32, 64, 128, 4)
+#: Decode path: a gate/up program owns ``block_n1`` columns of one (token, slot); with
+#: I = 2880 that is 90 programs per slot, 360 for GPT-OSS's top-4 at one token; a down
+#: program owns ``block_n2`` columns of one token (all k slots): 180 at one token. Both
+#: fill most of the 256 CUs of an MI355X (and the 132 SMs of the H200 the twin is timed on).
+DECODE_TILES = MoeTiles("decode", 1, 32, 16, 128, 4)
 
 #: Grouped path, by the mean rows per expert ``T * k / E`` (upper bound inclusive).
 GROUPED_TILES: tuple[tuple[float, MoeTiles], ...] = (
