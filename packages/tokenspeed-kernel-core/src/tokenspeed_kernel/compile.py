@@ -266,7 +266,12 @@ class _Bridge:
                     e = f"{type_text}(a{i}!) {name}"
                 entries.append(e)
         entries += ["str? solution", "str? override"]
-        returns = "()" if self.op.mutates else "Tensor[]"
+        # An op that writes in place returns nothing (kvcache_store) or one fresh tensor (gdn_decode's
+        # output): functionalization takes no list results from mutating ops.
+        if self.op.mutates:
+            returns = "Tensor" if self.op.mutating_result else "()"
+        else:
+            returns = "Tensor[]"
         return f"({', '.join(entries)}) -> {returns}"
 
     def encode(self, args: tuple, kwargs: dict) -> tuple:
@@ -295,14 +300,19 @@ class _Bridge:
     def real(self, *schema_args: Any) -> Any:
         kwargs, solution, override = self.decode(schema_args)
         result = self.op(**kwargs, solution=solution, override=override)
-        return None if self.op.mutates else _flatten(result)
+        return self._result(result)
 
     def fake(self, *schema_args: Any) -> Any:
         kwargs, _, _ = self.decode(schema_args)
         # As the op is called: positional parameters by position, keyword-only ones by name.
         positional = [kwargs.pop(p.name) for p in self.params if p.kind is not inspect.Parameter.KEYWORD_ONLY]
         result = self.op.fake(*positional, **kwargs)
-        return None if self.op.mutates else _flatten(result)
+        return self._result(result)
+
+    def _result(self, result: Any) -> Any:
+        if self.op.mutates:
+            return result.contiguous() if self.op.mutating_result else None
+        return _flatten(result)
 
 
 def _target(t: str | None) -> Target | None:
@@ -387,8 +397,8 @@ def schema_args(op: str, *args: Any, solution: Target | None = None, override: T
 
 
 def _finish(name: str, result: Any) -> Any:
-    if result is None:
-        return None
+    if result is None or isinstance(result, torch.Tensor):
+        return result
     cls = _RESULT_TYPES.get(name)
     if cls is not None:
         return cls(*result)

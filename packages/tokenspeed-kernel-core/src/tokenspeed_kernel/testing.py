@@ -151,7 +151,7 @@ def amdgcn_stats(asm: str) -> AmdgcnStats:
 #: import none of the others' (a third-party plugin passes its own ``forbidden``).
 VENDOR_MODULES = {
     "triton": ("tokenspeed_kernel_triton",),
-    "nvidia": ("tokenspeed_kernel_nvidia", "flash_attn_interface", "flashinfer", "triton_kernels"),
+    "nvidia": ("tokenspeed_kernel_nvidia", "flash_attn_interface", "flashinfer", "triton_kernels", "fla"),
     "amd": ("tokenspeed_kernel_amd", "aiter"),
 }
 

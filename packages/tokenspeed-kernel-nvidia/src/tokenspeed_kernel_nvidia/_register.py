@@ -144,6 +144,26 @@ def register_measurements() -> None:
         register_measured_table(data.joinpath(filename), device=device)
 
 
+def register_fla() -> None:
+    """flash-linear-attention's chunked gated delta rule (the peer of gdn_chunk_prefill), when installed."""
+    if importlib.util.find_spec("fla") is None:
+        return
+    register_kernel(
+        "gdn_chunk_prefill",
+        name="fla.gdn_chunk_prefill",
+        solution="fla",
+        formats=[{"x": ("bf16", "fp16", "fp32")}],
+        traits={"head_dim": (16, 32, 64, 128, 256), "head_dim_v": (16, 32, 64, 128, 256), "qk_l2norm": (False, True)},
+        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm80"),
+        priority=Priority.PERFORMANT,
+        # No tags: fla sizes its chunk grid from cu_seqlens on the host (not claimed graph-safe).
+        impl="tokenspeed_kernel_nvidia.fla.linear_attention:gdn_chunk_prefill",
+        hardware_validated=False,
+        peer=True,
+        doc="flash-linear-attention chunk_gated_delta_rule (beta rounded to q's dtype)",
+    )
+
+
 def register() -> None:
     from .flashinfer._register import register as register_flashinfer
 
@@ -151,4 +171,5 @@ def register() -> None:
     register_fa3()
     register_flashinfer()
     register_triton_kernels()
+    register_fla()
     register_measurements()

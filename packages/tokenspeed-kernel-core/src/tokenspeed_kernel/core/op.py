@@ -79,6 +79,8 @@ class Op(OpContract):
     workload: str
     #: arguments the op writes in place (declared to torch.compile).
     mutates: tuple[str, ...] = ()
+    #: an op that writes in place and also returns one new tensor (gdn_decode's output).
+    mutating_result: bool = False
 
     def __post_init__(self) -> None:
         sig = inspect.signature(self.bind)

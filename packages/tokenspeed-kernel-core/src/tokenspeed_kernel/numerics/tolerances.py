@@ -35,6 +35,11 @@ kind                    rtol / atol_rms           why
                                                   add ~2 ulp; floor 1e-4 for the natural-log units.
 ``softmax``             2**-16 / 0                router weights: fp32 softmax over <= 256 logits; summation
                                                   order moves the result by a few ulp per term.
+``recurrence``          2 eps(out) / 8 eps(op)    linear attention (gated delta rule): ``matmul``'s error plus the
+                                                  chunked forms' roundings of the corrected values and the
+                                                  decayed keys to the operand dtype before the state and output
+                                                  dots (tensor cores), which then propagate through the state
+                                                  from chunk to chunk (damped by the decay): twice matmul's.
 ``exact``               0 / 0                     integers, copies, permutations, and dequantisation (every
                                                   E2M1 x E8M0 value is exact in bf16/fp16/fp32 in range).
 ``quantized``           one code step, 0.1 %      FP8/E2M1 codes: ``x / scale`` and ``x * (1 / scale)``
@@ -113,8 +118,8 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
     """The tolerance of ``kind`` (see the module table) for outputs of ``dtype``.
 
     Args:
-        kind: ``elementwise``, ``matmul``, ``lse``, ``softmax``, ``exact``,
-            ``quantized`` or ``tokens``.
+        kind: ``elementwise``, ``matmul``, ``recurrence``, ``lse``, ``softmax``,
+            ``exact``, ``quantized`` or ``tokens``.
         dtype: the dtype the kernel computes in (its activation dtype; for
             ``lse`` the dtype of ``q``), a ``torch.dtype`` or a short name.
     """
@@ -134,6 +139,8 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
     if kind == "lse":
         lse_eps = EPS["tf32"] if name == "fp32" else eps32
         return Tolerance(kind, rtol=16 * eps32, atol_rms=8 * lse_eps, atol_floor=1e-4)
+    if kind == "recurrence":
+        return Tolerance(kind, rtol=2 * out_eps, atol_rms=8 * op_eps)
     if kind == "softmax":
         return Tolerance(kind, rtol=2.0**-16, atol_rms=0.0, atol_floor=1e-7)
     if kind == "exact":
@@ -143,5 +150,6 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
     if kind == "tokens":
         return Tolerance(kind, rtol=0.0, atol_rms=0.0, mismatch_fraction=TOKEN_MISMATCH_FRACTION)
     raise ValueError(
-        f"kind: unknown tolerance kind {kind!r}; expected elementwise, matmul, lse, softmax, exact, quantized or tokens"
+        f"kind: unknown tolerance kind {kind!r}; expected elementwise, matmul, recurrence, lse, softmax, exact, "
+        "quantized or tokens"
     )

@@ -13,6 +13,7 @@ from .attention import (
     mha_prefill_with_kvcache,
 )
 from .gemm import mm
+from .linear_attention import gdn_chunk_prefill, gdn_decode
 from .moe import (
     MoEActivation,
     MoEDispatchResult,
@@ -38,6 +39,8 @@ __all__ = [
     "mha_prefill_with_kvcache",
     "mha_decode_with_kvcache",
     "kvcache_store",
+    "gdn_chunk_prefill",
+    "gdn_decode",
     "moe_route",
     "moe_dispatch",
     "moe_experts",

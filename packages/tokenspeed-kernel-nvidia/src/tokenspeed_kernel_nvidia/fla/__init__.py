@@ -1,0 +1,1 @@
+"""flash-linear-attention (``fla``, PyPI ``fla-core``) as kernels of the linear-attention ops."""
