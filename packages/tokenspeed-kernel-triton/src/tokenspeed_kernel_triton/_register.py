@@ -131,6 +131,23 @@ _KERNELS = (
         _EXPERT_TRAITS,
         "Fused MoE layer: weight-streaming path for a few tokens, sorted grouped GEMMs above",
     ),
+    # linear attention (gated delta rule)
+    _Kernel(
+        "gdn_chunk_prefill",
+        "linear_attention:gdn_chunk_prefill",
+        [{"x": _FLOAT}],
+        {"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "qk_l2norm": _BOOL},
+        "Triton chunked gated delta rule: 64-token WY chunks, sequential fp32 state, varlen without host sync",
+        hardware_validated=False,
+    ),
+    _Kernel(
+        "gdn_decode",
+        "linear_attention:gdn_decode",
+        [{"x": _FLOAT}],
+        {"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "qk_l2norm": _BOOL},
+        "Triton gated-delta-rule decode step, fp32 state tile updated in place (state indices, padding rows)",
+        hardware_validated=False,
+    ),
     # dense ops, one module each
     _Kernel(
         "mm",
