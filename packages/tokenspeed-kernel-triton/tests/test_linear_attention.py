@@ -60,8 +60,9 @@ def test_gdn_chunk_prefill(device, dtype, lengths, heads, l2norm, states):
     (q, k, v, g, beta), gen = _inputs(sum(lengths), h, hv, dk, dv, dtype, device, sum(lengths) + hv)
     cu = _cu(lengths, device)
     init = (torch.randn((len(lengths), hv, dk, dv), generator=gen) * 0.1).to(device) if states else None
-    assert_triton("gdn_chunk_prefill", (DTYPE_NAMES[dtype],), {"head_dim": dk, "head_dim_v": dv, "qk_l2norm": l2norm},
-                  q.device)  # fmt: skip
+    if q.device.type == "cpu":  # on a GPU, other vendors' kernels (fla) may rank first: the call forces triton
+        assert_triton("gdn_chunk_prefill", (DTYPE_NAMES[dtype],),
+                      {"head_dim": dk, "head_dim_v": dv, "qk_l2norm": l2norm}, q.device)  # fmt: skip
     got = tk.gdn_chunk_prefill(q, k, v, g, beta, scale=0.3, initial_state=init, cu_seqlens=cu,
                                output_final_state=states, use_qk_l2norm=l2norm, solution="triton")  # fmt: skip
     o, final = got if states else (got, None)

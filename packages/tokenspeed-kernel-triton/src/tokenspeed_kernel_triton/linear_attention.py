@@ -25,8 +25,9 @@ prefill uses the chunked WY / UT form of ``tokenspeed_kernel.reference.linear_at
 
 With ``use_qk_l2norm`` the row norms ``rsqrt(sum x^2 + 1e-6)`` are computed in fp32 in every
 kernel that reads q or k and applied as fp32 row / column scalings of the products (the
-q/k tiles go to the tensor cores unmodified). fp32 inputs run the big products as TF32 on
-NVIDIA (the ``recurrence`` tolerance's operand precision for fp32).
+q/k tiles go to the tensor cores unmodified). fp32 inputs run the products as 3xTF32 on
+NVIDIA and IEEE fp32 on AMD (:func:`dot_mode`; plain TF32 missed the ``recurrence``
+tolerance on the H200 by 1.3-3.8x, as did flash-linear-attention's TF32 path).
 
 Varlen without a host sync: chunk ``c`` of sequence ``s`` has the global index
 ``chunk_first[s] + c`` (``chunk_first`` the exclusive prefix sum of ``cdiv(len, CHUNK)``,
@@ -154,10 +155,13 @@ def gdn_decode_config(batch: int, device: torch.device) -> GdnTile:
 
 @triton.jit
 def _mm(a, b, DOT_FP32: tl.constexpr):
-    """``a @ b`` in fp32 on the tensor cores. ``DOT_FP32`` upcasts first (Triton 3.6's
-    interpreter multiplies bf16 storage bits as integers; exact either way, bf16/fp16
-    products are exact in fp32)."""
-    if DOT_FP32:
+    """``a @ b`` in fp32 accumulation. ``DOT_FP32`` (see :data:`DOT_MODES`): 0 the operands'
+    own dtype on the tensor cores; 1 upcast to fp32 and IEEE products (Triton 3.6's
+    interpreter multiplies bf16 storage bits as integers; fp32 inputs on AMD); 2 fp32
+    inputs on NVIDIA: 3xTF32 on the tensor cores (fp32-accurate; IEEE FMAs spilled)."""
+    if DOT_FP32 == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
+    elif DOT_FP32 == 1:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b)
@@ -678,6 +682,21 @@ TRITON_KERNELS = {
 # -- host ---------------------------------------------------------------------------------
 
 
+#: ``DOT_FP32`` values of the prefill kernels (see ``_mm``).
+DOT_MODES = {"native": 0, "ieee": 1, "tf32x3": 2}
+
+
+def dot_mode(dtype: torch.dtype, device: torch.device) -> int:
+    """How the prefill kernels multiply: native dtype (bf16/fp16 on a GPU), IEEE fp32 (the
+    interpreter; fp32 on AMD), 3xTF32 (fp32 on NVIDIA: plain TF32 missed the ``recurrence``
+    tolerance on the H200 by 1.3-3.8x)."""
+    if device.type == "cpu":
+        return DOT_MODES["ieee"]
+    if dtype == torch.float32:
+        return DOT_MODES["ieee"] if torch.version.hip else DOT_MODES["tf32x3"]
+    return DOT_MODES["native"]
+
+
 def _chunk_first(cu_seqlens: torch.Tensor) -> torch.Tensor:
     """``int32 [B+1]``: exclusive prefix sum of each sequence's chunk count (device ops, no sync)."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
@@ -741,7 +760,7 @@ def gdn_chunk_prefill_with_config(
         return (o, final) if output_final_state else o
     cfg = config if config is not None else gdn_prefill_config(batch * hv, device)
     group = hv // h
-    dot_fp32 = device.type == "cpu"  # the interpreter (see _mm)
+    dot_fp32 = dot_mode(q.dtype, device)
     if varlen:
         cu = cu_seqlens
         cf = _chunk_first(cu_seqlens)
