@@ -73,6 +73,9 @@ for stage in "$@"; do
         --md "$OUT/bench-gdn_chunk_prefill.md" 2>&1 | tee "$OUT/bench-gdn_chunk_prefill.log" | tail -20 || rc=1
       timeout 100 python3 -m tokenspeed_kernel bench gdn_decode --peers --graph --no-ceilings --json "$OUT/bench-gdn_decode.json" \
         --md "$OUT/bench-gdn_decode.md" 2>&1 | tee "$OUT/bench-gdn_decode.log" | tail -20 || rc=1 ;;
+    gdn-tune)
+      timeout 150 python3 "$repo/tools/gdn_h200.py" probe --out "$OUT" 2>&1 | tee "$OUT/gdn-probe.log" | tail -6 || rc=1
+      timeout 260 python3 "$repo/tools/gdn_h200.py" sweep --out "$OUT" 2>&1 | tee "$OUT/gdn-sweep.log" | tail -60 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
