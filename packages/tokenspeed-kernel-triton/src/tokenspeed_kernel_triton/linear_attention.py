@@ -25,9 +25,9 @@ prefill uses the chunked WY / UT form of ``tokenspeed_kernel.reference.linear_at
 
 With ``use_qk_l2norm`` the row norms ``rsqrt(sum x^2 + 1e-6)`` are computed in fp32 in every
 kernel that reads q or k and applied as fp32 row / column scalings of the products (the
-q/k tiles go to the tensor cores unmodified). fp32 inputs run the products as 3xTF32 on
-NVIDIA and IEEE fp32 on AMD (:func:`dot_mode`; plain TF32 missed the ``recurrence``
-tolerance on the H200 by 1.3-3.8x, as did flash-linear-attention's TF32 path).
+q/k tiles go to the tensor cores unmodified). fp32 inputs run the products in IEEE fp32
+(:func:`dot_mode`; plain TF32 missed the ``recurrence`` tolerance on the H200 by 1.3-3.8x,
+as did flash-linear-attention's TF32 path).
 
 Varlen without a host sync: chunk ``c`` of sequence ``s`` has the global index
 ``chunk_first[s] + c`` (``chunk_first`` the exclusive prefix sum of ``cdiv(len, CHUNK)``,
@@ -96,7 +96,7 @@ class GdnPrefillConfig:
 
 
 # Prefill, by sequence-head pairs (B * HV): (largest pair count, config), the last row a
-# catch-all. UNTUNED on hardware (no GPU run yet); reasoned from the shapes and from the
+# catch-all. NVIDIA rows measured on the H200 (below); AMD rows not run, reasoned from the
 # sm90 / gfx942 cross-compiles (test_cross_compile_linear_attention: registers, spills).
 # - state kernel (the critical path: one dependent step per 64 tokens): Qwen3-Next at one
 #   sequence has only 32 pairs, so BV = 32 gives 128 programs for the 132 SMs (4 warps, 142
@@ -110,9 +110,13 @@ class GdnPrefillConfig:
 # AMD (not measured; 64-lane wavefronts, 64 KB of LDS on MI300X): 4 warps, half tiles in
 # the WY and output kernels, 2 stages in the state kernel.
 GDN_PREFILL_CONFIGS: dict[str, tuple[tuple[int | None, GdnPrefillConfig], ...]] = {
+    # H200 (tools/gdn_h200.py sweep, docs/benchmarks/h200-2026-12-01/gdn/call3-gdn_sweep.json): each
+    # kernel's tile varied with the others fixed at Qwen3-Next shapes (1x4096 .. 32x512 tokens);
+    # 4 warps in the WY and output kernels were the two largest gains (WY: 1762 -> 1340 us at
+    # 1x16384; output: 1762 -> 1628 us), the state tiles below were the best of six.
     "nvidia": (
-        (64, GdnPrefillConfig(wy=GdnTile(128, 8, 2), state=GdnTile(32, 4, 3), out=GdnTile(128, 8, 2))),
-        (None, GdnPrefillConfig(wy=GdnTile(128, 8, 2), state=GdnTile(64, 8, 2), out=GdnTile(128, 8, 2))),
+        (64, GdnPrefillConfig(wy=GdnTile(128, 4, 2), state=GdnTile(32, 4, 3), out=GdnTile(128, 4, 2))),
+        (None, GdnPrefillConfig(wy=GdnTile(128, 4, 2), state=GdnTile(64, 4, 2), out=GdnTile(128, 4, 2))),
     ),
     "amd": (
         (64, GdnPrefillConfig(wy=GdnTile(64, 4, 1), state=GdnTile(32, 4, 2), out=GdnTile(64, 4, 1))),
@@ -687,13 +691,14 @@ DOT_MODES = {"native": 0, "ieee": 1, "tf32x3": 2}
 
 
 def dot_mode(dtype: torch.dtype, device: torch.device) -> int:
-    """How the prefill kernels multiply: native dtype (bf16/fp16 on a GPU), IEEE fp32 (the
-    interpreter; fp32 on AMD), 3xTF32 (fp32 on NVIDIA: plain TF32 missed the ``recurrence``
-    tolerance on the H200 by 1.3-3.8x)."""
-    if device.type == "cpu":
+    """How the prefill kernels multiply: the operands' dtype on the tensor cores (bf16 / fp16
+    on a GPU), or IEEE fp32 (the interpreter, and fp32 inputs everywhere). On the H200 plain
+    TF32 missed the ``recurrence`` tolerance by 1.3-3.8x, and 3xTF32 faulted (an illegal
+    address at K = V = 16, T = 43: docs/benchmarks/h200-2026-12-01/gdn/); IEEE was within
+    1e-5 of the output's rms at every probed shape. It is the slow path (the sm90 build
+    spills), kept for callers who pass fp32 to get fp32 results."""
+    if device.type == "cpu" or dtype == torch.float32:
         return DOT_MODES["ieee"]
-    if dtype == torch.float32:
-        return DOT_MODES["ieee"] if torch.version.hip else DOT_MODES["tf32x3"]
     return DOT_MODES["native"]
 
 
