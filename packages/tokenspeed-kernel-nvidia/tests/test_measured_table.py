@@ -13,6 +13,7 @@ SIG = ("bf16", "bf16")
 _KERNELS = ("triton.mha_decode_with_kvcache", "fa3.mha_decode_with_kvcache", "triton.mha_prefill", "fa3.mha_prefill")
 _MM = ("cublas.mm_bf16", "triton.mm")
 _MOE = ("triton.moe_apply", "triton_kernels.moe_apply")
+_GDN = ("triton.gdn_chunk_prefill", "fla.gdn_chunk_prefill")
 
 
 @pytest.fixture
@@ -38,11 +39,17 @@ def test_the_plugin_registers_its_h200_table_and_it_loads():
     assert measured.tables_for_device("NVIDIA H100 80GB HBM3") == []
     assert len(table) >= 3 and not table.notes
     assert all(s["device"] == "NVIDIA H200" and s["date"].startswith("2026-") for s in table.sources)
-    assert {e.op for e in table.entries} == {"mm", "mha_prefill", "mha_decode_with_kvcache", "moe_apply"}
+    assert {e.op for e in table.entries} == {
+        "mm",
+        "mha_prefill",
+        "mha_decode_with_kvcache",
+        "moe_apply",
+        "gdn_chunk_prefill",
+    }
     assert all(min(e.scores.values()) == pytest.approx(1.0) for e in table.entries)
     assert all(e.buckets for e in table.entries)  # every group is per size bucket
     # The table names kernels of other packages (it compares them); core names none.
-    assert {k for e in table.entries for k in e.scores} == {*_KERNELS, *_MM, *_MOE}
+    assert {k for e in table.entries for k in e.scores} == {*_KERNELS, *_MM, *_MOE, *_GDN}
 
 
 @pytest.fixture
@@ -51,7 +58,7 @@ def measured_kernels(env):
     (this package's tests run without the Triton package; FA3 may be absent)."""
     tk.load_plugins()
     added = []
-    for name in (*_KERNELS, *_MM, *_MOE):
+    for name in (*_KERNELS, *_MM, *_MOE, *_GDN):
         env.delitem(selection._broken, name, raising=False)  # a CPU selection elsewhere may have failed to load FA3
         if registry.get(name) is None:
             op = name.split(".", 1)[1].removesuffix("_bf16")
@@ -100,3 +107,19 @@ def test_moe_plan_by_token_count_and_mm_follow_the_table(env, measured_kernels):
     assert first == {1: "triton.moe_apply", 64: "triton_kernels.moe_apply", 4096: "triton_kernels.moe_apply"}
     for m in (1, 64, 4096):
         assert _ranked("mm", {"bias": True}, h200, m=m)[0] == "cublas.mm_bf16"
+
+
+def test_gdn_prefill_follows_the_table(env, measured_kernels):
+    """Measured 2026-12-01 (docs/benchmarks/h200-2026-12-01/gdn/call4-bench-gdn_chunk_prefill.json): the
+    Triton gated delta rule is faster than flash-linear-attention at 4096 .. 16384 tokens; without the
+    table fla's band (PERFORMANT) would put it first."""
+    h200 = tk.make_platform("sm90", device_name="NVIDIA H200")
+    traits = {"head_dim": 128, "head_dim_v": 128, "qk_l2norm": True}
+    for tokens in (4096, 16384):
+        assert _ranked("gdn_chunk_prefill", traits, h200, tokens=tokens)[:2] == [
+            "triton.gdn_chunk_prefill",
+            "fla.gdn_chunk_prefill",
+        ]
+    env.setenv("TOKENSPEED_KERNEL_ORACLE", "none")
+    selection.reload_settings()
+    assert _ranked("gdn_chunk_prefill", traits, h200, tokens=16384)[0] == "fla.gdn_chunk_prefill"

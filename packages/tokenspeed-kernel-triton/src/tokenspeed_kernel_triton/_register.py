@@ -138,7 +138,7 @@ _KERNELS = (
         [{"x": _FLOAT}],
         {"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "qk_l2norm": _BOOL},
         "Triton chunked gated delta rule: 64-token WY chunks, sequential fp32 state, varlen without host sync",
-        hardware_validated=False,
+        # verify + GPU tests on an H200: docs/benchmarks/h200-2026-12-01/gdn/
     ),
     _Kernel(
         "gdn_decode",
@@ -146,7 +146,6 @@ _KERNELS = (
         [{"x": _FLOAT}],
         {"head_dim": HEAD_DIMS, "head_dim_v": HEAD_DIMS, "qk_l2norm": _BOOL},
         "Triton gated-delta-rule decode step, fp32 state tile updated in place (state indices, padding rows)",
-        hardware_validated=False,
     ),
     # dense ops, one module each
     _Kernel(

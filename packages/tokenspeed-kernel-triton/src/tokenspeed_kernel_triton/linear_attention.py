@@ -26,7 +26,7 @@ prefill uses the chunked WY / UT form of ``tokenspeed_kernel.reference.linear_at
 With ``use_qk_l2norm`` the row norms ``rsqrt(sum x^2 + 1e-6)`` are computed in fp32 in every
 kernel that reads q or k and applied as fp32 row / column scalings of the products (the
 q/k tiles go to the tensor cores unmodified). fp32 inputs run the products in IEEE fp32
-(:func:`dot_mode`; plain TF32 missed the ``recurrence`` tolerance on the H200 by 1.3-3.8x,
+(:func:`dot_mode`; plain TF32 missed the ``recurrence`` tolerance on the H200 by 1.1-4.7x,
 as did flash-linear-attention's TF32 path).
 
 Varlen without a host sync: chunk ``c`` of sequence ``s`` has the global index
@@ -693,7 +693,7 @@ DOT_MODES = {"native": 0, "ieee": 1, "tf32x3": 2}
 def dot_mode(dtype: torch.dtype, device: torch.device) -> int:
     """How the prefill kernels multiply: the operands' dtype on the tensor cores (bf16 / fp16
     on a GPU), or IEEE fp32 (the interpreter, and fp32 inputs everywhere). On the H200 plain
-    TF32 missed the ``recurrence`` tolerance by 1.3-3.8x, and 3xTF32 faulted (an illegal
+    TF32 missed the ``recurrence`` tolerance by 1.1-4.7x, and 3xTF32 faulted (an illegal
     address at K = V = 16, T = 43: docs/benchmarks/h200-2026-12-01/gdn/); IEEE was within
     1e-5 of the output's rms at every probed shape. It is the slow path (the sm90 build
     spills), kept for callers who pass fp32 to get fp32 results."""
