@@ -44,37 +44,48 @@ def _bounds(cu_seqlens: torch.Tensor | None, tokens: int) -> list[tuple[int, int
     return list(itertools.pairwise(c))
 
 
-def gdn_recurrent(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, use_qk_l2norm=False):
-    """Token by token: ``(o float32 [T, HV, V], final float32 [B, HV, K, V])``."""
-    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, use_qk_l2norm)
+def _step(s, qi, ki, vi, gi, bi, scale):
+    """One token on the states ``s [HV, K, V]``: ``(new states, o [HV, V])``."""
+    s = s * torch.exp(gi)[:, None, None]
+    u = bi[:, None] * (vi - torch.einsum("hkv,hk->hv", s, ki))
+    s = s + ki[:, :, None] * u[:, None, :]
+    return s, torch.einsum("hkv,hk->hv", s, qi * scale)
+
+
+def _per_sequence(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm, run):
+    """``run(s, lo, hi, inputs, o)`` over each sequence from its initial state (zeros without one),
+    writing ``o`` and returning the final state: ``(o float32 [T, HV, V], final float32 [B, HV, K, V])``."""
+    inputs = _prepare(q, k, v, g, beta, use_qk_l2norm)
+    qf, vf = inputs[0], inputs[2]
     t, hv, dv = vf.shape
-    dk = qf.shape[-1]
     bounds = _bounds(cu_seqlens, t)
     o = torch.zeros((t, hv, dv), dtype=torch.float32, device=v.device)
-    final = torch.zeros((len(bounds), hv, dk, dv), dtype=torch.float32, device=v.device)
+    final = torch.zeros((len(bounds), hv, qf.shape[-1], dv), dtype=torch.float32, device=v.device)
     for b, (lo, hi) in enumerate(bounds):
-        s = initial_state[b].float().clone() if initial_state is not None else final[b].clone()
-        for i in range(lo, hi):
-            s = s * torch.exp(gf[i])[:, None, None]
-            kv = torch.einsum("hkv,hk->hv", s, kf[i])
-            u = bf[i][:, None] * (vf[i] - kv)
-            s = s + kf[i][:, :, None] * u[:, None, :]
-            o[i] = torch.einsum("hkv,hk->hv", s, qf[i] * scale)
-        final[b] = s
+        s = initial_state[b].float().clone() if initial_state is not None else final[b].clone()  # [HV, K, V]
+        final[b] = run(s, lo, hi, inputs, o)
     return o, final
+
+
+def gdn_recurrent(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, use_qk_l2norm=False):
+    """Token by token: ``(o float32 [T, HV, V], final float32 [B, HV, K, V])``."""
+
+    def run(s, lo, hi, inputs, o):
+        qf, kf, vf, gf, bf = inputs
+        for i in range(lo, hi):
+            s, o[i] = _step(s, qf[i], kf[i], vf[i], gf[i], bf[i], scale)
+        return s
+
+    return _per_sequence(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm, run)
 
 
 def gdn_chunked(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
                 chunk_size=64):  # fmt: skip
     """The chunked (WY / UT) formulation of :func:`gdn_recurrent` (same results up to rounding)."""
-    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, use_qk_l2norm)
-    t, hv, dv = vf.shape
-    dk = qf.shape[-1]
-    bounds = _bounds(cu_seqlens, t)
-    o = torch.zeros((t, hv, dv), dtype=torch.float32, device=v.device)
-    final = torch.zeros((len(bounds), hv, dk, dv), dtype=torch.float32, device=v.device)
-    for b, (lo, hi) in enumerate(bounds):
-        s = initial_state[b].float().clone() if initial_state is not None else final[b].clone()  # [HV, K, V]
+
+    def run(s, lo, hi, inputs, o):
+        qf, kf, vf, gf, bf = inputs
+        hv, dev = vf.shape[1], vf.device
         for c0 in range(lo, hi, chunk_size):
             c1 = min(c0 + chunk_size, hi)
             qc, kc, vc = (x[c0:c1].transpose(0, 1) for x in (qf, kf, vf))  # [HV, C, *]
@@ -82,21 +93,22 @@ def gdn_chunked(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None,
             cg = torch.cumsum(gc, dim=-1)
             ratio = torch.exp(cg[:, :, None] - cg[:, None, :])  # Gam_i / Gam_j
             n = c1 - c0
-            lower = torch.tril(torch.ones(n, n, dtype=torch.bool, device=v.device), diagonal=-1)
+            lower = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev), diagonal=-1)
             a = torch.where(lower, bc[:, :, None] * ratio * (kc @ kc.transpose(1, 2)), 0.0)
-            eye = torch.eye(n, device=v.device).expand(hv, n, n)
+            eye = torch.eye(n, device=dev).expand(hv, n, n)
             tinv = torch.linalg.solve_triangular(eye + a, eye, upper=False)
             gam = torch.exp(cg)
             w = tinv @ (bc[:, :, None] * gam[:, :, None] * kc)
             u = tinv @ (bc[:, :, None] * vc) - w @ s
-            causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=v.device))
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev))
             attn = torch.where(causal, ratio * (qc @ kc.transpose(1, 2)), 0.0)
             oc = scale * (gam[:, :, None] * qc) @ s + scale * attn @ u
             o[c0:c1] = oc.transpose(0, 1)
             last = gam[:, -1]
             s = last[:, None, None] * s + kc.transpose(1, 2) @ (torch.exp(cg[:, -1:] - cg)[:, :, None] * u)
-        final[b] = s
-    return o, final
+        return s
+
+    return _per_sequence(q, k, v, g, beta, initial_state, cu_seqlens, use_qk_l2norm, run)
 
 
 def gdn_chunk_prefill(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None, output_final_state=False,
@@ -122,11 +134,7 @@ def gdn_decode(q, k, v, g, beta, state, *, scale, state_indices=None, use_qk_l2n
     for i, slot in enumerate(idx):
         if slot < 0:
             continue
-        s = state[slot] * torch.exp(gf[i])[:, None, None]
-        u = bf[i][:, None] * (vf[i] - torch.einsum("hkv,hk->hv", s, kf[i]))
-        s = s + kf[i][:, :, None] * u[:, None, :]
-        o[i] = torch.einsum("hkv,hk->hv", s, qf[i] * scale)
-        state[slot] = s
+        state[slot], o[i] = _step(state[slot], qf[i], kf[i], vf[i], gf[i], bf[i], scale)
     if out is not None:
         return out.copy_(o)
     return o.to(q.dtype)
