@@ -6,8 +6,10 @@ next to flash-linear-attention in the same process.
     python tools/gdn_h200.py sweep --out OUT   # full-op time per tile config, fla beside it
 
 probe: fp32 inputs through ``tokenspeed_kernel_triton.linear_attention`` with the dot mode
-forced (1 = IEEE fp32, 2 = 3xTF32), in a child process
-each (an illegal address poisons the CUDA context); reports the max error over the max of
+forced (0 = TF32 tensor cores, 1 = IEEE fp32; the 2026-12-01 run in
+docs/benchmarks/h200-2026-12-01/gdn/ also probed a 3xTF32 mode, removed after it faulted),
+in a child process each
+(an illegal address poisons the CUDA context); reports the max error over the max of
 the recurrence reference, or the crash.
 sweep: Qwen3-Next shapes (16 q/k heads, 32 value heads, K = V = 128, l2norm, bf16, final
 state); each kernel's tile varied with the other two at the table's, timed with
@@ -59,7 +61,7 @@ def _probe_one(mode: int, shape: tuple) -> dict:
 
 def probe(out: Path) -> None:
     results = []
-    for mode in (1, 2):
+    for mode in (0, 1):
         for shape in PROBES:
             code = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import gdn_h200 as m; print(json.dumps(m._probe_one({mode}, {shape!r})))"
             run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -159,13 +159,10 @@ def gdn_decode_config(batch: int, device: torch.device) -> GdnTile:
 
 @triton.jit
 def _mm(a, b, DOT_FP32: tl.constexpr):
-    """``a @ b`` in fp32 accumulation. ``DOT_FP32`` (see :data:`DOT_MODES`): 0 the operands'
-    own dtype on the tensor cores; 1 upcast to fp32 and IEEE products (Triton 3.6's
-    interpreter multiplies bf16 storage bits as integers; fp32 inputs on AMD); 2 fp32
-    inputs on NVIDIA: 3xTF32 on the tensor cores (fp32-accurate; IEEE FMAs spilled)."""
-    if DOT_FP32 == 2:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32x3")
-    elif DOT_FP32 == 1:
+    """``a @ b`` in fp32 accumulation. ``DOT_FP32`` (see :func:`dot_mode`): 0 the operands'
+    own dtype on the tensor cores; 1 upcast to fp32 and IEEE products (fp32 inputs, and
+    Triton 3.6's interpreter, which multiplies bf16 storage bits as integers)."""
+    if DOT_FP32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b)
@@ -687,7 +684,7 @@ TRITON_KERNELS = {
 
 
 #: ``DOT_FP32`` values of the prefill kernels (see ``_mm``).
-DOT_MODES = {"native": 0, "ieee": 1, "tf32x3": 2}
+DOT_MODES = {"native": 0, "ieee": 1}
 
 
 def dot_mode(dtype: torch.dtype, device: torch.device) -> int:
