@@ -22,7 +22,7 @@ the k slots in slot order, and every reduction has a fixed shape.
 
 Arguments and grids are those of the portable Triton twin
 (:mod:`tokenspeed_kernel_amd.moe.twin`, the specification) plus the arch constexprs of
-:func:`.moe_common.arch_constexprs`; only ``SCALED_MFMA`` is read (it selects the E2M1
+:func:`.moe_common.decode_constexprs`: ``SCALED_MFMA`` (it selects the E2M1
 decode, see :func:`_decode_e2m1`). The products are the twin's, only the summation order
 differs. These kernels have been cross-compiled for gfx950 and gfx942 but have NOT run on
 AMD hardware (none was available).
@@ -173,7 +173,7 @@ def decode_gate_up(
     NUM_EXPERTS: gl.constexpr, EXPERTS_P2: gl.constexpr, TOP_K: gl.constexpr, HIDDEN: gl.constexpr,
     INTER: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, INTERLEAVED: gl.constexpr,
     HAS_BIAS: gl.constexpr, ACT_FP8: gl.constexpr, CLAMP: gl.constexpr, ROUTE: gl.constexpr, NUM_WARPS: gl.constexpr,
-    SCALED_MFMA: gl.constexpr, MFMA_VERSION: gl.constexpr, K_WIDTH: gl.constexpr, ASYNC_COPY: gl.constexpr,
+    SCALED_MFMA: gl.constexpr,
 ):  # fmt: skip
     """Program (token * k + slot, N block): route the token (``ROUTE``; else read its
     expert from ``ids``), then ``BLOCK_N`` columns of ``swiglu(x @ W13[e].T + b13[e])``
@@ -254,7 +254,7 @@ def decode_down(
     stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ot,
     TOP_K: gl.constexpr, HIDDEN: gl.constexpr, INTER: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     HAS_BIAS: gl.constexpr, ACT_FP8: gl.constexpr, NUM_WARPS: gl.constexpr,
-    SCALED_MFMA: gl.constexpr, MFMA_VERSION: gl.constexpr, K_WIDTH: gl.constexpr, ASYNC_COPY: gl.constexpr,
+    SCALED_MFMA: gl.constexpr,
 ):  # fmt: skip
     """Program (token, N block): ``sum_s w[t,s] * (h[t,s] @ W2[e_s].T + b2[e_s])`` for
     ``BLOCK_N`` output columns, slots summed in order (deterministic)."""

@@ -2,7 +2,7 @@
 
 Same arguments, grids, tiles and results as the portable twin
 (:func:`tokenspeed_kernel_amd.moe.twin.grouped_gate_up` / ``grouped_down``, minus
-``DOT_FP32``), plus the arch constexprs of :func:`.moe_common.arch_constexprs`.
+``DOT_FP32``), plus the arch constexprs of :func:`.moe_common.grouped_constexprs`.
 A program owns one (tile, N block): ``BLOCK_M`` dispatched rows of one expert
 (``sorted_rows[start:end]``, token order) times ``BLOCK_N`` output columns.
 

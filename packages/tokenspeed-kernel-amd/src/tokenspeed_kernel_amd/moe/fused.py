@@ -32,15 +32,15 @@ __all__ = ["KernelSet", "TARGETS", "kernel_set", "resolve_target", "moe_launches
 
 @dataclass(frozen=True)
 class KernelSet:
-    """The four kernels of one target and the constexprs only that target takes
-    (``constexprs`` for every kernel, ``grouped_constexprs`` for the grouped GEMMs)."""
+    """The four kernels of one target and the constexprs only that target's kernels take
+    (``decode_constexprs`` for the two decode kernels, ``grouped_constexprs`` for the grouped GEMMs)."""
 
     name: str
     decode_gate_up: Any
     decode_down: Any
     grouped_gate_up: Any
     grouped_down: Any
-    constexprs: tuple[tuple[str, Any], ...] = ()
+    decode_constexprs: tuple[tuple[str, Any], ...] = ()
     grouped_constexprs: tuple[tuple[str, Any], ...] = ()
 
 
@@ -60,13 +60,14 @@ def kernel_set(target: str) -> KernelSet:
         )  # fmt: skip
     if target in ("gfx950", "gfx942"):
         from ..cdna.arch import ARCHS
-        from ..cdna.moe_common import arch_constexprs
+        from ..cdna.moe_common import decode_constexprs, grouped_constexprs
 
         dec = importlib.import_module("tokenspeed_kernel_amd.cdna.moe_decode")
         grp = importlib.import_module("tokenspeed_kernel_amd.cdna.moe_grouped")
         return KernelSet(
             target, dec.decode_gate_up, dec.decode_down, grp.grouped_gate_up, grp.grouped_down,
-            constexprs=arch_constexprs(ARCHS[target]),
+            decode_constexprs=decode_constexprs(ARCHS[target]),
+            grouped_constexprs=grouped_constexprs(ARCHS[target]),
         )  # fmt: skip
     raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
 
@@ -146,12 +147,12 @@ def moe_launches(
         b2 = b2 if b2 is not None else torch.zeros(w2.shape[:2], dtype=torch.float32, device=dev)
     w13_strides = (w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), b13.stride(0) if has_bias else 0)
     w2_strides = (w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0) if has_bias else 0)
-    extra = dict(kernels.constexprs)
-    common = dict(HAS_BIAS=has_bias, ACT_FP8=fp8, NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps, **extra)
+    common = dict(HAS_BIAS=has_bias, ACT_FP8=fp8, NUM_WARPS=tiles.num_warps, num_warps=tiles.num_warps)
     k = top_k
     inter_buf = torch.empty((tokens * k, inter), dtype=inter_dtype, device=dev)
 
     if tiles.path == "decode":
+        decode = dict(kernels.decode_constexprs)
         if topk is None:
             ids = torch.empty((tokens, k), dtype=torch.int32, device=dev)
             wts = torch.empty((tokens, k), dtype=torch.float32, device=dev)
@@ -165,12 +166,13 @@ def moe_launches(
              float(alpha), limit_v, float(beta)),
             dict(NUM_EXPERTS=e, EXPERTS_P2=triton_next_pow2(e), TOP_K=k, HIDDEN=hidden, INTER=inter,
                  BLOCK_N=tiles.block_n1, BLOCK_K=tiles.block_k, INTERLEAVED=weights.interleaved, CLAMP=clamp,
-                 ROUTE=topk is None, **common),
+                 ROUTE=topk is None, **common, **decode),
         )  # fmt: skip
         down = KernelLaunch(
             kernels.decode_down, (tokens, _cdiv(hidden, tiles.block_n2)),
             (inter_buf, ids, wts, w2, s2, b2, a2, out, *w2_strides, out.stride(0)),
-            dict(TOP_K=k, HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n2, BLOCK_K=tiles.block_k, **common),
+            dict(TOP_K=k, HIDDEN=hidden, INTER=inter, BLOCK_N=tiles.block_n2, BLOCK_K=tiles.block_k, **common,
+                 **decode),
         )  # fmt: skip
         return [gate_up, down], lambda: out
 
