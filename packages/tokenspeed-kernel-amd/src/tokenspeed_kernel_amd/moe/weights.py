@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MxfpMoeWeights", "prepare_weights", "interleave_gate_up"]
+from tokenspeed_kernel.ops.moe import interleave_gate_up
+
+__all__ = ["MxfpMoeWeights", "prepare_weights"]
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,6 @@ def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...
         raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
-
-
-def interleave_gate_up(t: torch.Tensor, inter: int) -> torch.Tensor:
-    """Rows ``[gate_0 .. gate_{I-1}, up_0 .. up_{I-1}]`` (dim 1) -> ``[gate_0, up_0, gate_1, ...]``."""
-    gate, up = t[:, :inter], t[:, inter:]
-    return torch.stack((gate, up), dim=2).flatten(1, 2)
 
 
 def prepare_weights(

@@ -54,6 +54,7 @@ __all__ = [
     "moe_plan",
     "moe_process_weights",
     "WEIGHT_FORMATS",
+    "interleave_gate_up",
 ]
 
 #: Expert weight formats (the ``w`` role).
@@ -86,6 +87,14 @@ class MoEActivation:
     @classmethod
     def silu(cls) -> MoEActivation:
         return cls(kind="silu", alpha=1.0, limit=None, up_offset=0.0)
+
+
+def interleave_gate_up(rows: torch.Tensor, inter: int) -> torch.Tensor:
+    """Rows ``[gate_0 .. gate_{I-1}, up_0 .. up_{I-1}]`` along dim 1 -> ``[gate_0, up_0, gate_1, ...]``
+    (``gate_up_interleaved``): the layout change weight preprocessors make for kernels that read
+    gate/up pairs. Works for weights, scales (``[E, 2I, *]``) and biases (``[E, 2I]``); a new tensor."""
+    gate, up = rows[:, :inter], rows[:, inter:]
+    return torch.stack((gate, up), dim=2).flatten(1, 2)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import threading
 
 import torch
 
-from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
+from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights, interleave_gate_up
 
 from ._compat import import_triton_kernels
 
@@ -61,12 +61,6 @@ def _to_hopper(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor,
     return w.storage.data, s.storage.data
 
 
-def _interleave(rows: torch.Tensor, inter: int) -> torch.Tensor:
-    """``[gate; up]`` rows (dim 1) -> gate/up pairs, the order the fused SwiGLU reads."""
-    gate, up = rows[:, :inter], rows[:, inter:]
-    return torch.stack((gate, up), dim=2).flatten(1, 2)
-
-
 def preprocess_weights(weights: MoEWeights) -> MoEWeights:
     """Canonical MXFP4 weights -> this kernel's layout (new tensors; the input is not modified)."""
     if weights.format != "mxfp4":
@@ -75,8 +69,8 @@ def preprocess_weights(weights: MoEWeights) -> MoEWeights:
     inter, hidden = two_i // 2, weights.hidden
     w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
     if not weights.gate_up_interleaved:
-        w13, s13 = _interleave(w13, inter), _interleave(s13, inter)
-        b13 = None if b13 is None else _interleave(b13[..., None], inter)[..., 0]
+        w13, s13 = interleave_gate_up(w13, inter), interleave_gate_up(s13, inter)
+        b13 = None if b13 is None else interleave_gate_up(b13, inter)
     w13_data, s13_data = _to_hopper(w13.contiguous(), s13.contiguous())
     w2_data, s2_data = _to_hopper(weights.w2.contiguous(), weights.w2_scale.contiguous())
     return MoEWeights(
