@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KernelLaunch"]
+__all__ = ["KernelLaunch", "next_pow2"]
 
 
 class KernelLaunch:
@@ -24,3 +24,8 @@ class KernelLaunch:
 
     def __repr__(self) -> str:
         return f"KernelLaunch({getattr(self.fn, '__name__', self.fn)}, grid={self.grid})"
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for ``n <= 1``): block sizes of ``arange``."""
+    return 1 << max(0, (int(n) - 1).bit_length())

@@ -32,7 +32,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .._launch import KernelLaunch
+from .._launch import KernelLaunch, next_pow2
 from .arch import CdnaArch
 
 __all__ = ["mha_prefill", "mha_decode_with_kvcache", "prefill_launch", "decode_launch", "KernelLaunch"]
@@ -500,10 +500,6 @@ _DECODE_PROGRAMS_PER_CU = 2
 _DECODE_MAX_SPLITS = 64
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _lds_copy_ok(arch: CdnaArch, *tensors: torch.Tensor) -> bool:
     """Whether the direct-to-LDS copies can be used for tiles of ``tensors``.
 
@@ -648,7 +644,7 @@ def decode_launch(
     batch, hq, d = q.shape
     _, page_size, hkv, _ = k_cache.shape
     group = hq // hkv
-    block_m = max(16, _next_pow2(group))
+    block_m = max(16, next_pow2(group))
     if page_size % _DECODE_BLOCK_N == 0:
         kv_mode = KV_ONE_PAGE.value
     elif max(k_cache.numel(), v_cache.numel()) * k_cache.element_size() < 2**31:
@@ -671,7 +667,7 @@ def decode_launch(
     if num_splits > 1:
         merge_args = (part_out, part_lse, sinks, out, lse, out.stride(0), out.stride(1), hq)
         merge_kwargs = dict(
-            HEAD_DIM=d, NUM_SPLITS=num_splits, SPLITS_P2=_next_pow2(num_splits), HAS_SINKS=sinks is not None,
+            HEAD_DIM=d, NUM_SPLITS=num_splits, SPLITS_P2=next_pow2(num_splits), HAS_SINKS=sinks is not None,
             RETURN_LSE=lse is not None, NUM_WARPS=1, num_warps=1,
         )  # fmt: skip
         launches.append(KernelLaunch(_decode_merge_kernel, (batch, hq), merge_args, merge_kwargs))

@@ -52,6 +52,7 @@ def _to_fp8(v, scale):
 
 @gluon.constexpr_function
 def _next_pow2(n):
+    # In-kernel twin of _launch.next_pow2: a jitted function may not reference plain Python functions.
     return 1 << max(0, (int(n) - 1).bit_length())
 
 

@@ -17,7 +17,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .._launch import KernelLaunch
+from .._launch import KernelLaunch, next_pow2
 from .arch import CdnaArch
 
 __all__ = ["rmsnorm", "rmsnorm_launch"]
@@ -87,10 +87,6 @@ def _rows(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def rmsnorm_launch(
     x2: torch.Tensor,
     weight: torch.Tensor,
@@ -103,7 +99,7 @@ def rmsnorm_launch(
     rows, n = x2.shape
     vec = 16 // x2.element_size()
     if n <= _SINGLE_PASS_MAX:
-        block, chunks = max(64, _next_pow2(n)), 1
+        block, chunks = max(64, next_pow2(n)), 1
     else:
         block, chunks = _CHUNK, -(-n // _CHUNK)
     vec = min(vec, block // 64)

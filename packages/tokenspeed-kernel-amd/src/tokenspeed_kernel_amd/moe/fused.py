@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._launch import KernelLaunch
+from .._launch import KernelLaunch, next_pow2
 from .schedule import MoeTiles, build_schedule, choose_tiles, max_tiles, route
 from .weights import MxfpMoeWeights
 
@@ -164,7 +164,7 @@ def moe_launches(
             kernels.decode_gate_up, (tokens * k, _cdiv(inter, tiles.block_n1)),
             (x, logits, w13, s13, b13, a1, a2, ids, wts, inter_buf, x.stride(0), stride_lt, *w13_strides,
              float(alpha), limit_v, float(beta)),
-            dict(NUM_EXPERTS=e, EXPERTS_P2=triton_next_pow2(e), TOP_K=k, HIDDEN=hidden, INTER=inter,
+            dict(NUM_EXPERTS=e, EXPERTS_P2=next_pow2(e), TOP_K=k, HIDDEN=hidden, INTER=inter,
                  BLOCK_N=tiles.block_n1, BLOCK_K=tiles.block_k, INTERLEAVED=weights.interleaved, CLAMP=clamp,
                  ROUTE=topk is None, **common, **decode),
         )  # fmt: skip
@@ -201,10 +201,6 @@ def moe_launches(
         return out.copy_(y.view(tokens, k, hidden).sum(dim=1))
 
     return [gate_up, down], finish
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def fused_moe(
