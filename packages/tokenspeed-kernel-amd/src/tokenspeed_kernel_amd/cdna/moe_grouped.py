@@ -538,7 +538,10 @@ def grouped_gate_up(
             u_rows = n_w + INTER
         w_base = w_ptr + expert.to(gl.int64) * stride_we
         s_base = s_ptr + expert.to(gl.int64) * stride_se
-        a1 = gl.load(a1_ptr)
+        if ACT_FP8:
+            a1 = gl.load(a1_ptr)
+        else:
+            a1 = 1.0  # no FP8 activations: the host passes no scale
         if SCALED:
             acc_g, acc_u = _gemm_scaled(x_base, x_rows, w_base, s_base, g_rows, u_rows, a1, stride_wn, stride_sn,
                                         HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K, True, NUM_WARPS, MFMA_VERSION)  # fmt: skip
@@ -596,7 +599,10 @@ def grouped_down(
                          HIDDEN - 1)  # fmt: skip
         w_base = w_ptr + expert.to(gl.int64) * stride_we
         s_base = s_ptr + expert.to(gl.int64) * stride_se
-        a2 = gl.load(a2_ptr)
+        if ACT_FP8:
+            a2 = gl.load(a2_ptr)
+        else:
+            a2 = 1.0  # no FP8 activations: the host passes no scale
         if SCALED:
             acc, _unused = _gemm_scaled(h_base, h_rows, w_base, s_base, n_w, n_w, a2, stride_wn, stride_sn, INTER,
                                         BLOCK_M, BLOCK_N, BLOCK_K, False, NUM_WARPS, MFMA_VERSION)  # fmt: skip

@@ -128,7 +128,8 @@ def moe_launches(
     e, inter = weights.num_experts, weights.inter
     dev = x.device
     fp8 = act_scales is not None
-    a1, a2 = act_scales if fp8 else (torch.ones(1, dtype=torch.float32, device=dev),) * 2
+    # Without FP8 activations the kernels read no scale: nothing to allocate per call.
+    a1, a2 = act_scales if fp8 else (None, None)
     alpha, limit, beta = swiglu
     clamp = limit is not None
     limit_v = float(limit) if clamp else 0.0

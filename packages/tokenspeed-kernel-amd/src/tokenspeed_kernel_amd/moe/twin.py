@@ -130,7 +130,10 @@ def decode_gate_up(
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     s_base = s_ptr + expert.to(tl.int64) * stride_se
     x_row = x_ptr + t.to(tl.int64) * stride_xt
-    a1 = tl.load(a1_ptr)
+    if ACT_FP8:
+        a1 = tl.load(a1_ptr)
+    else:
+        a1 = 1.0  # no FP8 activations: the host passes no scale
     acc_g = tl.zeros([BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
@@ -166,7 +169,10 @@ def decode_down(
     t = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < HIDDEN
-    a2 = tl.load(a2_ptr)
+    if ACT_FP8:
+        a2 = tl.load(a2_ptr)
+    else:
+        a2 = 1.0  # no FP8 activations: the host passes no scale
     out = tl.zeros([BLOCK_N], tl.float32)
     for s in tl.static_range(TOP_K):
         pair = t * TOP_K + s
@@ -218,7 +224,10 @@ def grouped_gate_up(
         g_rows, u_rows = _gate_up_rows(n, INTERLEAVED, INTER)
         w_base = w_ptr + expert.to(tl.int64) * stride_we
         s_base = s_ptr + expert.to(tl.int64) * stride_se
-        a1 = tl.load(a1_ptr)
+        if ACT_FP8:
+            a1 = tl.load(a1_ptr)
+        else:
+            a1 = 1.0  # no FP8 activations: the host passes no scale
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, HIDDEN, BLOCK_K):
