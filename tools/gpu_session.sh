@@ -8,7 +8,8 @@
 #         selection-report (table + regret), e2e-selection (GPT-OSS-20B with and without the new table),
 #         tk-anchor (the triton_kernels MoE anchor, .anchors/tk_moe.py carried beside the checkout),
 #         amd-moe (the AMD MoE's portable twin: GPU tests, tools/bench_amd_moe_twin.py),
-#         gdn (linear attention: GPU tests, verify of the Triton kernels, bench of both ops with fla).
+#         gdn (linear attention: GPU tests, verify of the Triton kernels, bench of both ops with fla),
+#         hopper-moe (hopper.moe_apply: GPU tests, tools/hopper_moe_h200.py $HOPPER_ARGS).
 # WHL_DIR: the folder of carried wheels (default .whl).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
 set -uo pipefail
@@ -76,6 +77,11 @@ for stage in "$@"; do
     gdn-tune)
       timeout 150 python3 "$repo/tools/gdn_h200.py" probe --out "$OUT" 2>&1 | tee "$OUT/gdn-probe.log" | tail -6 || rc=1
       timeout 260 python3 "$repo/tools/gdn_h200.py" sweep --out "$OUT" 2>&1 | tee "$OUT/gdn-sweep.log" | tail -60 || rc=1 ;;
+    hopper-moe)
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe.py" \
+        2>&1 | tee "$OUT/gpu-tests-hopper-moe.log" | tail -15
+      s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1
+      python3 "$repo/tools/hopper_moe_h200.py" --out "$OUT" ${HOPPER_ARGS:-} 2>&1 | tee "$OUT/hopper_moe.log" | tail -60 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

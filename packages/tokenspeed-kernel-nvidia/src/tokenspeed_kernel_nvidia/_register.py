@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from importlib.resources import files
 
-from tokenspeed_kernel import Capability, Priority, Range, register_kernel, register_measured_table
+from tokenspeed_kernel import ANY, Capability, Priority, Range, register_kernel, register_measured_table
 
 #: Measured tables shipped for NVIDIA devices (device-name substring -> file in data/), built with
 #: ``tokenspeed-kernel oracle build`` from the reports under docs/benchmarks/ (see each table's sources).
@@ -137,6 +137,40 @@ def register_triton_kernels() -> None:
     )
 
 
+#: Largest token count the Hopper decode MoE is offered for (its expert scan holds every pair's id;
+#: size ranges cover whole power-of-two buckets).
+HOPPER_MOE_MAX_TOKENS = 255
+
+
+def register_hopper() -> None:
+    """In-tree Hopper kernels (Gluon, :mod:`tokenspeed_kernel_nvidia.hopper`): need only triton."""
+    if importlib.util.find_spec("triton") is None:
+        return
+    register_kernel(
+        "moe_apply",
+        name="hopper.moe_apply",
+        solution="hopper",
+        # bf16 activations only: the weights are decoded to bf16 for bf16 MMAs.
+        formats=[{"x": "bf16", "w": "mxfp4"}],
+        traits={
+            "activation": ("swiglu", "silu"),
+            "clamp": (False, True),
+            "bias": (False, True),
+            "gate_up_interleaved": (False, True),
+            "up_offset": ANY,  # a launch argument
+        },
+        # The decode path: a few tokens per expert (above, the grouped GEMMs of other kernels).
+        sizes={"tokens": Range(1, HOPPER_MOE_MAX_TOKENS)},
+        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
+        priority=Priority.PERFORMANT,
+        # No atomics: the k slots are summed in slot order.
+        tags=("cuda_graph_safe", "deterministic"),
+        impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply",
+        hardware_validated=False,
+        doc="Hopper MXFP4 MoE decode (Gluon): weights decoded in registers into mma.sync, canonical layout",
+    )
+
+
 def register_measurements() -> None:
     """The measured tables of this package's devices (read on the first selection on such a device)."""
     data = files("tokenspeed_kernel_nvidia").joinpath("data")
@@ -173,5 +207,6 @@ def register() -> None:
     register_fa3()
     register_flashinfer()
     register_triton_kernels()
+    register_hopper()
     register_fla()
     register_measurements()

@@ -1,0 +1,316 @@
+"""Gluon decode kernels of the MXFP4 MoE for Hopper (sm90): weights as the MMA's M side.
+
+At a few tokens per expert both GEMMs of a GPT-OSS expert stream E2M1 weights (half a
+byte a value plus an E8M0 scale per 32) for very few FLOPs, so what bounds them is the
+memory system and the instructions spent decoding each value. These kernels read the
+canonical layout (``w [E, N, K/2]``, ``scale [E, N, K/32]``, no weight preprocessing)
+and keep every decoded value in registers:
+
+- **Weights are the A operand of ``mma.sync.m16n8k16`` (bf16, fp32 accumulation); the
+  tokens of one expert are its N side** (8 or 16 columns). A lane loads 16 contiguous
+  bytes of a weight row per 128-value K block: exactly one MX block (32 codes, one scale).
+- **Decode by bit placement, two values per 32-bit operation.** Codes ``j`` and
+  ``j + 4`` of a 32-bit word sit 16 bits apart, so two shifts and a masked merge place
+  both into one bf16x2 register as ``E2M1 * 2**-126`` (code 1 is the bf16 subnormal
+  ``2**-127``); one ``mul.rn.bf16x2`` by the block's scale ``2**(s - 1)`` then gives the
+  exact value ``E2M1 * 2**(s - 127)`` (``TWO_STEP``: ``2**126`` then ``2**(s - 127)``,
+  for scale bytes above 128 whose ``2**(s - 1)`` is not a bf16). About two instructions
+  a value; no lookup table, no conversion instruction.
+- **K is permuted consistently on both operands.** A bf16x2 register of the MMA holds
+  two consecutive K positions of the instruction; here they are canonical K ``k`` and
+  ``k + 4`` of a lane's MX block. The activations are loaded with the same permutation
+  (64 contiguous bytes a lane, rearranged in registers), so the products and their sum
+  are those of the canonical order: a dot product does not depend on the order of its
+  terms, only the fp32 accumulation order changes.
+- **No shared memory.** The decoded tiles go from the load through the decode to the
+  MMA operand layout in registers (the reshapes below are register relabelings, no data
+  moves between lanes); the compiled kernel allocates no shared memory (a CI test).
+
+:func:`moe_decode_gemm` serves both GEMMs. Program (pair ``p``, N tile): it works only if
+``p`` is the first (token, slot) pair routed to its expert ``e``; it then gathers every
+pair of ``e`` (``TOKENS`` at a time) and computes
+
+- gate/up (``GATE_UP``): ``inter[pair, j] = swiglu(x[token] @ W13[e].T + b13[e])`` for the
+  tile's ``BLOCK_M / 2`` intermediate features (gate and up rows of a feature sit in one
+  thread: rows ``r`` and ``r + 8`` of the MMA tile);
+- down: ``y[pair, n] = w[pair] * (inter[pair] @ W2[e].T + b2[e])`` (fp32), summed over the
+  k slots afterwards in slot order by :func:`combine_slots` (deterministic).
+
+Every weight byte of a touched expert is loaded once per N tile; pairs of one expert
+share the decode. The weight stream is software-pipelined two K blocks ahead.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+__all__ = ["moe_decode_gemm", "combine_slots", "MAX_PAIRS"]
+
+#: The expert scan holds every pair's expert id in registers: the decode path's limit.
+MAX_PAIRS = 1024
+
+# bf16 bit masks of the placed E2M1 codes (two bf16 halves of a 32-bit word).
+_MAG: gl.constexpr = gl.constexpr(0x01C001C0)  # exponent/mantissa bits -> bf16 bits 6..8 (and 22..24)
+_SGN: gl.constexpr = gl.constexpr(0x80008000)  # sign -> bf16 bit 15 (and 31)
+_TWO_126_X2: gl.constexpr = gl.constexpr(0x7E807E80)  # bf16x2 (2**126, 2**126)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _bf16x2_mul(a, b):
+    """Elementwise ``mul.rn.bf16x2`` of two uint32 tensors holding bf16 pairs."""
+    return gl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=gl.uint32,
+                                     is_pure=True, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _halves(r):
+    """uint32 bf16x2 -> ``[..., 2]`` bf16 (low half first)."""
+    lo = r.to(gl.uint16).to(gl.bfloat16, bitcast=True)
+    hi = (r >> 16).to(gl.uint16).to(gl.bfloat16, bitcast=True)
+    return gl.join(lo, hi)
+
+
+@gluon.jit
+def _scale_x2(sc, TWO_STEP: gl.constexpr):
+    """E8M0 bytes -> uint32 bf16x2 factors: ``2**(s - 1)`` (the decode's ``2**-126`` folded in),
+    or ``2**(s - 127)`` when ``TWO_STEP`` (code 0: the bf16 subnormal ``2**-127``)."""
+    s = sc.to(gl.uint32)
+    if TWO_STEP:
+        b = gl.where(s == 0, 0x40, s << 7)
+    else:
+        b = (s + 126) << 7
+    return b | (b << 16)
+
+
+@gluon.jit
+def _decode_a(words, sc, BLOCK_M: gl.constexpr, W: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr,
+              TWO_STEP: gl.constexpr):  # fmt: skip
+    """Packed codes ``uint32 [BLOCK_M, 4, W]`` (row, lane q of the row's 4 lanes, word) and
+    their scale bytes ``[BLOCK_M, 4]`` -> the MMA's A operand ``bf16 [BLOCK_M, 32 W]`` in ``AL``.
+
+    Lane q's word ``w`` holds canonical K ``8 w .. 8 w + 7`` of its block (``32 q`` / ``8 W q``
+    from the K block's start); plane ``p`` pairs codes ``p`` and ``p + 4``. The MMA K index of
+    (q, w, p = p0 + 2 p1, half i) is ``16 (2 w + p1) + 8 p0 + 2 q + i``.
+    """
+    f = gl.broadcast(_scale_x2(sc, TWO_STEP)[:, :, None], words)[0]
+    r0 = ((words << 6) & _MAG) | ((words << 12) & _SGN)
+    r1 = ((words << 2) & _MAG) | ((words << 8) & _SGN)
+    r2 = ((words >> 2) & _MAG) | ((words << 4) & _SGN)
+    r3 = ((words >> 6) & _MAG) | (words & _SGN)
+    if TWO_STEP:
+        two126 = gl.full(words.shape, _TWO_126_X2, gl.uint32, words.type.layout)
+        r0 = _bf16x2_mul(r0, two126)
+        r1 = _bf16x2_mul(r1, two126)
+        r2 = _bf16x2_mul(r2, two126)
+        r3 = _bf16x2_mul(r3, two126)
+    r0 = _bf16x2_mul(r0, f)
+    r1 = _bf16x2_mul(r1, f)
+    r2 = _bf16x2_mul(r2, f)
+    r3 = _bf16x2_mul(r3, f)
+    # [M, q, W, i, p0, p1] -> [M, W, p1, p0, q, i] -> [M, 32 W]
+    v = gl.join(gl.join(_halves(r0), _halves(r1)), gl.join(_halves(r2), _halves(r3)))
+    v = gl.reshape(gl.permute(v, [0, 2, 5, 4, 1, 3]), [BLOCK_M, 32 * W])
+    # Rows: the load put row t = ((rep * 2 + h) * WARPS + w) * 8 + r at lane r of warp w;
+    # the MMA wants row ((rep * WARPS + w) * 2 + h) * 8 + r there.
+    v = gl.reshape(v, [BLOCK_M // (16 * WARPS), 2, WARPS, 8, 32 * W])
+    v = gl.reshape(gl.permute(v, [0, 2, 1, 3, 4]), [BLOCK_M, 32 * W])
+    return gl.convert_layout(v, AL)
+
+
+@gluon.jit
+def _arrange_b(xv, TOKENS: gl.constexpr, W: gl.constexpr, BL: gl.constexpr):
+    """Activations ``bf16 [TOKENS, 4, 8 W]`` (token, lane q, canonical K of q's block) -> the
+    MMA's B operand ``[32 W, TOKENS]`` in ``BL``, K permuted as :func:`_decode_a`."""
+    # canonical 8 w + 4 i + 2 p1 + p0: [n, q, w, i, p1, p0] -> [w, p1, p0, q, i, n]
+    v = gl.reshape(xv, [TOKENS, 4, W, 2, 2, 2])
+    v = gl.reshape(gl.permute(v, [2, 4, 5, 1, 3, 0]), [32 * W, TOKENS])
+    return gl.convert_layout(v, BL)
+
+
+@gluon.jit
+def _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk, live,
+                K: gl.constexpr, SROW: gl.constexpr, W: gl.constexpr, LW: gl.constexpr, LX: gl.constexpr):  # fmt: skip
+    """K block ``blk`` (128 values, or the 64-value tail when ``W`` = 2): weight words
+    ``[BLOCK_M, 4, W]``, scale bytes ``[BLOCK_M, 4]`` and activations ``[TOKENS, 4, 8 W]``;
+    everything masked off unless ``live``."""
+    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
+    wi = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+    # Row bytes K / 2 = 4 * (K / 8) words; a block is 16 words (W = 4) or the 8-word tail.
+    w_off = w_rows[:, None, None] * (K // 8) + (blk * 16 + q * W)[None, :, None] + wi[None, None, :]
+    words = gl.load(w_base + w_off, mask=w_ok[:, None, None] & live, other=0)
+    SL: gl.constexpr = gl.SliceLayout(2, LW)
+    qs = gl.arange(0, 4, layout=gl.SliceLayout(0, SL))
+    # Lane q's MX block: K block blk holds blocks 4 blk .. 4 blk + 3 (the tail: 2 blocks, 2 lanes each).
+    s_off = w_rows[:, None] * SROW + (blk * 4 + qs * W // 4)[None, :]
+    sc = gl.load(s_base + s_off, mask=w_ok[:, None] & live, other=127)
+    qx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
+    jx = gl.arange(0, 8 * W, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
+    x_off = a_rows[:, None, None] * stride_a + (blk * 128 + qx * (8 * W))[None, :, None] + jx[None, None, :]
+    xv = gl.load(a_ptr + x_off, mask=a_ok[:, None, None] & live, other=0.0)
+    return words, sc, xv
+
+
+@gluon.jit
+def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
+                 K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
+                 WARPS: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+    """``W[w_rows, :K] @ A[a_rows, :K].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout, rows in the
+    MMA's order: see :func:`_decode_a`)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+    AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    BL: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    LW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
+    LX: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    LWT: gl.constexpr = gl.BlockedLayout([1, 1, 2], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
+    LXT: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    NB: gl.constexpr = K // 128
+    acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
+    # Two K blocks in flight ahead of the one being decoded.
+    w0, s0, x0 = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 0, NB > 0, K, SROW, 4, LW, LX)
+    w1, s1, x1 = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 1, NB > 1, K, SROW, 4, LW, LX)
+    for blk in range(NB):
+        w2, s2, x2 = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 2, blk + 2 < NB,
+                                 K, SROW, 4, LW, LX)  # fmt: skip
+        a = _decode_a(w0, s0, BLOCK_M, 4, WARPS, AL, TWO_STEP)
+        b = _arrange_b(x0, TOKENS, 4, BL)
+        acc = gl.nvidia.ampere.mma_v2(a, b, acc)
+        w0, s0, x0 = w1, s1, x1
+        w1, s1, x1 = w2, s2, x2
+    if K % 128 != 0:
+        # The 64-value tail (K is a multiple of 64): 8 bytes a lane, two lanes an MX block.
+        wt_rows = gl.convert_layout(w_rows, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
+        wt_ok = gl.convert_layout(w_ok, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
+        at_rows = gl.convert_layout(a_rows, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
+        at_ok = gl.convert_layout(a_ok, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
+        wt, st, xt = _load_block(w_base, s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, True,
+                                 K, SROW, 2, LWT, LXT)  # fmt: skip
+        a = _decode_a(wt, st, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+        b = _arrange_b(xt, TOKENS, 2, BL)
+        acc = gl.nvidia.ampere.mma_v2(a, b, acc)
+    return acc
+
+
+@gluon.jit
+def moe_decode_gemm(
+    a_ptr, stride_a, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y,
+    num_pairs, alpha, limit, up_offset,
+    K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
+    GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
+    BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, TWO_STEP: gl.constexpr,
+):  # fmt: skip
+    """One GEMM of the decode path; see the module docstring.
+
+    ``a``: ``x [T, K]`` (gate/up: row = pair // TOP_K) or ``inter [pairs, K]`` (down: row =
+    pair), bf16. ``w``: uint8 ``[E, N, K / 2]`` codes (``stride_we`` in bytes), ``s``: uint8
+    ``[E, N, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, N]`` bias
+    (any float dtype). ``y``: ``inter [pairs, N / 2]`` bf16 (gate/up) or ``[pairs, N]``
+    fp32 (down, times ``tw[pair]``).
+    """
+    pair = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    # -- the expert of this pair, and whether this program is its first pair --------------
+    LP: gl.constexpr = gl.BlockedLayout([1, TOKENS], [32, 1], [WARPS, 1], [1, 0])
+    idx = gl.arange(0, PAIRS_P2, layout=gl.SliceLayout(1, LP))
+    ids = gl.load(ids_ptr + idx, mask=idx < num_pairs, other=-1)
+    e = gl.load(ids_ptr + pair)
+    same = ids == e
+    first = gl.min(gl.where(same, idx, PAIRS_P2), axis=0)
+    if first == pair:
+        count = gl.sum(same.to(gl.int32), axis=0)
+        # The scan needs a plain blocked layout (Triton 3.6 does not lower it on a slice).
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        rank = gl.associative_scan(gl.convert_layout(same.to(gl.int32), L1), 0, _add) - 1
+        rank = gl.convert_layout(rank, gl.SliceLayout(1, LP))
+        w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
+        s_base = s_ptr + e.to(gl.int64) * stride_se
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
+        LW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
+        LX: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+        # Weight rows of the tile, as loaded: t = ((rep * 2 + h) * WARPS + w) * 8 + r holds MMA
+        # row m = ((rep * WARPS + w) * 2 + h) * 8 + r.
+        t = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
+        r = t % 8
+        wp = (t // 8) % WARPS
+        h = (t // (8 * WARPS)) % 2
+        rep = t // (16 * WARPS)
+        if GATE_UP:
+            # MMA rows m and m + 8 (one thread) are the gate and up rows of feature j.
+            j = pid_n * (BLOCK_M // 2) + (rep * WARPS + wp) * 8 + r
+            if INTERLEAVED:
+                w_rows = 2 * j + h
+            else:
+                w_rows = h * (N // 2) + j
+            w_ok = j < N // 2
+        else:
+            w_rows = pid_n * BLOCK_M + ((rep * WARPS + wp) * 2 + h) * 8 + r
+            w_ok = w_rows < N
+        slots = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, LP))
+        for chunk in range(0, count, TOKENS):
+            # The pairs of expert e ranked chunk .. chunk + TOKENS (pair order).
+            pick = same[:, None] & (rank[:, None] == (chunk + slots)[None, :])
+            members = gl.sum(gl.where(pick, idx[:, None], 0), axis=0)
+            live = (chunk + slots) < count
+            if GATE_UP:
+                a_rows = members // TOP_K
+            else:
+                a_rows = members
+            ROWS_X: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LX))
+            acc = _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, gl.convert_layout(a_rows, ROWS_X),
+                               gl.convert_layout(live, ROWS_X), K, SROW, BLOCK_M, TOKENS, WARPS, TWO_STEP)  # fmt: skip
+            COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+            out_pairs = gl.convert_layout(members, COLS)
+            out_ok = gl.convert_layout(live, COLS)
+            m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
+            if GATE_UP:
+                hm = (m // 8) % 2
+                jm = pid_n * (BLOCK_M // 2) + (m // 16) * 8 + m % 8
+                if HAS_BIAS:
+                    if INTERLEAVED:
+                        b_rows = 2 * jm + hm
+                    else:
+                        b_rows = hm * (N // 2) + jm
+                    bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + b_rows, mask=jm < N // 2, other=0.0)
+                    acc = acc + bias.to(gl.float32)[:, None]
+                # [M, T] -> [M / 16, 2 (h), 8, T] -> [M / 16, 8, T, 2] -> gate, up [M / 2, T]
+                v = gl.permute(gl.reshape(acc, [BLOCK_M // 16, 2, 8, TOKENS]), [0, 2, 3, 1])
+                gate, up = gl.split(v)
+                gate = gl.reshape(gate, [BLOCK_M // 2, TOKENS])
+                up = gl.reshape(up, [BLOCK_M // 2, TOKENS])
+                if HAS_LIMIT:
+                    gate = gl.minimum(gate, limit)
+                    up = gl.minimum(gl.maximum(up, -limit), limit)
+                hv = (up + up_offset) * gate * (1.0 / (1.0 + gl.exp(-(alpha * gate))))
+                HL: gl.constexpr = hv.type.layout
+                jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
+                cols = gl.convert_layout(out_pairs, gl.SliceLayout(0, HL))
+                ok = gl.convert_layout(out_ok, gl.SliceLayout(0, HL))
+                ptrs = y_ptr + cols[None, :].to(gl.int64) * stride_y + jj[:, None]
+                gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
+            else:
+                n = pid_n * BLOCK_M + m
+                if HAS_BIAS:
+                    bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n, mask=n < N, other=0.0)
+                    acc = acc + bias.to(gl.float32)[:, None]
+                acc = acc * gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)[None, :]
+                ptrs = y_ptr + out_pairs[None, :].to(gl.int64) * stride_y + n[:, None]
+                gl.store(ptrs, acc, mask=(n < N)[:, None] & out_ok[None, :])
+
+
+@triton.jit
+def combine_slots(y_ptr, out_ptr, stride_out, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t, :] = sum_s y[t * TOP_K + s, :]`` (fp32, slots in order) in ``out``'s dtype."""
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + s).to(tl.int64) * H + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)

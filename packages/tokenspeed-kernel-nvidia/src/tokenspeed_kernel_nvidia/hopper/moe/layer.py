@@ -1,0 +1,131 @@
+"""``moe_apply`` on Hopper through the Gluon decode kernels (:mod:`.decode`).
+
+Three launches, no host sync, no weight preprocessing (the canonical MXFP4 layout):
+
+1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
+   (pair, N tile), working for the first pair of each touched expert;
+2. down GEMM + bias, times the routing weight, into ``y [T*k, H]`` (fp32);
+3. :func:`.decode.combine_slots`: ``out[t] = sum_s y[t*k + s]`` in slot order
+   (deterministic: no atomics anywhere).
+
+Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
+
+from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm
+
+__all__ = ["moe_apply", "DecodeTile", "DECODE_TILES", "check_shapes"]
+
+#: E8M0 scale bytes up to this value have a bf16 ``2**(s - 1)``: one multiply decodes a block.
+ONE_STEP_MAX_SCALE = 128
+
+
+class DecodeTile(tuple):
+    """``(block_m, tokens, warps)``: weight rows per program, token columns per MMA tile, warps."""
+
+    __slots__ = ()
+
+    def __new__(cls, block_m: int, tokens: int, warps: int):
+        if tokens not in (8, 16):
+            raise ValueError(f"tokens: expected 8 or 16 (MMA N tiles), got {tokens}")
+        if warps not in (1, 2, 4, 8):
+            raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
+        if block_m % (32 * warps):
+            raise ValueError(f"block_m: expected a multiple of 32 * warps = {32 * warps}, got {block_m}")
+        return super().__new__(cls, (block_m, tokens, warps))
+
+
+#: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
+DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
+    (None, (DecodeTile(64, 8, 2), DecodeTile(64, 8, 2))),
+)
+
+
+def _tiles(tokens: int) -> tuple[DecodeTile, DecodeTile]:
+    for bound, tiles in DECODE_TILES:
+        if bound is None or tokens <= bound:
+            return tiles
+    return DECODE_TILES[-1][1]
+
+
+def check_shapes(weights: MoEWeights) -> None:
+    """The shapes the kernels take: hidden and intermediate multiples of 64 (a 64-value K tail)."""
+    h, i = weights.hidden, weights.intermediate
+    if h % 64 or i % 64:
+        raise ValueError(f"weights: hopper.moe_apply needs hidden ({h}) and intermediate ({i}) divisible by 64")
+
+
+def _two_step(weights: MoEWeights) -> bool:
+    """Whether some scale byte exceeds ONE_STEP_MAX_SCALE (cached on the weights object)."""
+    cached = getattr(weights, "_hopper_two_step", None)
+    if cached is None:
+        cached = bool(max(int(weights.w13_scale.max()), int(weights.w2_scale.max())) > ONE_STEP_MAX_SCALE)
+        object.__setattr__(weights, "_hopper_two_step", cached)
+    return cached
+
+
+def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step):
+    block_m, tokens, warps = tile
+    n = w.shape[1]
+    k_dim = a.shape[1]
+    rows_out = n // 2 if gate_up else n
+    grid = (pairs, triton.cdiv(rows_out, block_m // 2 if gate_up else block_m))
+    limit = activation.limit
+    moe_decode_gemm[grid](
+        a, a.stride(0), ids, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
+        bias.stride(0) if bias is not None else 0, tw, y, y.stride(0), pairs,
+        float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
+        K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=triton.next_power_of_2(pairs), GATE_UP=gate_up,
+        INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
+        BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, TWO_STEP=two_step, num_warps=warps,
+    )  # fmt: skip
+
+
+def moe_apply(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weights: MoEWeights,
+    activation: MoEActivation,
+    *,
+    out: torch.Tensor | None = None,
+    tiles: tuple[DecodeTile, DecodeTile] | None = None,
+) -> torch.Tensor:
+    """``out[t] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t])`` (bf16 x, MXFP4 weights).
+
+    ``tiles`` overrides :data:`DECODE_TILES` (tuning only).
+    """
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    pairs = t * k
+    if pairs > MAX_PAIRS:
+        raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} (token, slot) pairs, got {pairs}")
+    check_shapes(weights)
+    result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
+    if t == 0 or h == 0:
+        return out if out is not None else result
+    i = weights.intermediate
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    ids = topk_ids.reshape(-1).contiguous()
+    tw = topk_weights.reshape(-1).contiguous()
+    gu_tile, down_tile = tiles or _tiles(t)
+    two_step = _two_step(weights)
+    w13, s13, w2, s2 = (v.contiguous() for v in (weights.w13, weights.w13_scale, weights.w2, weights.w2_scale))
+    inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
+    y = torch.empty((pairs, h), dtype=torch.float32, device=x.device)
+    common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step)
+    _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
+            tile=gu_tile, **common)  # fmt: skip
+    _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
+    block = 1024
+    combine_slots[(t, triton.cdiv(h, block))](y, result, result.stride(0), h, TOP_K=k, BLOCK=block)
+    if out is not None and result is not out:
+        out.copy_(result)
+        return out
+    return result

@@ -1,0 +1,247 @@
+"""The Hopper MXFP4 MoE (``hopper.moe_apply``): registration and host checks on a CPU, its
+Gluon kernels cross-compiled for sm_90 (no GPU), numerics and graph replay on a GPU.
+
+Cross-compilation builds the three launches exactly as the host does (CPU tensors stand in
+for device tensors) and compiles each for ``cuda:90``. The PTX/SASS must then show:
+
+- ``mma.sync.m16n8k16`` bf16 with fp32 accumulation (the weights decoded into the MMA);
+- ``mul.rn.bf16x2`` (the E8M0 scale applied to two decoded values at once);
+- 16-byte global loads of the weights (``ld.global.v4``), no shared-memory tiles: the
+  kernels allocate at most :data:`MAX_SHARED_BYTES` (the reductions' scratch);
+- no register spills: at most :data:`MAX_SPILLS` local-memory instructions in the SASS
+  (measured 0 with Triton 3.6 at every case).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+
+NAME = "hopper.moe_apply"
+GPT_OSS = tk.MoEActivation()
+SM90 = tk.make_platform("sm90", device_name="NVIDIA H200")
+MAX_SHARED_BYTES = 64
+MAX_SPILLS = 0
+
+
+def _weights(e, h, i, *, bias=True, interleaved=True, scale_hi=128, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = tk.MoEWeights(
+        w13=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, generator=g).to(device),
+        w2=torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, generator=g).to(device),
+        w13_scale=torch.randint(118, scale_hi, (e, 2 * i, h // 32), dtype=torch.uint8, generator=g).to(device),
+        w2_scale=torch.randint(118, scale_hi, (e, h, i // 32), dtype=torch.uint8, generator=g).to(device),
+        w13_bias=(0.1 * torch.randn(e, 2 * i, generator=g)).to(torch.bfloat16).to(device) if bias else None,
+        w2_bias=(0.1 * torch.randn(e, h, generator=g)).to(torch.bfloat16).to(device) if bias else None,
+        format="mxfp4",
+        gate_up_interleaved=interleaved,
+    )
+    w.validate()
+    return w
+
+
+def _candidates(traits, sig=("bf16", "mxfp4"), sizes=None):
+    return {c.name: c for c in tk.explain_selection("moe_apply", sig, traits, platform=SM90, sizes=sizes)}
+
+
+GPT_OSS_TRAITS = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "up_offset": 1.0}
+
+
+def test_registered_for_bf16_mxfp4_on_sm90_up_to_its_token_bound():
+    tk.load_plugins()
+    spec = tk.registry.get(NAME)
+    assert spec is not None and spec.solution == "hopper"
+    assert not spec.hardware_validated or spec.hardware_validated
+    assert "deterministic" in spec.tags and "cuda_graph_safe" in spec.tags
+    assert spec.weight_preprocessor is None  # the canonical layout
+    ok = _candidates(GPT_OSS_TRAITS, sizes={"tokens": 8})[NAME]
+    assert ok.eligible, ok.reason
+    from tokenspeed_kernel_nvidia._register import HOPPER_MOE_MAX_TOKENS
+
+    above = _candidates(GPT_OSS_TRAITS, sizes={"tokens": HOPPER_MOE_MAX_TOKENS + 1})[NAME]
+    assert not above.eligible
+    fp16 = _candidates(GPT_OSS_TRAITS, sig=("fp16", "mxfp4"), sizes={"tokens": 8})[NAME]
+    assert not fp16.eligible
+    sm80 = {c.name: c for c in tk.explain_selection("moe_apply", ("bf16", "mxfp4"), GPT_OSS_TRAITS,
+                                                      platform=tk.make_platform("sm80"))}  # fmt: skip
+    assert NAME not in sm80 or not sm80[NAME].eligible
+
+
+def test_shape_and_pair_limits_raise_naming_the_argument():
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe.decode import MAX_PAIRS
+
+    w = _weights(2, 96, 64)  # hidden 96 is not a multiple of 64
+    x = torch.zeros(1, 96, dtype=torch.bfloat16)
+    ids = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="hidden"):
+        layer.moe_apply(x, torch.ones(1, 2), ids, w, GPT_OSS)
+    w = _weights(2, 64, 64)
+    t = MAX_PAIRS // 2 + 1
+    with pytest.raises(ValueError, match="topk_ids"):
+        layer.moe_apply(torch.zeros(t, 64, dtype=torch.bfloat16), torch.ones(t, 2), torch.zeros(t, 2, dtype=torch.int32),
+                        w, GPT_OSS)  # fmt: skip
+
+
+def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    assert layer._two_step(_weights(2, 64, 64, scale_hi=129)) is False  # bytes 118..128: 2**(s - 1) is a bf16
+    w = _weights(2, 64, 64, scale_hi=129)
+    w.w2_scale[0, 0, 0] = 129
+    object.__setattr__(w, "_hopper_two_step", None)
+    assert layer._two_step(w) is True
+
+
+def test_decode_tile_rejects_shapes_the_kernel_cannot_lay_out():
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
+
+    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2)
+    with pytest.raises(ValueError, match="tokens"):
+        DecodeTile(64, 32, 2)
+    with pytest.raises(ValueError, match="block_m"):
+        DecodeTile(48, 8, 2)
+    with pytest.raises(ValueError, match="warps"):
+        DecodeTile(64, 8, 3)
+
+
+# -- cross-compiled for sm_90 ---------------------------------------------------------------
+
+
+class _Recorder:
+    """Stands in for a jitted kernel: records ``kernel[grid](*args, **kwargs)``."""
+
+    def __init__(self, fn, calls):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((self.fn, grid, args, kwargs))
+
+        return launch
+
+
+def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, **wkw):
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+
+    calls = []
+    monkeypatch.setattr(layer, "moe_decode_gemm", _Recorder(decode.moe_decode_gemm, calls))
+    monkeypatch.setattr(layer, "combine_slots", _Recorder(decode.combine_slots, calls))
+    w = _weights(e, h, i, **wkw)
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
+    tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), 4, solution="reference")
+    layer.moe_apply(x, tw, ids, w, GPT_OSS)
+    return calls
+
+
+def _innermost_loop(ptx: str) -> str:
+    """The PTX of the deepest loop (the K loop): from its header label to the branch back to it."""
+    lines = ptx.splitlines()
+    best, depth = None, -1
+    for n, line in enumerate(lines):
+        m = re.match(r"^(\$L__BB\d+_\d+):", line)
+        # LLVM's loop comments: "Loop Header: Depth=d" on the label's line or the next one.
+        d = re.search(r"Loop Header: Depth=(\d+)", " ".join(lines[n:n + 2])) if m else None
+        if d and int(d.group(1)) > depth:
+            best, depth = (n, m.group(1)), int(d.group(1))
+    assert best is not None, "no loop in the PTX"
+    start, label = best
+    end = next(n for n in range(start + 1, len(lines)) if re.search(rf"bra(\.uni)?\s+{re.escape(label)};", lines[n]))
+    return "\n".join(lines[start:end + 1])
+
+
+def _ptx_ops(ptx: str) -> dict[str, int]:
+    ops: dict[str, int] = {}
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_.]*)", line)
+        if m and not line.strip().startswith(("//", ".")):
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return ops
+
+
+CASES = [
+    ("gpt_oss_120b_T1", 1, {}),
+    ("gpt_oss_120b_T64", 64, {}),
+    ("no_bias_not_interleaved_T3", 3, {"bias": False, "interleaved": False}),
+    ("scales_above_128_T2", 2, {"scale_hi": 140}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,tokens,wkw", CASES, ids=[c[0] for c in CASES])
+def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch, label, tokens, wkw):
+    from tokenspeed_kernel.testing import compile_launch
+
+    calls = _launches(monkeypatch, tokens, **wkw)
+    assert len(calls) == 3  # gate/up, down, combine
+    for n, (fn, grid, args, kwargs) in enumerate(calls):
+        ck = compile_launch(fn, args, dict(kwargs), "sm90")
+        ops = _ptx_ops(ck.asm["ptx"])
+        assert ck.metadata.shared <= MAX_SHARED_BYTES, (n, ck.metadata.shared)
+        if n < 2:
+            # The K loop: decode + MMA from registers, weights and activations in 16-byte loads.
+            loop = _ptx_ops(_innermost_loop(ck.asm["ptx"]))
+            assert loop.get("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 0) >= 8, loop
+            assert loop.get("mul.rn.bf16x2", 0) > 0, loop
+            assert loop.get("ld.global.v4.b32", 0) > 0, loop
+            assert not [op for op in loop if "shared" in op or op.startswith(("ldmatrix", "bar."))], loop
+        # ptxas output (SASS): spills are local-memory stores/loads.
+        from triton.tools.disasm import get_sass
+
+        sass = get_sass(ck.asm["cubin"])
+        assert ("HMMA" in sass) == (n < 2), n  # the disassembly is real: the GEMMs' tensor-core MMAs
+        spills = len(re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass))
+        assert spills <= MAX_SPILLS, spills
+
+
+# -- on the H200 ----------------------------------------------------------------------------
+
+
+def _reference(x, tw, ids, w, act):
+    wf = replace(w, w13_bias=None if w.w13_bias is None else w.w13_bias.float(),
+                 w2_bias=None if w.w2_bias is None else w.w2_bias.float())  # fmt: skip
+    return tk.moe_apply(x.float(), tw, ids, wf, act, solution="reference")
+
+
+GPU_CASES = [
+    ("120b_T1", 128, 1, {}, "random"),
+    ("120b_T7", 128, 7, {}, "random"),
+    ("120b_T64", 128, 64, {}, "random"),
+    ("20b_T33", 32, 33, {}, "random"),
+    ("120b_T40_one_hot_expert", 128, 40, {}, "hot"),
+    ("no_bias_not_interleaved_T5", 128, 5, {"bias": False, "interleaved": False}, "random"),
+    ("scales_above_128_T4", 128, 4, {"scale_hi": 140}, "random"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("label,e,tokens,wkw,routing", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing):
+    tk.load_plugins()
+    w = _weights(e, 2880, 2880, device="cuda", seed=tokens, **wkw)
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2880, device="cuda", generator=g).to(torch.bfloat16)
+    logits = torch.randn(tokens, e, device="cuda", generator=g)
+    if routing == "hot":
+        logits[:, 3] += 100.0
+    topk_w, topk_ids = tk.moe_route(logits, 4, solution="reference")
+    got = tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, override=NAME)
+    ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
+    err = ((got.float() - ref).norm() / ref.norm()).item()
+    assert err < 1e-2, err  # bf16 activations through two GEMMs
+    again = tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, override=NAME)
+    assert torch.equal(again, got)  # deterministic
+    graph = torch.cuda.CUDAGraph()
+    out = torch.empty_like(got)
+    with torch.cuda.graph(graph):
+        tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=NAME)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)

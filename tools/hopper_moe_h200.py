@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""The Hopper MXFP4 MoE (``hopper.moe_apply``) on an H200: numerics, tile sweep, layer bench.
+
+    python tools/hopper_moe_h200.py --out OUT [--tokens 1,2,4,8,16,32,64,128,256,512] [--sweep] [--budget-s 240]
+
+Layer: GPT-OSS-120B (128 experts, top-4, H = I = 2880, MXFP4 experts with bf16 biases,
+interleaved gate/up, SwiGLU alpha 1.702, clamp 7, up + 1). "Layer" = ``moe_route``
+(softmax top-k of random logits) + ``moe_apply``, captured in one CUDA graph, L2 flushed
+before every replay (``tokenspeed_kernel.benchmark.timer.time_fn``), for every
+``moe_apply`` kernel registered on the machine: ``hopper.moe_apply`` (this package),
+``triton.moe_apply`` (portable), ``triton_kernels.moe_apply`` (the peer, on its own
+layout). Weight TB/s = MXFP4 bytes (codes + scales + biases) of the experts the routing
+touches / layer time.
+
+Numerics: each case against the fp32 reference ``moe_apply`` (relative Frobenius error;
+the bound, 1e-2, is the GPU tests'): GPT-OSS-120B and -20B shapes, every routing shape
+(one hot expert, ties), no bias / not interleaved / silu, scale bytes above 128 (the
+two-multiply decode).
+
+Writes ``OUT/hopper_moe.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+
+import torch
+
+E, K_TOP, H, I = 128, 4, 2880, 2880
+GPT_OSS = None  # set in main (import after argparse)
+
+
+def _weights(e, h, i, gen, *, scale_lo=118, scale_hi=128, bias=True, interleaved=True):
+    import tokenspeed_kernel as tk
+
+    def ri(lo, hi, *shape):
+        return torch.randint(lo, hi, shape, generator=gen, dtype=torch.uint8).cuda()
+
+    w = tk.MoEWeights(
+        w13=ri(0, 256, e, 2 * i, h // 2), w2=ri(0, 256, e, h, i // 2), format="mxfp4",
+        w13_scale=ri(scale_lo, scale_hi, e, 2 * i, h // 32), w2_scale=ri(scale_lo, scale_hi, e, h, i // 32),
+        w13_bias=(torch.randn(e, 2 * i, generator=gen) * 0.1).to(torch.bfloat16).cuda() if bias else None,
+        w2_bias=(torch.randn(e, h, generator=gen) * 0.1).to(torch.bfloat16).cuda() if bias else None,
+        gate_up_interleaved=interleaved,
+    )  # fmt: skip
+    w.validate()
+    return w
+
+
+def _expert_bytes(h, i):
+    values = 2 * i * h + h * i
+    return values / 2 + values / 32 + (2 * i + h) * 2
+
+
+def _ref(x, tw, ids, w, act):
+    import tokenspeed_kernel as tk
+
+    wf = replace(
+        w,
+        w13_bias=None if w.w13_bias is None else w.w13_bias.float(),
+        w2_bias=None if w.w2_bias is None else w.w2_bias.float(),
+    )
+    return tk.moe_apply(x.float(), tw, ids, wf, act, solution="reference")
+
+
+def numerics(log):
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    rows = []
+    silu = tk.MoEActivation(kind="silu", alpha=1.0, limit=None, up_offset=0.0)
+    cases = [
+        # (label, E, T, routing, weights kwargs, activation)
+        ("120b-T1", 128, 1, "random", {}, GPT_OSS),
+        ("120b-T3", 128, 3, "random", {}, GPT_OSS),
+        ("120b-T8", 128, 8, "random", {}, GPT_OSS),
+        ("120b-T64", 128, 64, "random", {}, GPT_OSS),
+        ("120b-T200", 128, 200, "random", {}, GPT_OSS),
+        ("20b-T1", 32, 1, "random", {}, GPT_OSS),
+        ("20b-T37", 32, 37, "random", {}, GPT_OSS),
+        ("120b-T40-one-hot-expert", 128, 40, "hot", {}, GPT_OSS),
+        ("120b-T9-no-bias-not-interleaved-silu", 128, 9, "random", {"bias": False, "interleaved": False}, silu),
+        ("120b-T5-not-interleaved", 128, 5, "random", {"interleaved": False}, GPT_OSS),
+        ("120b-T6-scales-above-128", 128, 6, "random", {"scale_lo": 120, "scale_hi": 136}, GPT_OSS),
+    ]
+    for label, e, t, routing, wkw, act in cases:
+        gen = torch.Generator().manual_seed(len(rows) + 1)
+        try:
+            w = _weights(e, H, I, gen, **wkw)
+            x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+            logits = torch.randn(t, e, generator=gen).cuda()
+            if routing == "hot":
+                logits[:, 3] += 100.0  # every token's first expert is 3: 40 pairs of one expert
+            tw, ids = tk.moe_route(logits, K_TOP, solution="reference")
+            got = layer.moe_apply(x, tw, ids, w, act)
+            via_op = tk.moe_apply(x, tw, ids, w, act, override="hopper.moe_apply")
+            ref = _ref(x, tw, ids, w, act)
+            err = ((got.float() - ref).norm() / ref.norm()).item()
+            rows.append({"case": label, "rel_err": err, "ok": err < 1e-2, "op_equal": bool(torch.equal(got, via_op)),
+                         "two_step": layer._two_step(w)})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            rows.append({"case": label, "error": f"{type(exc).__name__}: {exc}"})
+            traceback.print_exc()
+        log(f"  numerics {rows[-1]}")
+    return rows
+
+
+def _layer_fn(kernel, x, logits, w, act, out):
+    import tokenspeed_kernel as tk
+
+    def fn():
+        tw, ids = tk.moe_route(logits, K_TOP)
+        return tk.moe_apply(x, tw, ids, w, act, out=out, override=kernel)
+
+    return fn
+
+
+def sweep(w, gen, tokens_list, log, deadline):
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    grid = []
+    for bm, tok, warps in ((32, 8, 1), (64, 8, 2), (64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 16, 2), (128, 16, 4)):
+        grid.append(layer.DecodeTile(bm, tok, warps))
+    res = []
+    for t in tokens_list:
+        x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+        tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
+        for which in ("gate_up", "down"):
+            for tile in grid:
+                if time.time() > deadline:
+                    log("  sweep: budget spent")
+                    return res
+                tiles = (tile, layer.DecodeTile(64, 8, 2)) if which == "gate_up" else (layer.DecodeTile(64, 8, 2), tile)
+                try:
+                    tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles), device="cuda",
+                                 graph=True, warmup_ms=5, rep_ms=30)  # fmt: skip
+                    res.append({"tokens": t, "gemm": which, "tile": list(tile), "layer_us": tm.median_us})
+                except Exception as exc:  # noqa: BLE001
+                    res.append({"tokens": t, "gemm": which, "tile": list(tile), "error": str(exc)[:200]})
+                log(f"  sweep {res[-1]}")
+    return res
+
+
+def bench(w, wtk, gen, tokens_list, log):
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+
+    names = [s.name for s in tk.registry.for_op("moe_apply")]
+    kernels = [n for n in ("hopper.moe_apply", "triton.moe_apply", "triton_kernels.moe_apply") if n in names]
+    rows = []
+    for t in tokens_list:
+        x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+        logits = torch.randn(t, E, generator=gen).cuda()
+        _, ids = tk.moe_route(logits, K_TOP)
+        touched = int(torch.unique(ids).numel())
+        row = {"tokens": t, "touched_experts": touched}
+        out = torch.empty_like(x)
+        for kernel in kernels:
+            if kernel == "hopper.moe_apply" and t > 256:
+                continue
+            weights = wtk if kernel == "triton_kernels.moe_apply" else w
+            try:
+                tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,
+                             warmup_ms=10, rep_ms=60)  # fmt: skip
+                row[kernel] = tm.median_us
+            except Exception as exc:  # noqa: BLE001
+                row[kernel] = None
+                row[f"{kernel}_error"] = str(exc)[:300]
+        us = row.get("hopper.moe_apply")
+        if us:
+            row["hopper_tbs"] = touched * _expert_bytes(H, I) / (us * 1e-6) / 1e12
+        log(f"  bench {row}")
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    global GPT_OSS
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep-tokens", default="1,8,64")
+    p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--skip-numerics", action="store_true")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import tokenspeed_kernel as tk
+
+    tk.load_plugins()
+    GPT_OSS = tk.MoEActivation()
+
+    def log(msg):
+        print(msg, flush=True)
+
+    t0 = time.time()
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import triton
+
+    result["triton"] = triton.__version__
+    if not args.skip_numerics:
+        result["numerics"] = numerics(log)
+    gen = torch.Generator().manual_seed(1234)
+    w = _weights(E, H, I, gen)
+    if args.sweep:
+        result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,
+                                t0 + args.budget_s * 0.5)  # fmt: skip
+    wtk = None
+    if any(s.name == "triton_kernels.moe_apply" for s in tk.registry.for_op("moe_apply")):
+        plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="triton_kernels.moe_apply")
+        wtk = tk.moe_process_weights(plan, w)
+    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log)
+    result["wall_s"] = time.time() - t0
+    with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    bad = [r for r in result.get("numerics", []) if not r.get("ok")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
