@@ -127,7 +127,7 @@ def sweep(w, gen, tokens_list, log, deadline):
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     grid = []
-    for bm, tok, warps in ((32, 8, 1), (64, 8, 2), (64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 16, 2), (128, 16, 4)):
+    for bm, tok, warps in ((16, 8, 1), (32, 8, 2), (64, 8, 4), (128, 8, 8), (32, 8, 1), (64, 16, 4), (32, 16, 2)):
         grid.append(layer.DecodeTile(bm, tok, warps))
     res = []
     for t in tokens_list:
@@ -138,7 +138,8 @@ def sweep(w, gen, tokens_list, log, deadline):
                 if time.time() > deadline:
                     log("  sweep: budget spent")
                     return res
-                tiles = (tile, layer.DecodeTile(64, 8, 2)) if which == "gate_up" else (layer.DecodeTile(64, 8, 2), tile)
+                base = layer.DecodeTile(64, 8, 4)
+                tiles = (tile, base) if which == "gate_up" else (base, tile)
                 try:
                     tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles), device="cuda",
                                  graph=True, warmup_ms=5, rep_ms=30)  # fmt: skip
@@ -147,6 +148,40 @@ def sweep(w, gen, tokens_list, log, deadline):
                     res.append({"tokens": t, "gemm": which, "tile": list(tile), "error": str(exc)[:200]})
                 log(f"  sweep {res[-1]}")
     return res
+
+
+def breakdown(w, gen, tokens_list, log):
+    """Each launch of the layer alone (graph replay, L2 flushed): route, gate/up, down, combine."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+
+    rows = []
+    for t in tokens_list:
+        x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+        logits = torch.randn(t, E, generator=gen).cuda()
+        tw, ids = tk.moe_route(logits, K_TOP)
+        pairs = t * K_TOP
+        flat_ids, flat_w = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
+        inter = torch.empty(pairs, I, dtype=torch.bfloat16, device="cuda")
+        y = torch.empty(pairs, H, dtype=torch.float32, device="cuda")
+        out = torch.empty_like(x)
+        gu, dn = layer._tiles(t)
+        common = dict(pairs=pairs, k=K_TOP, activation=GPT_OSS, two_step=False)
+        parts = {
+            "route": lambda: tk.moe_route(logits, K_TOP),
+            "gate_up": lambda: layer._launch(x, flat_ids, w.w13, w.w13_scale, w.w13_bias, flat_w, inter,
+                                             gate_up=True, interleaved=True, tile=gu, **common),
+            "down": lambda: layer._launch(inter, flat_ids, w.w2, w.w2_scale, w.w2_bias, flat_w, y, gate_up=False,
+                                          interleaved=True, tile=dn, **common),
+            "combine": lambda: decode.combine_slots[(t, 3)](y, out, out.stride(0), H, TOP_K=K_TOP, BLOCK=1024),
+        }  # fmt: skip
+        row = {"tokens": t}
+        for name, fn in parts.items():
+            row[name] = time_fn(fn, device="cuda", graph=True, warmup_ms=5, rep_ms=30).median_us
+        log(f"  breakdown {row}")
+        rows.append(row)
+    return rows
 
 
 def bench(w, wtk, gen, tokens_list, log):
@@ -213,6 +248,7 @@ def main(argv=None) -> int:
     if args.sweep:
         result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,
                                 t0 + args.budget_s * 0.5)  # fmt: skip
+    result["breakdown"] = breakdown(w, gen, [1, 8, 64], log)
     wtk = None
     if any(s.name == "triton_kernels.moe_apply" for s in tk.registry.for_op("moe_apply")):
         plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="triton_kernels.moe_apply")

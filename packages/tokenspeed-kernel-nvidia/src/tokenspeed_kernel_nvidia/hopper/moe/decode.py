@@ -37,7 +37,8 @@ pair of ``e`` (``TOKENS`` at a time) and computes
   k slots afterwards in slot order by :func:`combine_slots` (deterministic).
 
 Every weight byte of a touched expert is loaded once per N tile; pairs of one expert
-share the decode. The weight stream is software-pipelined two K blocks ahead.
+share the decode. The weight stream is software-pipelined two K blocks ahead (three
+register stages, unrolled).
 """
 
 from __future__ import annotations
@@ -159,6 +160,15 @@ def _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk
 
 
 @gluon.jit
+def _mma_block(words, sc, xv, acc, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, W: gl.constexpr, WARPS: gl.constexpr,
+               AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+    """``acc += decode(words, sc) @ arrange(xv)`` for one K block."""
+    a = _decode_a(words, sc, BLOCK_M, W, WARPS, AL, TWO_STEP)
+    b = _arrange_b(xv, TOKENS, W, BL)
+    return gl.nvidia.ampere.mma_v2(a, b, acc)
+
+
+@gluon.jit
 def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
                  K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
                  WARPS: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
@@ -173,17 +183,23 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
     LXT: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     NB: gl.constexpr = K // 128
     acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
-    # Two K blocks in flight ahead of the one being decoded.
-    w0, s0, x0 = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 0, NB > 0, K, SROW, 4, LW, LX)
-    w1, s1, x1 = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 1, NB > 1, K, SROW, 4, LW, LX)
-    for blk in range(NB):
-        w2, s2, x2 = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 2, blk + 2 < NB,
+    # Three register stages, unrolled so that no stage is copied: a stage is refilled as soon as
+    # it is decoded, so two K blocks are in flight while one is decoded.
+    wa, sa, xa = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 0, NB > 0, K, SROW, 4, LW, LX)
+    wb, sb, xb = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 1, NB > 1, K, SROW, 4, LW, LX)
+    wc, sc, xc = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 2, NB > 2, K, SROW, 4, LW, LX)
+    for blk in range(0, NB, 3):
+        acc = _mma_block(wa, sa, xa, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
+        wa, sa, xa = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 3, blk + 3 < NB,
                                  K, SROW, 4, LW, LX)  # fmt: skip
-        a = _decode_a(w0, s0, BLOCK_M, 4, WARPS, AL, TWO_STEP)
-        b = _arrange_b(x0, TOKENS, 4, BL)
-        acc = gl.nvidia.ampere.mma_v2(a, b, acc)
-        w0, s0, x0 = w1, s1, x1
-        w1, s1, x1 = w2, s2, x2
+        if blk + 1 < NB:
+            acc = _mma_block(wb, sb, xb, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
+        wb, sb, xb = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 4, blk + 4 < NB,
+                                 K, SROW, 4, LW, LX)  # fmt: skip
+        if blk + 2 < NB:
+            acc = _mma_block(wc, sc, xc, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
+        wc, sc, xc = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 5, blk + 5 < NB,
+                                 K, SROW, 4, LW, LX)  # fmt: skip
     if K % 128 != 0:
         # The 64-value tail (K is a multiple of 64): 8 bytes a lane, two lanes an MX block.
         wt_rows = gl.convert_layout(w_rows, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
@@ -192,9 +208,7 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
         at_ok = gl.convert_layout(a_ok, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
         wt, st, xt = _load_block(w_base, s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, True,
                                  K, SROW, 2, LWT, LXT)  # fmt: skip
-        a = _decode_a(wt, st, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-        b = _arrange_b(xt, TOKENS, 2, BL)
-        acc = gl.nvidia.ampere.mma_v2(a, b, acc)
+        acc = _mma_block(wt, st, xt, acc, BLOCK_M, TOKENS, 2, WARPS, AL, BL, TWO_STEP)
     return acc
 
 

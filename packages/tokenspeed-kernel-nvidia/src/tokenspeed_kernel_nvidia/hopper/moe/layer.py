@@ -36,14 +36,14 @@ class DecodeTile(tuple):
             raise ValueError(f"tokens: expected 8 or 16 (MMA N tiles), got {tokens}")
         if warps not in (1, 2, 4, 8):
             raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
-        if block_m % (32 * warps):
-            raise ValueError(f"block_m: expected a multiple of 32 * warps = {32 * warps}, got {block_m}")
+        if block_m % (16 * warps):
+            raise ValueError(f"block_m: expected a multiple of 16 * warps = {16 * warps}, got {block_m}")
         return super().__new__(cls, (block_m, tokens, warps))
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
 DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
-    (None, (DecodeTile(64, 8, 2), DecodeTile(64, 8, 2))),
+    (None, (DecodeTile(64, 8, 4), DecodeTile(64, 8, 4))),
 )
 
 
