@@ -127,8 +127,9 @@ def sweep(w, gen, tokens_list, log, deadline):
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     grid = []
-    for bm, tok, warps in ((16, 8, 1), (32, 8, 2), (64, 8, 4), (128, 8, 8), (32, 8, 1), (64, 16, 4), (32, 16, 2)):
-        grid.append(layer.DecodeTile(bm, tok, warps))
+    for cfg in ((64, 8, 4, 4), (64, 8, 4, 6), (64, 8, 4, 8), (32, 8, 2, 8), (128, 8, 8, 4), (32, 8, 1, 6),
+                (64, 16, 4, 6), (16, 8, 1, 8)):
+        grid.append(layer.DecodeTile(*cfg))
     res = []
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
@@ -138,7 +139,7 @@ def sweep(w, gen, tokens_list, log, deadline):
                 if time.time() > deadline:
                     log("  sweep: budget spent")
                     return res
-                base = layer.DecodeTile(64, 8, 4)
+                base = layer.DecodeTile(64, 8, 4, 6)
                 tiles = (tile, base) if which == "gate_up" else (base, tile)
                 try:
                     tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles), device="cuda",

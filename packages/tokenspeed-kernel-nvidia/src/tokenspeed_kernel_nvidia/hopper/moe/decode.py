@@ -22,9 +22,14 @@ and keep every decoded value in registers:
   (64 contiguous bytes a lane, rearranged in registers), so the products and their sum
   are those of the canonical order: a dot product does not depend on the order of its
   terms, only the fp32 accumulation order changes.
-- **No shared memory.** The decoded tiles go from the load through the decode to the
-  MMA operand layout in registers (the reshapes below are register relabelings, no data
-  moves between lanes); the compiled kernel allocates no shared memory (a CI test).
+- **Codes stream through a cp.async ring** (``STAGES`` K blocks deep, 64 bytes a row and
+  block in shared memory): many bytes in flight per SM without holding registers. Each
+  thread reads back only the bytes it copied (Gluon still places a CTA barrier after each
+  wait and before each refill; with one-warp programs they cost nothing). Scales and
+  activations (small, L2-resident) come through three unrolled register stages.
+- **Decoded values never touch shared memory**: they go from the ring's 16-byte reads through
+  the decode to the MMA operand layout in registers (the reshapes below are register
+  relabelings; no data moves between lanes).
 
 :func:`moe_decode_gemm` serves both GEMMs. Program (pair ``p``, N tile): it works only if
 ``p`` is the first (token, slot) pair routed to its expert ``e``; it then gathers every
@@ -37,8 +42,7 @@ pair of ``e`` (``TOKENS`` at a time) and computes
   k slots afterwards in slot order by :func:`combine_slots` (deterministic).
 
 Every weight byte of a touched expert is loaded once per N tile; pairs of one expert
-share the decode. The weight stream is software-pipelined two K blocks ahead (three
-register stages, unrolled).
+share the decode.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 __all__ = ["moe_decode_gemm", "combine_slots", "MAX_PAIRS"]
 
@@ -137,26 +142,38 @@ def _arrange_b(xv, TOKENS: gl.constexpr, W: gl.constexpr, BL: gl.constexpr):
 
 
 @gluon.jit
-def _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk, live,
-                K: gl.constexpr, SROW: gl.constexpr, W: gl.constexpr, LW: gl.constexpr, LX: gl.constexpr):  # fmt: skip
-    """K block ``blk`` (128 values, or the 64-value tail when ``W`` = 2): weight words
-    ``[BLOCK_M, 4, W]``, scale bytes ``[BLOCK_M, 4]`` and activations ``[TOKENS, 4, 8 W]``;
-    everything masked off unless ``live``."""
+def _word_offsets(w_rows, blk, K: gl.constexpr, W: gl.constexpr, LW: gl.constexpr):
+    """Word offsets ``[BLOCK_M, 4, W]`` of K block ``blk`` in one expert's codes (row bytes K / 2
+    = K / 8 words; a block is 16 words, lane q's 4, or the 8-word tail, lane q's 2)."""
     q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
     wi = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
-    # Row bytes K / 2 = 4 * (K / 8) words; a block is 16 words (W = 4) or the 8-word tail.
-    w_off = w_rows[:, None, None] * (K // 8) + (blk * 16 + q * W)[None, :, None] + wi[None, None, :]
-    words = gl.load(w_base + w_off, mask=w_ok[:, None, None] & live, other=0)
+    return w_rows[:, None, None] * (K // 8) + (blk * 16 + q * W)[None, :, None] + wi[None, None, :]
+
+
+@gluon.jit
+def _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk, live, SROW: gl.constexpr, W: gl.constexpr,
+             LW: gl.constexpr, LX: gl.constexpr):  # fmt: skip
+    """K block ``blk``'s scale bytes ``[BLOCK_M, 4]`` (lane q's MX block) and activations
+    ``[TOKENS, 4, 8 W]``; masked off unless ``live``."""
     SL: gl.constexpr = gl.SliceLayout(2, LW)
     qs = gl.arange(0, 4, layout=gl.SliceLayout(0, SL))
-    # Lane q's MX block: K block blk holds blocks 4 blk .. 4 blk + 3 (the tail: 2 blocks, 2 lanes each).
+    # K block blk holds MX blocks 4 blk .. 4 blk + 3 (the tail: 2 blocks, 2 lanes each).
     s_off = w_rows[:, None] * SROW + (blk * 4 + qs * W // 4)[None, :]
     sc = gl.load(s_base + s_off, mask=w_ok[:, None] & live, other=127)
     qx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
     jx = gl.arange(0, 8 * W, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
     x_off = a_rows[:, None, None] * stride_a + (blk * 128 + qx * (8 * W))[None, :, None] + jx[None, None, :]
     xv = gl.load(a_ptr + x_off, mask=a_ok[:, None, None] & live, other=0.0)
-    return words, sc, xv
+    return sc, xv
+
+
+@gluon.jit
+def _issue_words(ring, w_base, w_rows, w_ok, blk, live, K: gl.constexpr, STAGES: gl.constexpr, LW: gl.constexpr):
+    """Start copying K block ``blk``'s codes into ring slot ``blk % STAGES`` (cp.async, 16 bytes a
+    lane and row; zero-filled unless ``live``), as one commit group."""
+    ptrs = w_base + _word_offsets(w_rows, blk, K, 4, LW)
+    async_copy.async_copy_global_to_shared(ring.index(blk % STAGES), ptrs, mask=w_ok[:, None, None] & live)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -169,9 +186,22 @@ def _mma_block(words, sc, xv, acc, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, 
 
 
 @gluon.jit
+def _ring_step(ring, acc, sc, xv, blk, w_base, w_rows, w_ok, NB: gl.constexpr, K: gl.constexpr,
+               STAGES: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr,
+               LW: gl.constexpr, AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+    """Decode + MMA K block ``blk`` from its ring slot, after refilling the slot freed before it."""
+    # Groups issued so far: STAGES - 1 + blk; block blk's is done when at most STAGES - 2 are pending.
+    # Each thread reads back only the bytes it copied itself, so no barrier is needed.
+    async_copy.wait_group(STAGES - 2)
+    words = ring.index(blk % STAGES).load(LW)
+    _issue_words(ring, w_base, w_rows, w_ok, blk + STAGES - 1, blk + STAGES - 1 < NB, K, STAGES, LW)
+    return _mma_block(words, sc, xv, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
+
+
+@gluon.jit
 def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
                  K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
-                 WARPS: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+                 WARPS: gl.constexpr, STAGES: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
     """``W[w_rows, :K] @ A[a_rows, :K].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout, rows in the
     MMA's order: see :func:`_decode_a`)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
@@ -182,32 +212,39 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
     LWT: gl.constexpr = gl.BlockedLayout([1, 1, 2], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
     LXT: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     NB: gl.constexpr = K // 128
-    acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
-    # Three register stages, unrolled so that no stage is copied: a stage is refilled as soon as
-    # it is decoded, so two K blocks are in flight while one is decoded.
-    wa, sa, xa = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 0, NB > 0, K, SROW, 4, LW, LX)
-    wb, sb, xb = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 1, NB > 1, K, SROW, 4, LW, LX)
-    wc, sc, xc = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 2, NB > 2, K, SROW, 4, LW, LX)
-    for blk in range(0, NB, 3):
-        acc = _mma_block(wa, sa, xa, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
-        wa, sa, xa = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 3, blk + 3 < NB,
-                                 K, SROW, 4, LW, LX)  # fmt: skip
-        if blk + 1 < NB:
-            acc = _mma_block(wb, sb, xb, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
-        wb, sb, xb = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 4, blk + 4 < NB,
-                                 K, SROW, 4, LW, LX)  # fmt: skip
-        if blk + 2 < NB:
-            acc = _mma_block(wc, sc, xc, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
-        wc, sc, xc = _load_block(w_base, s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 5, blk + 5 < NB,
-                                 K, SROW, 4, LW, LX)  # fmt: skip
+    # The codes stream through a STAGES-deep cp.async ring in shared memory (no registers held
+    # while in flight); scales and activations (small, L2-resident) through three register stages.
+    ring = gl.allocate_shared_memory(gl.uint32, [STAGES, BLOCK_M, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    for j in gl.static_range(STAGES - 1):
+        _issue_words(ring, w_base, w_rows, w_ok, j, j < NB, K, STAGES, LW)
     if K % 128 != 0:
-        # The 64-value tail (K is a multiple of 64): 8 bytes a lane, two lanes an MX block.
+        # The 64-value tail (K is a multiple of 64): 8 bytes a lane, two lanes an MX block; loaded
+        # up front into registers.
         wt_rows = gl.convert_layout(w_rows, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
         wt_ok = gl.convert_layout(w_ok, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
         at_rows = gl.convert_layout(a_rows, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
         at_ok = gl.convert_layout(a_ok, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
-        wt, st, xt = _load_block(w_base, s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, True,
-                                 K, SROW, 2, LWT, LXT)  # fmt: skip
+        wt = gl.load(w_base + _word_offsets(wt_rows, NB, K, 2, LWT), mask=wt_ok[:, None, None], other=0)
+        st, xt = _load_sx(s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, True, SROW, 2, LWT, LXT)
+    acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
+    sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 0, NB > 0, SROW, 4, LW, LX)
+    sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 1, NB > 1, SROW, 4, LW, LX)
+    sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 2, NB > 2, SROW, 4, LW, LX)
+    # Unrolled by three so that no register stage is copied.
+    for blk in range(0, NB, 3):
+        acc = _ring_step(ring, acc, sa, xa, blk, w_base, w_rows, w_ok, NB, K, STAGES, BLOCK_M, TOKENS, WARPS, LW,
+                         AL, BL, TWO_STEP)  # fmt: skip
+        sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 3, blk + 3 < NB, SROW, 4, LW, LX)
+        if blk + 1 < NB:
+            acc = _ring_step(ring, acc, sb, xb, blk + 1, w_base, w_rows, w_ok, NB, K, STAGES, BLOCK_M, TOKENS, WARPS,
+                             LW, AL, BL, TWO_STEP)  # fmt: skip
+        sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 4, blk + 4 < NB, SROW, 4, LW, LX)
+        if blk + 2 < NB:
+            acc = _ring_step(ring, acc, sc, xc, blk + 2, w_base, w_rows, w_ok, NB, K, STAGES, BLOCK_M, TOKENS, WARPS,
+                             LW, AL, BL, TWO_STEP)  # fmt: skip
+        sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 5, blk + 5 < NB, SROW, 4, LW, LX)
+    async_copy.wait_group(0)
+    if K % 128 != 0:
         acc = _mma_block(wt, st, xt, acc, BLOCK_M, TOKENS, 2, WARPS, AL, BL, TWO_STEP)
     return acc
 
@@ -218,7 +255,7 @@ def moe_decode_gemm(
     num_pairs, alpha, limit, up_offset,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
-    BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, TWO_STEP: gl.constexpr,
+    BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, TWO_STEP: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -278,7 +315,7 @@ def moe_decode_gemm(
                 a_rows = members
             ROWS_X: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LX))
             acc = _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, gl.convert_layout(a_rows, ROWS_X),
-                               gl.convert_layout(live, ROWS_X), K, SROW, BLOCK_M, TOKENS, WARPS, TWO_STEP)  # fmt: skip
+                               gl.convert_layout(live, ROWS_X), K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, TWO_STEP)  # fmt: skip
             COLS: gl.constexpr = gl.SliceLayout(0, MMA)
             out_pairs = gl.convert_layout(members, COLS)
             out_ok = gl.convert_layout(live, COLS)

@@ -27,18 +27,21 @@ ONE_STEP_MAX_SCALE = 128
 
 
 class DecodeTile(tuple):
-    """``(block_m, tokens, warps)``: weight rows per program, token columns per MMA tile, warps."""
+    """``(block_m, tokens, warps, stages)``: weight rows per program, token columns per MMA tile,
+    warps, and K blocks of codes in flight (the cp.async ring's depth)."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, tokens: int, warps: int):
+    def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6):
+        if stages < 2:
+            raise ValueError(f"stages: expected at least 2, got {stages}")
         if tokens not in (8, 16):
             raise ValueError(f"tokens: expected 8 or 16 (MMA N tiles), got {tokens}")
         if warps not in (1, 2, 4, 8):
             raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
         if block_m % (16 * warps):
             raise ValueError(f"block_m: expected a multiple of 16 * warps = {16 * warps}, got {block_m}")
-        return super().__new__(cls, (block_m, tokens, warps))
+        return super().__new__(cls, (block_m, tokens, warps, stages))
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
@@ -71,7 +74,7 @@ def _two_step(weights: MoEWeights) -> bool:
 
 
 def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step):
-    block_m, tokens, warps = tile
+    block_m, tokens, warps, stages = tile
     n = w.shape[1]
     k_dim = a.shape[1]
     rows_out = n // 2 if gate_up else n
@@ -83,7 +86,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=triton.next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
-        BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, TWO_STEP=two_step, num_warps=warps,
+        BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, TWO_STEP=two_step, num_warps=warps,
     )  # fmt: skip
 
 
