@@ -50,7 +50,14 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 )
 
 
-def _tiles(tokens: int) -> tuple[DecodeTile, DecodeTile]:
+#: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
+#: that variant free of register spills (sm90 cross-compile, Triton 3.6).
+TWO_STEP_TILES = (DecodeTile(16, 8, 1, 8), DecodeTile(16, 8, 1, 8))
+
+
+def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]:
+    if two_step:
+        return TWO_STEP_TILES
     for bound, tiles in DECODE_TILES:
         if bound is None or tokens <= bound:
             return tiles
@@ -117,8 +124,8 @@ def moe_apply(
     x = x if x.stride(-1) == 1 else x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
     tw = topk_weights.reshape(-1).contiguous()
-    gu_tile, down_tile = tiles or _tiles(t)
     two_step = _two_step(weights)
+    gu_tile, down_tile = tiles or _tiles(t, two_step)
     w13, s13, w2, s2 = (v.contiguous() for v in (weights.w13, weights.w13_scale, weights.w2, weights.w2_scale))
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
     y = torch.empty((pairs, h), dtype=torch.float32, device=x.device)
