@@ -127,8 +127,8 @@ def sweep(w, gen, tokens_list, log, deadline):
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     grid = []
-    for cfg in ((64, 8, 4, 4), (64, 8, 4, 6), (64, 8, 4, 8), (32, 8, 2, 8), (128, 8, 8, 4), (32, 8, 1, 6),
-                (64, 16, 4, 6), (16, 8, 1, 8)):
+    for cfg in ((64, 8, 4, 6, 1), (64, 8, 4, 6, 2), (64, 8, 4, 6, 3), (64, 8, 4, 4, 4), (64, 8, 4, 4, 6),
+                (32, 8, 1, 6, 1), (32, 8, 1, 4, 4), (128, 8, 8, 4, 2)):
         grid.append(layer.DecodeTile(*cfg))
     res = []
     for t in tokens_list:
@@ -165,9 +165,9 @@ def breakdown(w, gen, tokens_list, log):
         pairs = t * K_TOP
         flat_ids, flat_w = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
         inter = torch.empty(pairs, I, dtype=torch.bfloat16, device="cuda")
-        y = torch.empty(pairs, H, dtype=torch.float32, device="cuda")
+        y = torch.empty(1, pairs, H, dtype=torch.float32, device="cuda")
         out = torch.empty_like(x)
-        gu, dn = layer._tiles(t)
+        gu, dn = (layer.DecodeTile(*v[:4]) for v in layer._tiles(t))  # one K split: each GEMM whole
         common = dict(pairs=pairs, k=K_TOP, activation=GPT_OSS, two_step=False)
         parts = {
             "route": lambda: tk.moe_route(logits, K_TOP),
@@ -175,7 +175,8 @@ def breakdown(w, gen, tokens_list, log):
                                              gate_up=True, interleaved=True, tile=gu, **common),
             "down": lambda: layer._launch(inter, flat_ids, w.w2, w.w2_scale, w.w2_bias, flat_w, y, gate_up=False,
                                           interleaved=True, tile=dn, **common),
-            "combine": lambda: decode.combine_slots[(t, 3)](y, out, out.stride(0), H, TOP_K=K_TOP, BLOCK=1024),
+            "combine": lambda: decode.combine_slots[(t, 3)](y, out, out.stride(0), y.stride(0), H, TOP_K=K_TOP,
+                                                            KSPLIT=1, BLOCK=1024),
         }  # fmt: skip
         row = {"tokens": t}
         for name, fn in parts.items():
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
     p.add_argument("--sweep", action="store_true")
-    p.add_argument("--sweep-tokens", default="1,8,64")
+    p.add_argument("--sweep-tokens", default="1,4,16,64")
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--skip-numerics", action="store_true")
     args = p.parse_args(argv)

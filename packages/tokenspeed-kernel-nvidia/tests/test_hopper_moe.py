@@ -104,7 +104,9 @@ def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
 def test_decode_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
-    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6)
+    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1)
+    with pytest.raises(ValueError, match="ksplit"):
+        DecodeTile(64, 8, 2, 6, 5)
     with pytest.raises(ValueError, match="stages"):
         DecodeTile(64, 8, 2, 1)
     with pytest.raises(ValueError, match="tokens"):
@@ -131,17 +133,17 @@ class _Recorder:
         return launch
 
 
-def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, **wkw):
+def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, tiles=None, **wkw):
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
 
     calls = []
-    monkeypatch.setattr(layer, "moe_decode_gemm", _Recorder(decode.moe_decode_gemm, calls))
-    monkeypatch.setattr(layer, "combine_slots", _Recorder(decode.combine_slots, calls))
+    for name in ("moe_decode_gemm", "swiglu_splits", "combine_slots"):
+        monkeypatch.setattr(layer, name, _Recorder(getattr(decode, name), calls))
     w = _weights(e, h, i, **wkw)
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
     tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), 4, solution="reference")
-    layer.moe_apply(x, tw, ids, w, GPT_OSS)
+    layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles)
     return calls
 
 
@@ -172,11 +174,19 @@ def _ptx_ops(ptx: str) -> dict[str, int]:
     return ops
 
 
+def _split_tiles(ksplit):
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
+
+    return DecodeTile(64, 8, 4, 6, ksplit), DecodeTile(64, 8, 4, 6, ksplit)
+
+
 CASES = [
     ("gpt_oss_120b_T1", 1, {}),
     ("gpt_oss_120b_T64", 64, {}),
     ("no_bias_not_interleaved_T3", 3, {"bias": False, "interleaved": False}),
     ("scales_above_128_T2", 2, {"scale_hi": 140}),
+    ("k_split_4_T1", 1, {"tiles": "split4"}),
+    ("k_split_3_not_interleaved_T2", 2, {"tiles": "split3", "interleaved": False, "bias": False}),
 ]
 
 
@@ -185,14 +195,21 @@ CASES = [
 def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch, label, tokens, wkw):
     from tokenspeed_kernel.testing import compile_launch
 
+    from tokenspeed_kernel_nvidia.hopper.moe import decode
+
+    if isinstance(wkw.get("tiles"), str):
+        wkw = {**wkw, "tiles": _split_tiles(int(wkw["tiles"][-1]))}
     calls = _launches(monkeypatch, tokens, **wkw)
-    assert len(calls) == 3  # gate/up, down, combine
-    for n, (fn, grid, args, kwargs) in enumerate(calls):
+    split = wkw.get("tiles") is not None and wkw["tiles"][0][4] > 1
+    # gate/up, [the split sums' SwiGLU], down, combine
+    assert [c[0] for c in calls] == [decode.moe_decode_gemm, *([decode.swiglu_splits] if split else []),
+                                     decode.moe_decode_gemm, decode.combine_slots]  # fmt: skip
+    for fn, grid, args, kwargs in calls:
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
-        ops = _ptx_ops(ck.asm["ptx"])
-        ring = kwargs["STAGES"] * kwargs["BLOCK_M"] * 64 if n < 2 else 0  # 64 code bytes a row and K block
-        assert ck.metadata.shared <= ring + MAX_SCRATCH_BYTES, (n, ck.metadata.shared)
-        if n < 2:
+        gemm = fn is decode.moe_decode_gemm
+        ring = kwargs["STAGES"] * kwargs["BLOCK_M"] * 64 if gemm else 0  # 64 code bytes a row and K block
+        assert ck.metadata.shared <= ring + MAX_SCRATCH_BYTES, (fn, ck.metadata.shared)
+        if gemm:
             text = _innermost_loop(ck.asm["ptx"])
             loop = _ptx_ops(text)
             assert loop.get("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 0) >= 8, loop
@@ -204,7 +221,7 @@ def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch
         from triton.tools.disasm import get_sass
 
         sass = get_sass(ck.asm["cubin"])
-        assert ("HMMA" in sass) == (n < 2), n  # the disassembly is real: the GEMMs' tensor-core MMAs
+        assert ("HMMA" in sass) == gemm, fn  # the disassembly is real: the GEMMs' tensor-core MMAs
         spills = len(re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass))
         assert spills <= MAX_SPILLS, spills
 
@@ -226,6 +243,8 @@ GPU_CASES = [
     ("120b_T40_one_hot_expert", 128, 40, {}, "hot"),
     ("no_bias_not_interleaved_T5", 128, 5, {"bias": False, "interleaved": False}, "random"),
     ("scales_above_128_T4", 128, 4, {"scale_hi": 140}, "random"),
+    ("k_split_4_T2", 128, 2, {"tiles": "split4"}, "random"),
+    ("k_split_3_not_interleaved_T3", 128, 3, {"tiles": "split3", "interleaved": False}, "random"),
 ]
 
 
@@ -233,7 +252,10 @@ GPU_CASES = [
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("label,e,tokens,wkw,routing", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing):
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
     tk.load_plugins()
+    tiles = _split_tiles(int(wkw.pop("tiles")[-1])) if "tiles" in wkw else None
     w = _weights(e, 2880, 2880, device="cuda", seed=tokens, **wkw)
     g = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, 2880, device="cuda", generator=g).to(torch.bfloat16)
@@ -241,16 +263,21 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
     if routing == "hot":
         logits[:, 3] += 100.0
     topk_w, topk_ids = tk.moe_route(logits, 4, solution="reference")
-    got = tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, override=NAME)
+    if tiles is None:
+        def run(out=None):
+            return tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=NAME)
+    else:
+        def run(out=None):
+            return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, tiles=tiles)
+    got = run()
     ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
     err = ((got.float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 activations through two GEMMs
-    again = tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, override=NAME)
-    assert torch.equal(again, got)  # deterministic
+    assert torch.equal(run(), got)  # deterministic
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(got)
     with torch.cuda.graph(graph):
-        tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=NAME)
+        run(out)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)

@@ -53,7 +53,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-__all__ = ["moe_decode_gemm", "combine_slots", "MAX_PAIRS"]
+__all__ = ["moe_decode_gemm", "swiglu_splits", "combine_slots", "MAX_PAIRS"]
 
 #: The expert scan holds every pair's expert id in registers: the decode path's limit.
 MAX_PAIRS = 1024
@@ -168,11 +168,11 @@ def _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk, live, SRO
 
 
 @gluon.jit
-def _issue_words(ring, w_base, w_rows, w_ok, blk, live, K: gl.constexpr, STAGES: gl.constexpr, LW: gl.constexpr):
-    """Start copying K block ``blk``'s codes into ring slot ``blk % STAGES`` (cp.async, 16 bytes a
-    lane and row; zero-filled unless ``live``), as one commit group."""
+def _issue_words(ring, w_base, w_rows, w_ok, blk, slot, live, K: gl.constexpr, LW: gl.constexpr):
+    """Start copying K block ``blk``'s codes into ring slot ``slot`` (cp.async, 16 bytes a lane and
+    row; zero-filled unless ``live``), as one commit group."""
     ptrs = w_base + _word_offsets(w_rows, blk, K, 4, LW)
-    async_copy.async_copy_global_to_shared(ring.index(blk % STAGES), ptrs, mask=w_ok[:, None, None] & live)
+    async_copy.async_copy_global_to_shared(ring.index(slot), ptrs, mask=w_ok[:, None, None] & live)
     async_copy.commit_group()
 
 
@@ -186,24 +186,26 @@ def _mma_block(words, sc, xv, acc, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, 
 
 
 @gluon.jit
-def _ring_step(ring, acc, sc, xv, blk, w_base, w_rows, w_ok, NB: gl.constexpr, K: gl.constexpr,
+def _ring_step(ring, acc, sc, xv, i, b0, nloc, w_base, w_rows, w_ok, K: gl.constexpr,
                STAGES: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr,
                LW: gl.constexpr, AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
-    """Decode + MMA K block ``blk`` from its ring slot, after refilling the slot freed before it."""
-    # Groups issued so far: STAGES - 1 + blk; block blk's is done when at most STAGES - 2 are pending.
-    # Each thread reads back only the bytes it copied itself, so no barrier is needed.
+    """Decode + MMA the ``i``-th K block of this split (block ``b0 + i``) from its ring slot, after
+    refilling the slot freed before it with block ``b0 + i + STAGES - 1``."""
+    # Groups issued so far: STAGES - 1 + i; block i's is done when at most STAGES - 2 are pending.
     async_copy.wait_group(STAGES - 2)
-    words = ring.index(blk % STAGES).load(LW)
-    _issue_words(ring, w_base, w_rows, w_ok, blk + STAGES - 1, blk + STAGES - 1 < NB, K, STAGES, LW)
+    words = ring.index(i % STAGES).load(LW)
+    nxt = i + STAGES - 1
+    _issue_words(ring, w_base, w_rows, w_ok, b0 + nxt, nxt % STAGES, nxt < nloc, K, LW)
     return _mma_block(words, sc, xv, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
 
 
 @gluon.jit
-def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
+def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks,
                  K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
-                 WARPS: gl.constexpr, STAGES: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
-    """``W[w_rows, :K] @ A[a_rows, :K].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout, rows in the
-    MMA's order: see :func:`_decode_a`)."""
+                 WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+    """``W[w_rows, K slice ks] @ A[a_rows, K slice ks].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout,
+    rows in the MMA's order: see :func:`_decode_a`). Split ``ks`` of ``KSPLIT`` takes full K blocks
+    ``ks * NBS ..`` (``NBS = cdiv(K // 128, KSPLIT)``); the last split also takes the 64-value tail."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     BL: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -212,50 +214,59 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok,
     LWT: gl.constexpr = gl.BlockedLayout([1, 1, 2], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
     LXT: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     NB: gl.constexpr = K // 128
+    NBS: gl.constexpr = (NB + KSPLIT - 1) // KSPLIT
+    b0 = ks * NBS
+    nloc = gl.minimum(NB - b0, NBS)
     # The codes stream through a STAGES-deep cp.async ring in shared memory (no registers held
     # while in flight); scales and activations (small, L2-resident) through three register stages.
     ring = gl.allocate_shared_memory(gl.uint32, [STAGES, BLOCK_M, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     for j in gl.static_range(STAGES - 1):
-        _issue_words(ring, w_base, w_rows, w_ok, j, j < NB, K, STAGES, LW)
+        _issue_words(ring, w_base, w_rows, w_ok, b0 + j, j, j < nloc, K, LW)
+    tail = (K % 128 != 0) & (ks == KSPLIT - 1)
     if K % 128 != 0:
         # The 64-value tail (K is a multiple of 64): 8 bytes a lane, two lanes an MX block; loaded
-        # up front into registers.
+        # up front into registers (masked off except in the last split).
         wt_rows = gl.convert_layout(w_rows, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
-        wt_ok = gl.convert_layout(w_ok, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
+        wt_ok = gl.convert_layout(w_ok, gl.SliceLayout(1, gl.SliceLayout(2, LWT))) & tail
         at_rows = gl.convert_layout(a_rows, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
         at_ok = gl.convert_layout(a_ok, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
         wt = gl.load(w_base + _word_offsets(wt_rows, NB, K, 2, LWT), mask=wt_ok[:, None, None], other=0)
-        st, xt = _load_sx(s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, True, SROW, 2, LWT, LXT)
+        st, xt = _load_sx(s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, tail, SROW, 2, LWT, LXT)
     acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
-    sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 0, NB > 0, SROW, 4, LW, LX)
-    sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 1, NB > 1, SROW, 4, LW, LX)
-    sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, 2, NB > 2, SROW, 4, LW, LX)
+    sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0, 0 < nloc, SROW, 4, LW, LX)
+    sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + 1, 1 < nloc, SROW, 4, LW, LX)
+    sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + 2, 2 < nloc, SROW, 4, LW, LX)
     # Unrolled by three so that no register stage is copied.
-    for blk in range(0, NB, 3):
-        acc = _ring_step(ring, acc, sa, xa, blk, w_base, w_rows, w_ok, NB, K, STAGES, BLOCK_M, TOKENS, WARPS, LW,
+    for i in range(0, nloc, 3):
+        acc = _ring_step(ring, acc, sa, xa, i, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS, WARPS, LW,
                          AL, BL, TWO_STEP)  # fmt: skip
-        sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 3, blk + 3 < NB, SROW, 4, LW, LX)
-        if blk + 1 < NB:
-            acc = _ring_step(ring, acc, sb, xb, blk + 1, w_base, w_rows, w_ok, NB, K, STAGES, BLOCK_M, TOKENS, WARPS,
-                             LW, AL, BL, TWO_STEP)  # fmt: skip
-        sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 4, blk + 4 < NB, SROW, 4, LW, LX)
-        if blk + 2 < NB:
-            acc = _ring_step(ring, acc, sc, xc, blk + 2, w_base, w_rows, w_ok, NB, K, STAGES, BLOCK_M, TOKENS, WARPS,
-                             LW, AL, BL, TWO_STEP)  # fmt: skip
-        sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk + 5, blk + 5 < NB, SROW, 4, LW, LX)
+        sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 3, i + 3 < nloc, SROW, 4, LW,
+                          LX)  # fmt: skip
+        if i + 1 < nloc:
+            acc = _ring_step(ring, acc, sb, xb, i + 1, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS,
+                             WARPS, LW, AL, BL, TWO_STEP)  # fmt: skip
+        sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 4, i + 4 < nloc, SROW, 4, LW,
+                          LX)  # fmt: skip
+        if i + 2 < nloc:
+            acc = _ring_step(ring, acc, sc, xc, i + 2, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS,
+                             WARPS, LW, AL, BL, TWO_STEP)  # fmt: skip
+        sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 5, i + 5 < nloc, SROW, 4, LW,
+                          LX)  # fmt: skip
     async_copy.wait_group(0)
     if K % 128 != 0:
+        # Masked off (all zeros) outside the last split: adds nothing there.
         acc = _mma_block(wt, st, xt, acc, BLOCK_M, TOKENS, 2, WARPS, AL, BL, TWO_STEP)
     return acc
 
 
 @gluon.jit
 def moe_decode_gemm(
-    a_ptr, stride_a, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y,
+    a_ptr, stride_a, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, stride_ys,
     num_pairs, alpha, limit, up_offset,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
-    BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, TWO_STEP: gl.constexpr,
+    BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr,
+    TWO_STEP: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -267,6 +278,7 @@ def moe_decode_gemm(
     """
     pair = gl.program_id(0)
     pid_n = gl.program_id(1)
+    ks = gl.program_id(2)
     # -- the expert of this pair, and whether this program is its first pair --------------
     LP: gl.constexpr = gl.BlockedLayout([1, TOKENS], [32, 1], [WARPS, 1], [1, 0])
     idx = gl.arange(0, PAIRS_P2, layout=gl.SliceLayout(1, LP))
@@ -315,7 +327,7 @@ def moe_decode_gemm(
                 a_rows = members
             ROWS_X: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LX))
             acc = _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, gl.convert_layout(a_rows, ROWS_X),
-                               gl.convert_layout(live, ROWS_X), K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, TWO_STEP)  # fmt: skip
+                               gl.convert_layout(live, ROWS_X), ks, K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, KSPLIT, TWO_STEP)  # fmt: skip
             COLS: gl.constexpr = gl.SliceLayout(0, MMA)
             out_pairs = gl.convert_layout(members, COLS)
             out_ok = gl.convert_layout(live, COLS)
@@ -323,22 +335,25 @@ def moe_decode_gemm(
             if GATE_UP:
                 hm = (m // 8) % 2
                 jm = pid_n * (BLOCK_M // 2) + (m // 16) * 8 + m % 8
-                if HAS_BIAS:
-                    if INTERLEAVED:
-                        b_rows = 2 * jm + hm
-                    else:
-                        b_rows = hm * (N // 2) + jm
-                    bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + b_rows, mask=jm < N // 2, other=0.0)
-                    acc = acc + bias.to(gl.float32)[:, None]
+                if INTERLEAVED:
+                    n_rows = 2 * jm + hm
+                else:
+                    n_rows = hm * (N // 2) + jm
+                n_ok = jm < N // 2
+            else:
+                n_rows = pid_n * BLOCK_M + m
+                n_ok = n_rows < N
+            if HAS_BIAS:
+                # Added once: by the first K split.
+                bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok & (ks == 0), other=0.0)
+                acc = acc + bias.to(gl.float32)[:, None]
+            if GATE_UP and KSPLIT == 1:
                 # [M, T] -> [M / 16, 2 (h), 8, T] -> [M / 16, 8, T, 2] -> gate, up [M / 2, T]
                 v = gl.permute(gl.reshape(acc, [BLOCK_M // 16, 2, 8, TOKENS]), [0, 2, 3, 1])
                 gate, up = gl.split(v)
                 gate = gl.reshape(gate, [BLOCK_M // 2, TOKENS])
                 up = gl.reshape(up, [BLOCK_M // 2, TOKENS])
-                if HAS_LIMIT:
-                    gate = gl.minimum(gate, limit)
-                    up = gl.minimum(gl.maximum(up, -limit), limit)
-                hv = (up + up_offset) * gate * (1.0 / (1.0 + gl.exp(-(alpha * gate))))
+                hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT)
                 HL: gl.constexpr = hv.type.layout
                 jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
                 cols = gl.convert_layout(out_pairs, gl.SliceLayout(0, HL))
@@ -346,22 +361,56 @@ def moe_decode_gemm(
                 ptrs = y_ptr + cols[None, :].to(gl.int64) * stride_y + jj[:, None]
                 gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
             else:
-                n = pid_n * BLOCK_M + m
-                if HAS_BIAS:
-                    bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n, mask=n < N, other=0.0)
-                    acc = acc + bias.to(gl.float32)[:, None]
-                acc = acc * gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)[None, :]
-                ptrs = y_ptr + out_pairs[None, :].to(gl.int64) * stride_y + n[:, None]
-                gl.store(ptrs, acc, mask=(n < N)[:, None] & out_ok[None, :])
+                # fp32 rows of y [KSPLIT, pairs, N]: the down GEMM's (times the routing weight), or
+                # the gate/up GEMM's partial sums for :func:`swiglu_splits`.
+                if not GATE_UP:
+                    acc = acc * gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)[None, :]
+                ptrs = y_ptr + ks.to(gl.int64) * stride_ys + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
+                gl.store(ptrs, acc, mask=n_ok[:, None] & out_ok[None, :])
+
+
+@gluon.jit
+def _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):
+    if HAS_LIMIT:
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+    return (up + up_offset) * gate * (1.0 / (1.0 + gl.exp(-(alpha * gate))))
 
 
 @triton.jit
-def combine_slots(y_ptr, out_ptr, stride_out, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[t, :] = sum_s y[t * TOP_K + s, :]`` (fp32, slots in order) in ``out``'s dtype."""
+def swiglu_splits(ws_ptr, inter_ptr, stride_ws, I, alpha, limit, up_offset, KSPLIT: tl.constexpr,
+                  INTERLEAVED: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """``inter[p, j] = swiglu(sum_ks ws[ks, p, gate_j], sum_ks ws[ks, p, up_j])``, splits summed in
+    order (deterministic); ``ws [KSPLIT, pairs, 2I]`` fp32, bias already in split 0."""
+    p = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = j < I
+    if INTERLEAVED:
+        g_col, u_col = 2 * j, 2 * j + 1
+    else:
+        g_col, u_col = j, I + j
+    gate = tl.zeros([BLOCK], dtype=tl.float32)
+    up = tl.zeros([BLOCK], dtype=tl.float32)
+    for ks in tl.static_range(KSPLIT):
+        row = ws_ptr + ks * stride_ws + p.to(tl.int64) * (2 * I)
+        gate += tl.load(row + g_col, mask=ok, other=0.0)
+        up += tl.load(row + u_col, mask=ok, other=0.0)
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = (up + up_offset) * gate * tl.sigmoid(alpha * gate)
+    tl.store(inter_ptr + p.to(tl.int64) * I + j, h.to(inter_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def combine_slots(y_ptr, out_ptr, stride_out, stride_ys, H, TOP_K: tl.constexpr, KSPLIT: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """``out[t, :] = sum_ks sum_s y[ks, t * TOP_K + s, :]`` (fp32, in that order) in ``out``'s dtype."""
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(TOP_K):
-        acc += tl.load(y_ptr + (t * TOP_K + s).to(tl.int64) * H + cols, mask=ok, other=0.0)
+    for ks in tl.static_range(KSPLIT):
+        for s in tl.static_range(TOP_K):
+            acc += tl.load(y_ptr + ks * stride_ys + (t * TOP_K + s).to(tl.int64) * H + cols, mask=ok, other=0.0)
     tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)

@@ -1,11 +1,13 @@
 """``moe_apply`` on Hopper through the Gluon decode kernels (:mod:`.decode`).
 
-Three launches, no host sync, no weight preprocessing (the canonical MXFP4 layout):
+Three or four launches, no host sync, no weight preprocessing (the canonical MXFP4 layout):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
-   (pair, N tile), working for the first pair of each touched expert;
-2. down GEMM + bias, times the routing weight, into ``y [T*k, H]`` (fp32);
-3. :func:`.decode.combine_slots`: ``out[t] = sum_s y[t*k + s]`` in slot order
+   (pair, N tile, K split), working for the first pair of each touched expert; with K
+   splits it writes fp32 partial sums and :func:`.decode.swiglu_splits` adds them in split
+   order and applies the SwiGLU;
+2. down GEMM + bias, times the routing weight, into fp32 ``y [splits, T*k, H]``;
+3. :func:`.decode.combine_slots`: ``out[t] = sum_splits sum_s y[.., t*k + s]`` in order
    (deterministic: no atomics anywhere).
 
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
@@ -18,7 +20,7 @@ import triton
 
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
-from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm
+from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, swiglu_splits
 
 __all__ = ["moe_apply", "DecodeTile", "DECODE_TILES", "check_shapes"]
 
@@ -27,21 +29,24 @@ ONE_STEP_MAX_SCALE = 128
 
 
 class DecodeTile(tuple):
-    """``(block_m, tokens, warps, stages)``: weight rows per program, token columns per MMA tile,
-    warps, and K blocks of codes in flight (the cp.async ring's depth)."""
+    """``(block_m, tokens, warps, stages, ksplit)``: weight rows per program, token columns per MMA
+    tile, warps, K blocks of codes in flight (the cp.async ring's depth), and K splits (programs
+    sharing one tile's K range; their fp32 partial sums are added in split order afterwards)."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6):
+    def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1):
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
+        if ksplit not in (1, 2, 3, 4, 6, 8):
+            raise ValueError(f"ksplit: expected 1, 2, 3, 4, 6 or 8, got {ksplit}")
         if tokens not in (8, 16):
             raise ValueError(f"tokens: expected 8 or 16 (MMA N tiles), got {tokens}")
         if warps not in (1, 2, 4, 8):
             raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
         if block_m % (16 * warps):
             raise ValueError(f"block_m: expected a multiple of 16 * warps = {16 * warps}, got {block_m}")
-        return super().__new__(cls, (block_m, tokens, warps, stages))
+        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit))
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
@@ -52,7 +57,7 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
 #: that variant free of register spills (sm90 cross-compile, Triton 3.6).
-TWO_STEP_TILES = (DecodeTile(16, 8, 1, 8), DecodeTile(16, 8, 1, 8))
+TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 
 
 def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]:
@@ -81,19 +86,21 @@ def _two_step(weights: MoEWeights) -> bool:
 
 
 def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step):
-    block_m, tokens, warps, stages = tile
+    """One GEMM. ``y``: ``inter [pairs, I]`` (gate/up, one split) or fp32 ``[ksplit, pairs, N]``."""
+    block_m, tokens, warps, stages, ksplit = tile
     n = w.shape[1]
     k_dim = a.shape[1]
     rows_out = n // 2 if gate_up else n
-    grid = (pairs, triton.cdiv(rows_out, block_m // 2 if gate_up else block_m))
+    grid = (pairs, triton.cdiv(rows_out, block_m // 2 if gate_up else block_m), ksplit)
     limit = activation.limit
     moe_decode_gemm[grid](
         a, a.stride(0), ids, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
-        bias.stride(0) if bias is not None else 0, tw, y, y.stride(0), pairs,
+        bias.stride(0) if bias is not None else 0, tw, y, y.stride(-2), y.stride(0) if y.dim() == 3 else 0, pairs,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=triton.next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
-        BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, TWO_STEP=two_step, num_warps=warps,
+        BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
+        num_warps=warps,
     )  # fmt: skip
 
 
@@ -128,13 +135,26 @@ def moe_apply(
     gu_tile, down_tile = tiles or _tiles(t, two_step)
     w13, s13, w2, s2 = (v.contiguous() for v in (weights.w13, weights.w13_scale, weights.w2, weights.w2_scale))
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
-    y = torch.empty((pairs, h), dtype=torch.float32, device=x.device)
     common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step)
-    _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
-            tile=gu_tile, **common)  # fmt: skip
+    gu_split = gu_tile[4]
+    if gu_split == 1:
+        _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
+                tile=gu_tile, **common)  # fmt: skip
+    else:
+        ws = torch.empty((gu_split, pairs, 2 * i), dtype=torch.float32, device=x.device)
+        _launch(x, ids, w13, s13, weights.w13_bias, tw, ws, gate_up=True, interleaved=weights.gate_up_interleaved,
+                tile=gu_tile, **common)  # fmt: skip
+        limit = activation.limit
+        swiglu_splits[(pairs, triton.cdiv(i, 1024))](
+            ws, inter, ws.stride(0), i, float(activation.alpha), float(limit if limit is not None else 0.0),
+            float(activation.up_offset), KSPLIT=gu_split, INTERLEAVED=weights.gate_up_interleaved,
+            HAS_LIMIT=limit is not None, BLOCK=1024,
+        )  # fmt: skip
+    y = torch.empty((down_tile[4], pairs, h), dtype=torch.float32, device=x.device)
     _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
     block = 1024
-    combine_slots[(t, triton.cdiv(h, block))](y, result, result.stride(0), h, TOP_K=k, BLOCK=block)
+    combine_slots[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
+                                              KSPLIT=down_tile[4], BLOCK=block)  # fmt: skip
     if out is not None and result is not out:
         out.copy_(result)
         return out
