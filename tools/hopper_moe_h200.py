@@ -88,8 +88,14 @@ def numerics(log):
         ("120b-T9-no-bias-not-interleaved-silu", 128, 9, "random", {"bias": False, "interleaved": False}, silu),
         ("120b-T5-not-interleaved", 128, 5, "random", {"interleaved": False}, GPT_OSS),
         ("120b-T6-scales-above-128", 128, 6, "random", {"scale_lo": 120, "scale_hi": 136}, GPT_OSS),
+        ("120b-T2-k-split-4", 128, 2, "random", {"tiles": (64, 8, 4, 4, 4)}, GPT_OSS),
+        ("120b-T3-k-split-3-not-interleaved", 128, 3, "random", {"tiles": (64, 8, 4, 6, 3), "interleaved": False},
+         GPT_OSS),
     ]
     for label, e, t, routing, wkw, act in cases:
+        wkw = dict(wkw)
+        tiles = wkw.pop("tiles", None)
+        tiles = None if tiles is None else (layer.DecodeTile(*tiles), layer.DecodeTile(*tiles))
         gen = torch.Generator().manual_seed(len(rows) + 1)
         try:
             w = _weights(e, H, I, gen, **wkw)
@@ -98,8 +104,9 @@ def numerics(log):
             if routing == "hot":
                 logits[:, 3] += 100.0  # every token's first expert is 3: 40 pairs of one expert
             tw, ids = tk.moe_route(logits, K_TOP, solution="reference")
-            got = layer.moe_apply(x, tw, ids, w, act)
-            via_op = tk.moe_apply(x, tw, ids, w, act, override="hopper.moe_apply")
+            got = layer.moe_apply(x, tw, ids, w, act, tiles=tiles)
+            via_op = layer.moe_apply(x, tw, ids, w, act, tiles=tiles) if tiles else tk.moe_apply(
+                x, tw, ids, w, act, override="hopper.moe_apply")
             ref = _ref(x, tw, ids, w, act)
             err = ((got.float() - ref).norm() / ref.norm()).item()
             rows.append({"case": label, "rel_err": err, "ok": err < 1e-2, "op_equal": bool(torch.equal(got, via_op)),
