@@ -17,6 +17,7 @@ local-memory instructions in the SASS (measured 0 with Triton 3.6 at every case)
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import replace
 
@@ -153,9 +154,9 @@ def _innermost_loop(ptx: str) -> str:
     lines = ptx.splitlines()
     starts = [n for n, line in enumerate(lines) if re.match(r"^\$L__BB\d+_\d+:", line)] + [len(lines)]
     blocks = {}  # label -> (loop header, depth, text)
-    for a, b in zip(starts, starts[1:]):
-        label = lines[a].split(":")[0].lstrip("$L__")
-        head = " ".join(lines[a:a + 2])
+    for a, b in itertools.pairwise(starts):
+        label = lines[a].split(":")[0].removeprefix("$L__")
+        head = " ".join(lines[a : a + 2])
         if m := re.search(r"Loop Header: Depth=(\d+)", head):
             blocks[label] = (label, int(m.group(1)), lines[a:b])
         elif m := re.search(r"in Loop: Header=(\w+) Depth=(\d+)", head):
@@ -194,7 +195,6 @@ CASES = [
 @pytest.mark.parametrize("label,tokens,wkw", CASES, ids=[c[0] for c in CASES])
 def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch, label, tokens, wkw):
     from tokenspeed_kernel.testing import compile_launch
-
     from tokenspeed_kernel_nvidia.hopper.moe import decode
 
     if isinstance(wkw.get("tiles"), str):
@@ -204,7 +204,7 @@ def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch
     # gate/up, [the split sums' SwiGLU], down, combine
     assert [c[0] for c in calls] == [decode.moe_decode_gemm, *([decode.swiglu_splits] if split else []),
                                      decode.moe_decode_gemm, decode.combine_slots]  # fmt: skip
-    for fn, grid, args, kwargs in calls:
+    for fn, _grid, args, kwargs in calls:
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         gemm = fn is decode.moe_decode_gemm
         ring = kwargs["STAGES"] * kwargs["BLOCK_M"] * 64 if gemm else 0  # 64 code bytes a row and K block
@@ -264,11 +264,14 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
         logits[:, 3] += 100.0
     topk_w, topk_ids = tk.moe_route(logits, 4, solution="reference")
     if tiles is None:
+
         def run(out=None):
             return tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=NAME)
     else:
+
         def run(out=None):
             return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, tiles=tiles)
+
     got = run()
     ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
     err = ((got.float() - ref).norm() / ref.norm()).item()

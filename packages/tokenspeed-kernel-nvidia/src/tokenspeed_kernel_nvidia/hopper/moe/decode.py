@@ -365,7 +365,9 @@ def moe_decode_gemm(
                 # the gate/up GEMM's partial sums for :func:`swiglu_splits`.
                 if not GATE_UP:
                     acc = acc * gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)[None, :]
-                ptrs = y_ptr + ks.to(gl.int64) * stride_ys + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
+                ptrs = (
+                    y_ptr + ks.to(gl.int64) * stride_ys + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
+                )
                 gl.store(ptrs, acc, mask=n_ok[:, None] & out_ok[None, :])
 
 
