@@ -12,7 +12,7 @@ GPT_OSS = {"head_dim": 64, "gqa_group": 8, "sinks": True}
 SIG = ("bf16", "bf16")
 _KERNELS = ("triton.mha_decode_with_kvcache", "fa3.mha_decode_with_kvcache", "triton.mha_prefill", "fa3.mha_prefill")
 _MM = ("cublas.mm_bf16", "triton.mm")
-_MOE = ("triton.moe_apply", "triton_kernels.moe_apply")
+_MOE = ("hopper.moe_apply", "triton.moe_apply", "triton_kernels.moe_apply")
 _GDN = ("triton.gdn_chunk_prefill", "fla.gdn_chunk_prefill")
 
 
@@ -97,14 +97,15 @@ def test_it_ranks_triton_for_decode_and_windowed_prefill_and_fa3_for_full_causal
 
 
 def test_moe_plan_by_token_count_and_mm_follow_the_table(env, measured_kernels):
-    """Measured 2026-12-01: our Triton MoE wins at 1 token, triton_kernels from 2 tokens on; cuBLAS wins mm."""
+    """Measured 2026-12-01 (docs/benchmarks/h200-2026-12-01/hopper-moe): the Hopper decode MoE wins at
+    1 token, triton_kernels from 16 tokens on; cuBLAS wins mm."""
     h200 = tk.make_platform("sm90", device_name="NVIDIA H200")
     moe = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "layout": tk.ANY}
     first = {}
     for tokens in (1, 64, 4096):
         cands = tk.explain_selection("moe_apply", ("bf16", "mxfp4"), moe, sizes={"tokens": tokens}, platform=h200)
         first[tokens] = next(c.name for c in cands if c.selected)
-    assert first == {1: "triton.moe_apply", 64: "triton_kernels.moe_apply", 4096: "triton_kernels.moe_apply"}
+    assert first == {1: "hopper.moe_apply", 64: "triton_kernels.moe_apply", 4096: "triton_kernels.moe_apply"}
     for m in (1, 64, 4096):
         assert _ranked("mm", {"bias": True}, h200, m=m)[0] == "cublas.mm_bf16"
 

@@ -166,7 +166,8 @@ def register_hopper() -> None:
         # No atomics: the k slots are summed in slot order.
         tags=("cuda_graph_safe", "deterministic"),
         impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply",
-        hardware_validated=False,
+        # GPU tests, numerics and bench on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe.
+        hardware_validated=True,
         doc="Hopper MXFP4 MoE decode (Gluon): weights decoded in registers into mma.sync, canonical layout",
     )
 

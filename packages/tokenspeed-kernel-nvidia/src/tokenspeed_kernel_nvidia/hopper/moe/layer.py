@@ -11,6 +11,8 @@ Three or four launches, no host sync, no weight preprocessing (the canonical MXF
    (deterministic: no atomics anywhere).
 
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
+The decode path's scope: up to :data:`.decode.MAX_PAIRS` (token, slot) pairs; selection
+offers it up to 255 tokens (``tokenspeed_kernel_nvidia._register``).
 """
 
 from __future__ import annotations
@@ -50,8 +52,13 @@ class DecodeTile(tuple):
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
+#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe, call 5 sweep, GPT-OSS-120B
+#: layer): at 1 and 4 tokens one-warp programs with 4 K splits were fastest for both GEMMs
+#: (54.2 / 136.3 us layer vs 61.1 / 142.5 us for the default tile); above, the sweeps of calls
+#: 2-4 found no tile more than ~3 % faster than (64, 8, 4 warps, 6 stages, no split).
 DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
-    (None, (DecodeTile(64, 8, 4), DecodeTile(64, 8, 4))),
+    (4, (DecodeTile(32, 8, 1, 4, 4), DecodeTile(32, 8, 1, 4, 4))),
+    (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
 )
 
 
