@@ -10,8 +10,9 @@ and keep every decoded value in registers:
   tokens of one expert are its N side** (8 or 16 columns). A lane loads 16 contiguous
   bytes of a weight row per 128-value K block: exactly one MX block (32 codes, one scale).
 - **Decode by bit placement, two values per 32-bit operation.** Codes ``j`` and
-  ``j + 4`` of a 32-bit word sit 16 bits apart, so two shifts and a masked merge place
-  both into one bf16x2 register as ``E2M1 * 2**-126`` (code 1 is the bf16 subnormal
+  ``j + 4`` of a 32-bit word sit 16 bits apart, so a mask, one integer multiply (two
+  non-overlapping shifted copies) and a mask place both into one bf16x2 register as
+  ``E2M1 * 2**-126`` (code 1 is the bf16 subnormal
   ``2**-127``); one ``mul.rn.bf16x2`` by the block's scale ``2**(s - 1)`` then gives the
   exact value ``E2M1 * 2**(s - 127)`` (``TWO_STEP``: ``2**126`` then ``2**(s - 127)``,
   for scale bytes above 128 whose ``2**(s - 1)`` is not a bf16). About two instructions
@@ -58,9 +59,9 @@ __all__ = ["moe_decode_gemm", "swiglu_splits", "combine_slots", "MAX_PAIRS"]
 #: The expert scan holds every pair's expert id in registers: the decode path's limit.
 MAX_PAIRS = 1024
 
-# bf16 bit masks of the placed E2M1 codes (two bf16 halves of a 32-bit word).
-_MAG: gl.constexpr = gl.constexpr(0x01C001C0)  # exponent/mantissa bits -> bf16 bits 6..8 (and 22..24)
-_SGN: gl.constexpr = gl.constexpr(0x80008000)  # sign -> bf16 bit 15 (and 31)
+# bf16 bits of the placed E2M1 codes (two bf16 halves of a 32-bit word): exponent/mantissa at
+# 6..8 and the sign at 15 (and 22..24, 31).
+_BITS: gl.constexpr = gl.constexpr(0x81C081C0)
 _TWO_126_X2: gl.constexpr = gl.constexpr(0x7E807E80)  # bf16x2 (2**126, 2**126)
 
 
@@ -107,10 +108,14 @@ def _decode_a(words, sc, BLOCK_M: gl.constexpr, W: gl.constexpr, WARPS: gl.const
     (q, w, p = p0 + 2 p1, half i) is ``16 (2 w + p1) + 8 p0 + 2 q + i``.
     """
     f = gl.broadcast(_scale_x2(sc, TWO_STEP)[:, :, None], words)[0]
-    r0 = ((words << 6) & _MAG) | ((words << 12) & _SGN)
-    r1 = ((words << 2) & _MAG) | ((words << 8) & _SGN)
-    r2 = ((words >> 2) & _MAG) | ((words << 4) & _SGN)
-    r3 = ((words >> 6) & _MAG) | (words & _SGN)
+    # Plane p: codes p and p + 4 (nibbles 16 bits apart). One multiply places both fields of both
+    # codes: t * (2**a + 2**(a + 6)) puts magnitude bits at 6..8 (22..24) and the sign at 15 (31),
+    # with no carries (the two shifted copies do not overlap); the mask keeps those bits.
+    hi = words >> 8
+    r0 = ((words & 0x000F000F) * 0x1040) & _BITS
+    r1 = ((words & 0x00F000F0) * 0x104) & _BITS
+    r2 = ((hi & 0x000F000F) * 0x1040) & _BITS
+    r3 = ((hi & 0x00F000F0) * 0x104) & _BITS
     if TWO_STEP:
         two126 = gl.full(words.shape, _TWO_126_X2, gl.uint32, words.type.layout)
         r0 = _bf16x2_mul(r0, two126)
