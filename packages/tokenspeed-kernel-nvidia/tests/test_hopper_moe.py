@@ -284,3 +284,54 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+
+
+# -- the layer's Triton helpers, run under the interpreter --------------------------------
+
+_INTERPRETED = r"""
+import json, torch
+from tokenspeed_kernel_nvidia.hopper.moe.decode import combine_slots, swiglu_splits
+
+g = torch.Generator().manual_seed(0)
+out = {}
+# combine: y [KS, T*k, H] fp32 -> out [T, H] bf16, sum over splits and slots in order.
+ks, t, k, h = 3, 5, 4, 96
+y = torch.randn(ks, t * k, h, generator=g)
+res = torch.empty(t, h, dtype=torch.bfloat16)
+combine_slots[(t, 2)](y, res, res.stride(0), y.stride(0), h, TOP_K=k, KSPLIT=ks, BLOCK=64)
+want = y.view(ks, t, k, h).sum(dim=(0, 2)).to(torch.bfloat16)
+def rel(a, b):
+    return ((a.float() - b.float()).abs() / b.float().abs().clamp_min(1e-2)).max().item()
+
+
+out["combine"] = rel(res, want)
+# swiglu over split partial sums, both gate/up orders, with and without the clamp.
+for interleaved in (True, False):
+    for limit in (7.0, None):
+        i = 80
+        ws = 3 * torch.randn(ks, 6, 2 * i, generator=g)
+        inter = torch.empty(6, i, dtype=torch.bfloat16)
+        swiglu_splits[(6, 2)](ws, inter, ws.stride(0), i, 1.702, limit or 0.0, 1.0, KSPLIT=ks,
+                              INTERLEAVED=interleaved, HAS_LIMIT=limit is not None, BLOCK=64)
+        s = ws.sum(0)
+        gate, up = (s[:, 0::2], s[:, 1::2]) if interleaved else (s[:, :i], s[:, i:])
+        if limit is not None:
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        want = ((up + 1.0) * gate * torch.sigmoid(1.702 * gate)).to(torch.bfloat16)
+        out[f"swiglu_{interleaved}_{limit}"] = rel(inter, want)
+print(json.dumps(out))
+"""
+
+
+def test_combine_and_split_swiglu_match_torch_under_the_interpreter():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    # fp32 sums in another order, then one bf16 rounding each: within one bf16 ulp (2**-7 relative).
+    assert len(errs) == 5 and all(v <= 2**-7 for v in errs.values()), errs
