@@ -86,6 +86,10 @@ def test_shape_and_pair_limits_raise_naming_the_argument():
     with pytest.raises(ValueError, match="hidden"):
         layer.moe_apply(x, torch.ones(1, 2), ids, w, GPT_OSS)
     w = _weights(2, 64, 64)
+    with pytest.raises(TypeError, match="x: .*bf16"):
+        layer.moe_apply(torch.zeros(1, 64, dtype=torch.float16), torch.ones(1, 2), ids, w, GPT_OSS)
+    with pytest.raises(TypeError, match="topk_ids"):
+        layer.moe_apply(torch.zeros(1, 64, dtype=torch.bfloat16), torch.ones(1, 2), ids.long(), w, GPT_OSS)
     t = MAX_PAIRS // 2 + 1
     with pytest.raises(ValueError, match="topk_ids"):
         layer.moe_apply(torch.zeros(t, 64, dtype=torch.bfloat16), torch.ones(t, 2), torch.zeros(t, 2, dtype=torch.int32),

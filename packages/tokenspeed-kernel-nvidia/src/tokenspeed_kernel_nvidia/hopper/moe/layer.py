@@ -125,6 +125,10 @@ def moe_apply(
 
     ``tiles`` overrides :data:`DECODE_TILES` (tuning only).
     """
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x: hopper.moe_apply takes bf16 activations (its MMAs are bf16), got {x.dtype}")
+    if topk_ids.dtype != torch.int32:
+        raise TypeError(f"topk_ids: expected int32, got {topk_ids.dtype}")
     t, h = x.shape
     k = topk_ids.shape[1]
     pairs = t * k
