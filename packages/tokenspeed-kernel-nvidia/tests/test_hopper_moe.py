@@ -76,7 +76,7 @@ def test_registered_for_bf16_mxfp4_on_sm90_up_to_its_token_bound():
     assert NAME not in sm80 or not sm80[NAME].eligible
 
 
-def test_shape_and_pair_limits_raise_naming_the_argument():
+def test_shape_stride_and_slot_limits_raise_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe import layer
     from tokenspeed_kernel_nvidia.hopper.moe.decode import MAX_PAIRS
 
@@ -90,10 +90,36 @@ def test_shape_and_pair_limits_raise_naming_the_argument():
         layer.moe_apply(torch.zeros(1, 64, dtype=torch.float16), torch.ones(1, 2), ids, w, GPT_OSS)
     with pytest.raises(TypeError, match="topk_ids"):
         layer.moe_apply(torch.zeros(1, 64, dtype=torch.bfloat16), torch.ones(1, 2), ids.long(), w, GPT_OSS)
-    t = MAX_PAIRS // 2 + 1
+    k = MAX_PAIRS + 1
     with pytest.raises(ValueError, match="topk_ids"):
-        layer.moe_apply(torch.zeros(t, 64, dtype=torch.bfloat16), torch.ones(t, 2), torch.zeros(t, 2, dtype=torch.int32),
+        layer.moe_apply(torch.zeros(1, 64, dtype=torch.bfloat16), torch.ones(1, k), torch.zeros(1, k, dtype=torch.int32),
                         w, GPT_OSS)  # fmt: skip
+    sliced = replace(w, w13=w.w13[:, :, :16])  # rows of 16 bytes inside rows of 32: not the K / 2 stride
+    with pytest.raises(ValueError, match="w13: .*contiguous"):
+        layer.moe_apply(torch.zeros(1, 64, dtype=torch.bfloat16), torch.ones(1, 2), ids, sliced, GPT_OSS)
+
+
+def test_calls_above_the_pair_limit_run_as_token_slices(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+    from tokenspeed_kernel_nvidia.hopper.moe.decode import MAX_PAIRS
+
+    calls = []
+    for name in ("moe_decode_gemm", "swiglu_splits", "combine_slots"):
+        monkeypatch.setattr(layer, name, _Recorder(getattr(decode, name), calls))
+    w = _weights(4, 64, 64)
+    t, k = MAX_PAIRS // 2 + 3, 2  # 1030 pairs: a slice of 512 tokens (1024 pairs), then one of 3
+    x = torch.randn(t, 64).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    layer.moe_apply(x, torch.ones(t, k), torch.zeros(t, k, dtype=torch.int32), w, GPT_OSS, out=out)
+    combines = [c for c in calls if c[0] is decode.combine_slots]
+    assert [c[1][0] for c in combines] == [512, 3]  # grid rows = tokens of each slice
+    # Each slice's combine writes its own rows of out, and each GEMM sees only its slice's pairs.
+    starts = [c[2][1].data_ptr() for c in combines]
+    row = out.stride(0) * out.element_size()
+    assert starts == [out.data_ptr(), out.data_ptr() + 512 * row]
+    gemms = [c for c in calls if c[0] is decode.moe_decode_gemm]
+    assert [c[1][0] for c in gemms] == [1024, 1024, 6, 6]
+    assert all(c[2][2].numel() == c[1][0] for c in gemms)  # the ids tensor has exactly the slice's pairs
 
 
 def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
@@ -111,7 +137,7 @@ def test_decode_tile_rejects_shapes_the_kernel_cannot_lay_out():
 
     assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1)
     with pytest.raises(ValueError, match="ksplit"):
-        DecodeTile(64, 8, 2, 6, 5)
+        DecodeTile(64, 8, 2, 6, 0)
     with pytest.raises(ValueError, match="stages"):
         DecodeTile(64, 8, 2, 1)
     with pytest.raises(ValueError, match="tokens"):

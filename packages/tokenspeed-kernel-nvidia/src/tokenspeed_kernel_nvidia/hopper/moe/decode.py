@@ -265,6 +265,24 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
 
 
 @gluon.jit
+def _weight_rows(m, pid_n, N: gl.constexpr, BLOCK_M: gl.constexpr, GATE_UP: gl.constexpr,
+                 INTERLEAVED: gl.constexpr):  # fmt: skip
+    """The weight row (and whether it exists) of MMA row ``m`` of N tile ``pid_n``. Gate/up: MMA
+    rows ``m`` and ``m + 8`` (one thread) are the gate and up rows of one intermediate feature."""
+    if GATE_UP:
+        h = (m // 8) % 2
+        j = pid_n * (BLOCK_M // 2) + (m // 16) * 8 + m % 8
+        if INTERLEAVED:
+            rows = 2 * j + h
+        else:
+            rows = h * (N // 2) + j
+        return rows, j < N // 2
+    else:
+        rows = pid_n * BLOCK_M + m
+        return rows, rows < N
+
+
+@gluon.jit
 def moe_decode_gemm(
     a_ptr, stride_a, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, stride_ys,
     num_pairs, alpha, limit, up_offset,
@@ -302,24 +320,11 @@ def moe_decode_gemm(
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
-        # Weight rows of the tile, as loaded: t = ((rep * 2 + h) * WARPS + w) * 8 + r holds MMA
-        # row m = ((rep * WARPS + w) * 2 + h) * 8 + r.
+        # Weight rows of the tile, as loaded: load row t = ((rep * 2 + h) * WARPS + w) * 8 + r holds
+        # MMA row m = ((rep * WARPS + w) * 2 + h) * 8 + r.
         t = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
-        r = t % 8
-        wp = (t // 8) % WARPS
-        h = (t // (8 * WARPS)) % 2
-        rep = t // (16 * WARPS)
-        if GATE_UP:
-            # MMA rows m and m + 8 (one thread) are the gate and up rows of feature j.
-            j = pid_n * (BLOCK_M // 2) + (rep * WARPS + wp) * 8 + r
-            if INTERLEAVED:
-                w_rows = 2 * j + h
-            else:
-                w_rows = h * (N // 2) + j
-            w_ok = j < N // 2
-        else:
-            w_rows = pid_n * BLOCK_M + ((rep * WARPS + wp) * 2 + h) * 8 + r
-            w_ok = w_rows < N
+        m_of_t = ((t // (16 * WARPS) * WARPS + (t // 8) % WARPS) * 2 + (t // (8 * WARPS)) % 2) * 8 + t % 8
+        w_rows, w_ok = _weight_rows(m_of_t, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
         slots = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, LP))
         for chunk in range(0, count, TOKENS):
             # The pairs of expert e ranked chunk .. chunk + TOKENS (pair order).
@@ -337,17 +342,7 @@ def moe_decode_gemm(
             out_pairs = gl.convert_layout(members, COLS)
             out_ok = gl.convert_layout(live, COLS)
             m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
-            if GATE_UP:
-                hm = (m // 8) % 2
-                jm = pid_n * (BLOCK_M // 2) + (m // 16) * 8 + m % 8
-                if INTERLEAVED:
-                    n_rows = 2 * jm + hm
-                else:
-                    n_rows = hm * (N // 2) + jm
-                n_ok = jm < N // 2
-            else:
-                n_rows = pid_n * BLOCK_M + m
-                n_ok = n_rows < N
+            n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
             if HAS_BIAS:
                 # Added once: by the first K split.
                 bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok & (ks == 0), other=0.0)

@@ -11,8 +11,9 @@ Three or four launches, no host sync, no weight preprocessing (the canonical MXF
    (deterministic: no atomics anywhere).
 
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
-The decode path's scope: up to :data:`.decode.MAX_PAIRS` (token, slot) pairs; selection
-offers it up to 255 tokens (``tokenspeed_kernel_nvidia._register``).
+The kernels take up to :data:`.decode.MAX_PAIRS` (token, slot) pairs a launch (larger calls
+run as token slices); selection offers the layer up to 255 tokens
+(``tokenspeed_kernel_nvidia._register``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class DecodeTile(tuple):
     def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1):
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
-        if ksplit not in (1, 2, 3, 4, 6, 8):
-            raise ValueError(f"ksplit: expected 1, 2, 3, 4, 6 or 8, got {ksplit}")
+        if ksplit < 1:
+            raise ValueError(f"ksplit: expected at least 1, got {ksplit}")
         if tokens not in (8, 16):
             raise ValueError(f"tokens: expected 8 or 16 (MMA N tiles), got {tokens}")
         if warps not in (1, 2, 4, 8):
@@ -77,16 +78,29 @@ def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]
 
 
 def check_shapes(weights: MoEWeights) -> None:
-    """The shapes the kernels take: hidden and intermediate multiples of 64 (a 64-value K tail)."""
+    """The shapes the kernels take: hidden and intermediate multiples of 64 (a 64-value K tail), and
+    code rows / scale bytes contiguous within an expert (the kernels address rows as ``K / 2`` bytes;
+    the expert and scale-row strides are arguments)."""
     h, i = weights.hidden, weights.intermediate
     if h % 64 or i % 64:
         raise ValueError(f"weights: hopper.moe_apply needs hidden ({h}) and intermediate ({i}) divisible by 64")
+    for name in ("w13", "w2", "w13_scale", "w2_scale"):
+        v = getattr(weights, name)
+        if v.stride(-1) != 1 or (not name.endswith("scale") and v.stride(-2) != v.shape[-1]):
+            raise ValueError(
+                f"{name}: hopper.moe_apply needs rows contiguous within an expert (call .contiguous() once)"
+            )
 
 
 def _two_step(weights: MoEWeights) -> bool:
-    """Whether some scale byte exceeds ONE_STEP_MAX_SCALE (cached on the weights object)."""
+    """Whether some scale byte exceeds ONE_STEP_MAX_SCALE (read once, cached on the weights object).
+
+    Reading the scales syncs with the host; a first call inside a CUDA-graph capture cannot, so it
+    takes the two-multiply decode, which is exact for every scale byte."""
     cached = getattr(weights, "_hopper_two_step", None)
     if cached is None:
+        if weights.w13_scale.is_cuda and torch.cuda.is_current_stream_capturing():
+            return True
         cached = bool(max(int(weights.w13_scale.max()), int(weights.w2_scale.max())) > ONE_STEP_MAX_SCALE)
         object.__setattr__(weights, "_hopper_two_step", cached)
     return cached
@@ -132,19 +146,29 @@ def moe_apply(
     t, h = x.shape
     k = topk_ids.shape[1]
     pairs = t * k
-    if pairs > MAX_PAIRS:
-        raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} (token, slot) pairs, got {pairs}")
+    if k > MAX_PAIRS:
+        raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     check_shapes(weights)
     result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
     if t == 0 or h == 0:
         return out if out is not None else result
+    if pairs > MAX_PAIRS:
+        # The expert scan holds every pair's id in registers: larger calls run as consecutive token slices.
+        step = MAX_PAIRS // k
+        for t0 in range(0, t, step):
+            sl = slice(t0, t0 + step)
+            moe_apply(x[sl], topk_weights[sl], topk_ids[sl], weights, activation, out=result[sl], tiles=tiles)
+        if out is not None and result is not out:
+            out.copy_(result)
+            return out
+        return result
     i = weights.intermediate
     x = x if x.stride(-1) == 1 else x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
     tw = topk_weights.reshape(-1).contiguous()
     two_step = _two_step(weights)
     gu_tile, down_tile = tiles or _tiles(t, two_step)
-    w13, s13, w2, s2 = (v.contiguous() for v in (weights.w13, weights.w13_scale, weights.w2, weights.w2_scale))
+    w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
     common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step)
     gu_split = gu_tile[4]
