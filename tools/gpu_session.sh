@@ -9,7 +9,8 @@
 #         tk-anchor (the triton_kernels MoE anchor, .anchors/tk_moe.py carried beside the checkout),
 #         amd-moe (the AMD MoE's portable twin: GPU tests, tools/bench_amd_moe_twin.py),
 #         gdn (linear attention: GPU tests, verify of the Triton kernels, bench of both ops with fla),
-#         hopper-moe (hopper.moe_apply: GPU tests, tools/hopper_moe_h200.py $HOPPER_ARGS).
+#         hopper-moe (hopper.moe_apply: GPU tests, tools/hopper_moe_h200.py $HOPPER_ARGS), hopper-moe-tests (the tests only),
+#         launch-tests (cached launch vs JIT, graph replay, every in-tree kernel), host-anchor (.anchors/host_cost.py), host-probe (tools/host_probe.py: where an eager call's host time goes).
 # WHL_DIR: the folder of carried wheels (default .whl).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
 set -uo pipefail
@@ -82,6 +83,16 @@ for stage in "$@"; do
         2>&1 | tee "$OUT/gpu-tests-hopper-moe.log" | tail -15
       s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1
       python3 "$repo/tools/hopper_moe_h200.py" --out "$OUT" ${HOPPER_ARGS:-} 2>&1 | tee "$OUT/hopper_moe.log" | tail -60 || rc=1 ;;
+    hopper-moe-tests)
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe.py" \
+        2>&1 | tee "$OUT/gpu-tests-hopper-moe.log" | tail -15
+      s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
+    launch-tests)
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py" \
+        2>&1 | tee "$OUT/gpu-tests-launch.log" | tail -25
+      s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
+    host-anchor) (cd "$OUT" && python3 "$repo/.anchors/host_cost.py") 2>&1 | tee "$OUT/host-anchor.log" | tail -12 || rc=1 ;;
+    host-probe) python3 "$repo/tools/host_probe.py" --out "$OUT/probe" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/host-probe.log" | tail -60 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

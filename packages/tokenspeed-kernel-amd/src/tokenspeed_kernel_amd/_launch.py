@@ -1,9 +1,12 @@
 """One kernel launch as data: what the host code plans, runs, and what the
-cross-compilation tests record and compile instead of running. Imports no Triton."""
+cross-compilation tests record and compile instead of running. Imports no Triton
+(the launch goes through :func:`tokenspeed_kernel.launch.cached`)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from tokenspeed_kernel.launch import cached
 
 __all__ = ["KernelLaunch", "next_pow2"]
 
@@ -20,7 +23,7 @@ class KernelLaunch:
         self.kwargs = kwargs
 
     def __call__(self) -> None:
-        self.fn[self.grid](*self.args, **self.kwargs)
+        cached(self.fn)[self.grid](*self.args, **self.kwargs)
 
     def __repr__(self) -> str:
         return f"KernelLaunch({getattr(self.fn, '__name__', self.fn)}, grid={self.grid})"

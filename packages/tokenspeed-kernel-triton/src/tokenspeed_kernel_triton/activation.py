@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._host import RowConfig, RowsOut, as_rows, row_config
 
 __all__ = ["SWIGLU_CONFIGS", "swiglu", "silu_and_mul", "TRITON_KERNELS"]
@@ -69,7 +71,7 @@ def _launch(
     if x2.shape[0] and inter:
         cfg = row_config(SWIGLU_CONFIGS, x.device)
         block = min(cfg.block, triton.next_power_of_2(inter))
-        _swiglu_kernel[(x2.shape[0], triton.cdiv(inter, block))](
+        cached(_swiglu_kernel)[(x2.shape[0], triton.cdiv(inter, block))](
             x2, y.rows, inter, x2.stride(0), y.rows.stride(0),
             alpha, limit if limit is not None else 0.0, up_offset,
             INTERLEAVED=interleaved,

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernel.core.formats import fp8_granularity
+from tokenspeed_kernel.launch import cached
 
 from ._host import arch_family
 from ._mxfp4 import E2M1_REBIAS, e2m1_word_planes, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
@@ -637,7 +638,7 @@ def mm_with_config(
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     splits, k_per_split = split_k_plan(cfg, tiles, k)
     target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
-    _mm_kernel[(tiles, splits)](
+    cached(_mm_kernel)[(tiles, splits)](
         a, b, target, bias, a_scale, b_scale,
         m, n, k, k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
@@ -665,7 +666,7 @@ def mm_with_config(
 
 def _reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, splits: int) -> None:
     m, n = out.shape
-    _split_k_reduce_kernel[(m, triton.cdiv(n, _REDUCE_BLOCK_N))](
+    cached(_split_k_reduce_kernel)[(m, triton.cdiv(n, _REDUCE_BLOCK_N))](
         ws, bias, out, m * n, n, splits, out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
     )  # fmt: skip
@@ -687,7 +688,7 @@ def _gemv(
     tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, block_m)
     splits, k_per_split = split_k_plan(cfg, tiles, k)
     target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
-    _mxfp4_gemv_kernel[(triton.cdiv(n, cfg.block_n), splits, triton.cdiv(m, block_m))](
+    cached(_mxfp4_gemv_kernel)[(triton.cdiv(n, cfg.block_n), splits, triton.cdiv(m, block_m))](
         a, words, scales, target, bias,
         m, n, k, k_per_split,
         a.stride(0), a.stride(1), words.stride(0), scales.stride(0), scales.stride(1), out.stride(0), out.stride(1),

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._host import RowConfig, as_rows, row_config
 from ._mxfp4 import unpack_mxfp4
 
@@ -278,7 +280,7 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
         if m and nb:
             cfg = row_config(QUANTIZE_FP8_BLOCK128_CONFIGS, dev)
             blocks = min(cfg.rows, triton.next_power_of_2(nb))
-            _fp8_block128_kernel[(m, triton.cdiv(nb, blocks))](
+            cached(_fp8_block128_kernel)[(m, triton.cdiv(nb, blocks))](
                 x, q, scales, k, nb, x.stride(0), q.stride(0), scales.stride(0),
                 BLOCKS=blocks, num_warps=cfg.num_warps, **cfg.launch,
             )  # fmt: skip
@@ -290,7 +292,7 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     common = dict(BLOCK_M=block_m, BLOCK_K=block_k, num_warps=cfg.num_warps, **cfg.launch)
     if scale is not None:
         if m and k:
-            _fp8_rows_kernel[grid](
+            cached(_fp8_rows_kernel)[grid](
                 x, q, scale, None, 0, m, k, x.stride(0), q.stride(0), MODE=_MODE_STATIC, BLOCK_P=1, **common
             )
         return q, scale
@@ -299,7 +301,7 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
         if m and not k:
             scales.fill_(1.0)
         elif m:
-            _fp8_rows_kernel[grid](
+            cached(_fp8_rows_kernel)[grid](
                 x, q, scales, None, 0, m, k, x.stride(0), q.stride(0), MODE=_MODE_PER_ROW, BLOCK_P=1, **common
             )
         return q, scales
@@ -312,11 +314,11 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     rows_per_program = triton.cdiv(triton.cdiv(m, block_m), n_partials) * block_m
     n_partials = triton.cdiv(m, rows_per_program)
     partials = torch.empty((n_partials,), dtype=torch.float32, device=dev)
-    _amax_partial_kernel[(n_partials,)](
+    cached(_amax_partial_kernel)[(n_partials,)](
         x, partials, m, k, x.stride(0), rows_per_program,
         BLOCK_M=block_m, BLOCK_K=block_k, num_warps=cfg.num_warps, **cfg.launch,
     )  # fmt: skip
-    _fp8_rows_kernel[grid](
+    cached(_fp8_rows_kernel)[grid](
         x, q, scales, partials, n_partials, m, k, x.stride(0), q.stride(0),
         MODE=_MODE_PER_TENSOR, BLOCK_P=triton.next_power_of_2(n_partials), **common,
     )  # fmt: skip
@@ -342,7 +344,7 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = row_config(QUANTIZE_MXFP4_CONFIGS, x.device)
         groups = min(cfg.rows, triton.next_power_of_2(n_groups))
         b2, s2 = blocks.view(-1, k // 2), scales.view(-1, n_groups)
-        _mxfp4_quantize_kernel[(x2.shape[0], triton.cdiv(n_groups, groups))](
+        cached(_mxfp4_quantize_kernel)[(x2.shape[0], triton.cdiv(n_groups, groups))](
             x2, b2, s2, n_groups, x2.stride(0), b2.stride(0), s2.stride(0),
             GROUPS=groups, num_warps=cfg.num_warps, **cfg.launch,
         )  # fmt: skip
@@ -365,7 +367,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype: torch
         cfg = row_config(DEQUANTIZE_MXFP4_CONFIGS, blocks.device)
         block_k = max(32, min(cfg.block, triton.next_power_of_2(k)))
         o2 = out.view(-1, k)
-        _mxfp4_dequantize_kernel[(triton.cdiv(n_rows, cfg.rows), triton.cdiv(k, block_k))](
+        cached(_mxfp4_dequantize_kernel)[(triton.cdiv(n_rows, cfg.rows), triton.cdiv(k, block_k))](
             b2, s2, o2, n_rows, k, b2.stride(0), s2.stride(0), o2.stride(0),
             BLOCK_R=cfg.rows, BLOCK_K=block_k, num_warps=cfg.num_warps, **cfg.launch,
         )  # fmt: skip

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._host import RowConfig, RowsOut, arch_family, as_rows
 
 __all__ = ["RMSNORM_CONFIGS", "RowConfig", "rmsnorm", "rmsnorm_config", "rmsnorm_with_config", "TRITON_KERNELS"]
@@ -142,6 +144,7 @@ def _scale_store(x, w_ptr, y_ptr, rows, row_ok, cols, H, stride_y, rstd):
 
 
 TRITON_KERNELS = {"rmsnorm": _rmsnorm_kernel}
+_RMSNORM = cached(_rmsnorm_kernel)
 
 
 def rmsnorm(
@@ -165,7 +168,59 @@ def rmsnorm(
     Returns:
         ``y`` like ``x``, or ``(y, s)`` with a residual.
     """
+    if out is None and x.dim() == 2:
+        # The common call (rows of a 2-D activation, no out=): one dict lookup for the
+        # launch plan of this shape and layout instead of recomputing it (host cost).
+        key = (x.shape, x.stride(), x.dtype, x.device, None if residual is None else residual.stride())
+        plan = _PLANS.get(key)
+        if plan is None:
+            if len(_PLANS) >= 1024:  # token counts that vary per call: start over
+                _PLANS.clear()
+            plan = _PLANS[key] = _plan(x, residual)
+        if plan is not False:
+            grid, kwargs = plan
+            n_rows, h = x.shape
+            y = torch.empty_like(x)
+            if residual is None:
+                _RMSNORM[grid](x, None, weight, y, None, n_rows, h, x.stride(0), 0, h, 0, eps, **kwargs)
+                return y
+            s = torch.empty_like(x)
+            _RMSNORM[grid](x, residual, weight, y, s, n_rows, h, x.stride(0), residual.stride(0), h, h, eps, **kwargs)
+            return y, s
     return rmsnorm_with_config(x, weight, eps, residual=residual, out=out, config=None)
+
+
+#: launch plans of the fast path by (shape, strides, dtype, device, residual strides): (grid, kwargs) or False.
+_PLANS: dict = {}
+
+
+def _plan(x: torch.Tensor, residual: torch.Tensor | None):
+    """(grid, kwargs) for 2-D ``x`` (and ``residual``) with contiguous rows; False when the general path is needed."""
+    n_rows, h = x.shape
+    if not (n_rows and h) or x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
+        return False
+    if not torch.empty_like(x).is_contiguous():
+        return False
+    grid, kwargs = _launch_plan(n_rows, h, residual is not None, x.device, None)
+    return grid, kwargs
+
+
+def _launch_plan(n_rows: int, h: int, has_residual: bool, device: torch.device, config: RowConfig | None):
+    cfg = config if config is not None else rmsnorm_config(n_rows, device)
+    one_pass = h <= cfg.block
+    if one_pass and cfg.two_tiles:
+        # largest power of two <= H, then the rest rounded up to a power of two
+        block = 1 << (h.bit_length() - 1)
+        tail = triton.next_power_of_2(h - block) if h > block else 0
+    elif one_pass:
+        block, tail = triton.next_power_of_2(h), 0
+    else:
+        block, tail = cfg.block, 0
+    kwargs = dict(
+        HAS_RESIDUAL=has_residual, ONE_PASS=one_pass, BLOCK=block, BLOCK_TAIL=tail, ROWS=cfg.rows,
+        num_warps=cfg.num_warps, **cfg.launch,
+    )  # fmt: skip
+    return (triton.cdiv(n_rows, cfg.rows),), kwargs
 
 
 def rmsnorm_with_config(
@@ -185,28 +240,13 @@ def rmsnorm_with_config(
     s = RowsOut(None, tuple(x.shape), x.dtype, x.device) if residual is not None else None
     r2 = as_rows(residual) if residual is not None else None
     if n_rows and h:
-        cfg = config if config is not None else rmsnorm_config(n_rows, x.device)
-        one_pass = h <= cfg.block
-        if one_pass and cfg.two_tiles:
-            # largest power of two <= H, then the rest rounded up to a power of two
-            block = 1 << (h.bit_length() - 1)
-            tail = triton.next_power_of_2(h - block) if h > block else 0
-        elif one_pass:
-            block, tail = triton.next_power_of_2(h), 0
-        else:
-            block, tail = cfg.block, 0
-        _rmsnorm_kernel[(triton.cdiv(n_rows, cfg.rows),)](
+        grid, kwargs = _launch_plan(n_rows, h, residual is not None, x.device, config)
+        _RMSNORM[grid](
             x2, r2, weight, y.rows, s.rows if s is not None else None,
             n_rows, h,
             x2.stride(0), r2.stride(0) if r2 is not None else 0, y.rows.stride(0), s.rows.stride(0) if s else 0,
             eps,
-            HAS_RESIDUAL=residual is not None,
-            ONE_PASS=one_pass,
-            BLOCK=block,
-            BLOCK_TAIL=tail,
-            ROWS=cfg.rows,
-            num_warps=cfg.num_warps,
-            **cfg.launch,
+            **kwargs,
         )  # fmt: skip
     if s is not None:
         return y.finish(), s.finish()

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._host import RowConfig, row_config
 
 __all__ = ["ROTARY_CONFIGS", "apply_rotary", "TRITON_KERNELS"]
@@ -120,7 +122,7 @@ def apply_rotary(
         return q_out, k_out
     cfg = row_config(ROTARY_CONFIGS, q.device)
     block_h = min(cfg.rows, triton.next_power_of_2(max(hq, hk)))
-    _rotary_kernel[(t, triton.cdiv(max(hq, hk), block_h))](
+    cached(_rotary_kernel)[(t, triton.cdiv(max(hq, hk), block_h))](
         q, k, q_out, k_out, cos_sin_cache, positions,
         hq, hk, d, cos_sin_cache.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),

@@ -52,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._host import RowConfig, arch_family, row_config
 
 __all__ = [
@@ -748,16 +750,16 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     if n_chunks == 1:
         # One chunk per row: stage one's index is the answer.
         values = torch.empty((b,), dtype=torch.float32, device=logits.device)
-        _argmax_chunk_kernel[(b, 1)](
+        cached(_argmax_chunk_kernel)[(b, 1)](
             logits, values, out, v, logits.stride(0), 1, BLOCK=block, STEPS=steps, num_warps=cfg.num_warps
         )
         return out
     values = torch.empty((b, n_chunks), dtype=torch.float32, device=logits.device)
     indices = torch.empty((b, n_chunks), dtype=torch.int32, device=logits.device)
-    _argmax_chunk_kernel[(b, n_chunks)](
+    cached(_argmax_chunk_kernel)[(b, n_chunks)](
         logits, values, indices, v, logits.stride(0), n_chunks, BLOCK=block, STEPS=steps, num_warps=cfg.num_warps
     )
-    _argmax_reduce_kernel[(b,)](values, indices, out, n_chunks, BLOCK_C=triton.next_power_of_2(n_chunks))
+    cached(_argmax_reduce_kernel)[(b,)](values, indices, out, n_chunks, BLOCK_C=triton.next_power_of_2(n_chunks))
     return out
 
 
@@ -802,26 +804,26 @@ def top_k_top_p_sample(
     common = dict(BLOCK=block, STEPS=cfg.steps, num_warps=cfg.num_warps)
     stride = logits.stride(0)
     for level in range(levels):
-        _topk_pass_kernel[grid](
+        cached(_topk_pass_kernel)[grid](
             logits, top_k, pmax, scratch_i32, v, stride, n_chunks, LEVEL=level, LEVELS=levels, **common
         )
-    _candidates_kernel[grid](
+    cached(_candidates_kernel)[grid](
         logits, top_k, top_p, temperature, pmax, scratch_i32, scratch_f64, cand_i, cand_e, v, stride, n_chunks,
         LEVELS=levels, CAP=cfg.cap, BLOCK_C=triton.next_power_of_2(n_chunks), **common,
     )  # fmt: skip
     for p in (1, 2, 3):
-        _topp_pass_kernel[grid](
+        cached(_topp_pass_kernel)[grid](
             logits, top_k, top_p, temperature, uniform, scratch_i32, scratch_f64, cand_i, cand_e, out, v, stride, n_chunks,
             PASS=p, LEVELS=levels, CAP=cfg.cap, **common,
         )  # fmt: skip
-    _topp_threshold_kernel[(b,)](
+    cached(_topp_threshold_kernel)[(b,)](
         logits, top_p, temperature, scratch_i32, scratch_f64, cand_e, v, stride, n_chunks,
         LEVELS=levels, CAP=cfg.cap, BLOCK=block, PROBES=cfg.probes, num_warps=cfg.num_warps,
     )  # fmt: skip
-    _final_mass_kernel[grid](
+    cached(_final_mass_kernel)[grid](
         logits, temperature, scratch_i32, scratch_f64, v, stride, n_chunks, LEVELS=levels, **common
     )
-    _final_pick_kernel[grid](
+    cached(_final_pick_kernel)[grid](
         logits, temperature, uniform, scratch_i32, scratch_f64, out, v, stride, n_chunks, LEVELS=levels, **common
     )
     return out

@@ -126,6 +126,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE", help="write a PNG plot (needs matplotlib)")
     p.add_argument("--oracle-out", metavar="FILE", help="write a measured selection table (see `oracle`)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--host",
+        action="store_true",
+        help="host cost per call instead: public op eager, kernel called directly, graph replay, torch equivalent",
+    )
+    p.add_argument("--calls", type=int, default=400, help="--host: back-to-back calls per figure (default 400)")
     p.set_defaults(func=run)
 
 
@@ -159,7 +165,53 @@ def _cases(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, str | 
     return (cases or None), (counts or None), shape_set
 
 
+def _run_host(args: argparse.Namespace) -> int:
+    """``bench --host`` (see :mod:`tokenspeed_kernel.benchmark.host`)."""
+    from ..core.platform import current_platform, make_platform
+    from ..numerics.cli import _device, build_cases
+    from ..numerics.runner import default_device, resolve_target
+    from .host import host_bench, write_host_json, write_host_markdown
+
+    for flag in ("shapes", "replay", "peers", "graph", "include_reference", "oracle_out", "plot"):
+        if getattr(args, flag):
+            print(f"tokenspeed-kernel bench: --host does not take --{flag.replace('_', '-')}", file=sys.stderr)
+            return 2
+    if args.calls < 1:
+        print(f"tokenspeed-kernel bench: --calls: expected an int >= 1, got {args.calls}", file=sys.stderr)
+        return 2
+    try:
+        device = _device(args.device, default_device)
+        ops = sorted(resolve_target(args.target))
+        cases = None
+        if args.shape:
+            if len(ops) != 1:
+                raise ValueError("--shape needs one op as the target")
+            cases = {ops[0]: build_cases(ops[0], args.shape, None, args.dtype, device.type) or []}
+    except (ValueError, KeyError) as exc:
+        print(f"tokenspeed-kernel bench: {exc}", file=sys.stderr)
+        return 2
+    plat = current_platform() if device.type == "cuda" else make_platform("cpu")
+    command = "tokenspeed-kernel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
+    meta = {"device": plat.describe(), "calls": args.calls, "command": command, "torch": torch_version()}
+    rows = host_bench(
+        ops, device=device, cases=cases, calls=args.calls, seed=args.seed, progress=None if args.quiet else print
+    )
+    if args.json:
+        write_host_json(rows, args.json, meta)
+    if args.md:
+        write_host_markdown(rows, args.md, meta)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.host:
+        return _run_host(args)
     from ..core.settings import settings
     from ..numerics.cli import _device
     from ..numerics.runner import default_device

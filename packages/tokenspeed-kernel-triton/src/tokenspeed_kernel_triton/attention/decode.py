@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._shared import LN2, LOG2E, add_sink, cdiv, mma, next_power_of_2, normalize, online_softmax_step, score_scales
 from ._shared import scores_log2 as _scores_log2
 from .configs import decode_config
@@ -279,16 +281,62 @@ def mha_decode_with_kvcache(
     Returns:
         ``out`` or ``(out, lse)``.
     """
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    batch, hq, head_dim = q.shape
-    _, page_size, hkv, _ = k_cache.shape
-    group = hq // hkv
+    key = None
+    if config is None:
+        key = (
+            q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), page_table.shape, page_table.stride(),
+            q.dtype, q.device, window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits,
+        )  # fmt: skip
+        plan = _PLANS.get(key)
+    if key is None or plan is None:
+        plan = _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse,
+                            config, num_splits)  # fmt: skip
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:  # shapes that vary per call (page-table widths): start over
+                _PLANS.clear()
+            _PLANS[key] = plan
+    batch, hq = q.shape[0], q.shape[1]
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty((batch, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if batch == 0:
         return (out, lse) if return_lse else out
+    grid, scalars, kwargs, partial_shape, merge = plan
+    if partial_shape is None:
+        partial_out = partial_lse = None
+    else:
+        partial_out = torch.empty(partial_shape, dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty(partial_shape[:3], dtype=torch.float32, device=q.device)
+    lse_stride = lse.stride(0) if lse is not None else 0
+    _DECODE_SPLIT[grid](
+        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partial_out, partial_lse,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0), *scalars, **kwargs,
+    )  # fmt: skip
+    if merge is not None:
+        merge_grid, hq_, num_splits_, merge_kwargs = merge
+        _DECODE_MERGE[merge_grid](
+            partial_out, partial_lse, sinks, out, lse, out.stride(0), out.stride(1), lse_stride, hq_, num_splits_,
+            **merge_kwargs,
+        )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+#: launch plans by call shape and flags (host cost: the arithmetic below runs once per shape).
+_PLANS: dict = {}
+_MAX_PLANS = 1024
+_DECODE_SPLIT = cached(decode_split_kernel)
+_DECODE_MERGE = cached(decode_merge_kernel)
+
+
+def _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits):
+    """(grid, trailing scalars, kwargs, partials shape or None, merge launch or None) of one decode call shape."""
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    batch, hq, head_dim = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    group = hq // hkv
     cfg = config or decode_config(q.device, head_dim)
     heads_per_tile = min(group, cfg["max_heads_per_tile"])
     num_head_chunks = cdiv(group, heads_per_tile)
@@ -300,28 +348,25 @@ def mha_decode_with_kvcache(
     if num_splits is None:
         num_splits = choose_num_splits(batch, hkv * num_head_chunks, max_keys, q.device, cfg)
     direct = num_splits == 1
-    if direct:
-        partial_out = partial_lse = None
-    else:
-        partial_out = torch.empty((batch, hq, num_splits, head_dim), dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
     qk_scale, cap_scale, cap_log2 = score_scales(float(softmax_scale), float(logit_cap))
-    lse_stride = lse.stride(0) if lse is not None else 0
-    decode_split_kernel[(batch, hkv * num_head_chunks, num_splits)](
-        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partial_out, partial_lse,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        page_table.stride(0), qk_scale, cap_scale, cap_log2, max(window_left, 0), hq, num_head_chunks, num_splits,
+    scalars = (qk_scale, cap_scale, cap_log2, max(window_left, 0), hq, num_head_chunks, num_splits)
+    kwargs = dict(
         HEAD_DIM=head_dim, GROUP=group, HEADS_PER_TILE=heads_per_tile, BLOCK_H=block_h, BLOCK_N=cfg["BLOCK_N"],
         PAGE_SIZE=page_size, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, HAS_CAP=logit_cap > 0,
-        RETURN_LSE=lse is not None, DIRECT=direct, DOT_FP32=bool(cfg.get("DOT_FP32", False)),
+        RETURN_LSE=return_lse, DIRECT=direct, DOT_FP32=bool(cfg.get("DOT_FP32", False)),
         DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
     )  # fmt: skip
+    merge = None
     if not direct:
         merge_heads = min(16, next_power_of_2(hq))
-        decode_merge_kernel[(batch, cdiv(hq, merge_heads))](
-            partial_out, partial_lse, sinks, out, lse, out.stride(0), out.stride(1), lse_stride, hq, num_splits,
-            HEAD_DIM=head_dim, BLOCK_H=merge_heads, BLOCK_S=next_power_of_2(num_splits),
-            HAS_SINKS=sinks is not None, RETURN_LSE=lse is not None, num_warps=4,
+        merge = (
+            (batch, cdiv(hq, merge_heads)),
+            hq,
+            num_splits,
+            dict(
+                HEAD_DIM=head_dim, BLOCK_H=merge_heads, BLOCK_S=next_power_of_2(num_splits),
+                HAS_SINKS=sinks is not None, RETURN_LSE=return_lse, num_warps=4,
+            ),
         )  # fmt: skip
-    return (out, lse) if return_lse else out
+    partial_shape = None if direct else (batch, hq, num_splits, head_dim)
+    return (batch, hkv * num_head_chunks, num_splits), scalars, kwargs, partial_shape, merge

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._shared import (
     LN2,
     LOG2E,
@@ -300,7 +302,7 @@ def launch_attention_kernel(
         v_strides = (0, v.stride(0), v.stride(1))
         page_size, stride_pt = 1, 0
     qk_scale, cap_scale, cap_log2 = score_scales(softmax_scale, logit_cap)
-    attention_kernel[grid](
+    cached(attention_kernel)[grid](
         q, k, v, out, lse, sinks, cu_seqlens_q, cu_seqlens_k, cache_seqlens, page_table,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
         *k_strides, *v_strides, stride_pt,

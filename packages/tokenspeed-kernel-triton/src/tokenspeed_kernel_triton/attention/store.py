@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from ._shared import cdiv, next_power_of_2
 from .configs import store_config
 
@@ -76,7 +78,7 @@ def kvcache_store(
     cfg = store_config(k.device)
     block_d = next_power_of_2(head_dim)
     block_h = max(1, min(next_power_of_2(num_heads), cfg["elements_per_program"] // block_d))
-    kvcache_store_kernel[(num_tokens, cdiv(num_heads, block_h))](
+    cached(kvcache_store_kernel)[(num_tokens, cdiv(num_heads, block_h))](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import gemm
@@ -176,7 +177,7 @@ def launch_gate_up(
     bm = _block_m(rows_mode, cfg, block_m)
     tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, triton.cdiv(i, cfg.block_n // 2))
     limit = activation.limit
-    gemm.moe_gate_up_kernel[grid](
+    cached(gemm.moe_gate_up_kernel)[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map, *op.kernel_args(),
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], i,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
@@ -214,7 +215,7 @@ def launch_down(
     n = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
     tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, triton.cdiv(n, cfg.block_n))
-    gemm.moe_down_kernel[grid](
+    cached(gemm.moe_down_kernel)[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map,
         topk_weights if topk_weights is not None else a, *op.kernel_args(),
         y, y.stride(0), num_pairs, tiles_m, num_experts, a.shape[1], n,

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.launch import cached
+
 from .configs import ROUTE_BLOCK_T, family_of
 
 __all__ = ["moe_route"]
@@ -79,7 +81,7 @@ def moe_route(
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     if t:
         block_t = ROUTE_BLOCK_T[family_of(dev)]
-        _route_kernel[(triton.cdiv(t, block_t),)](
+        cached(_route_kernel)[(triton.cdiv(t, block_t),)](
             router_logits, router_logits.stride(0), weights, ids, t, e,
             TOPK=top_k, RENORMALIZE=renormalize, BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e),
             TOPK_PAD=triton.next_power_of_2(top_k),

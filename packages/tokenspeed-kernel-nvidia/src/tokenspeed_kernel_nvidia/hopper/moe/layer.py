@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, swiglu_splits
@@ -114,7 +115,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     rows_out = n // 2 if gate_up else n
     grid = (pairs, triton.cdiv(rows_out, block_m // 2 if gate_up else block_m), ksplit)
     limit = activation.limit
-    moe_decode_gemm[grid](
+    cached(moe_decode_gemm)[grid](
         a, a.stride(0), ids, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
         bias.stride(0) if bias is not None else 0, tw, y, y.stride(-2), y.stride(0) if y.dim() == 3 else 0, pairs,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
@@ -180,7 +181,7 @@ def moe_apply(
         _launch(x, ids, w13, s13, weights.w13_bias, tw, ws, gate_up=True, interleaved=weights.gate_up_interleaved,
                 tile=gu_tile, **common)  # fmt: skip
         limit = activation.limit
-        swiglu_splits[(pairs, triton.cdiv(i, 1024))](
+        cached(swiglu_splits)[(pairs, triton.cdiv(i, 1024))](
             ws, inter, ws.stride(0), i, float(activation.alpha), float(limit if limit is not None else 0.0),
             float(activation.up_offset), KSPLIT=gu_split, INTERLEAVED=weights.gate_up_interleaved,
             HAS_LIMIT=limit is not None, BLOCK=1024,
@@ -188,7 +189,7 @@ def moe_apply(
     y = torch.empty((down_tile[4], pairs, h), dtype=torch.float32, device=x.device)
     _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
     block = 1024
-    combine_slots[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
+    cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
                                               KSPLIT=down_tile[4], BLOCK=block)  # fmt: skip
     if out is not None and result is not out:
         out.copy_(result)

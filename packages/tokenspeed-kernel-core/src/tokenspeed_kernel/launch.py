@@ -1,0 +1,326 @@
+"""Cached launches of Triton and Gluon kernels: the host path of every kernel call.
+
+``fn[grid](*args, **kwargs)`` on a ``triton.jit`` function costs 18-26 us of host
+time on the H200 machine for a kernel that runs 2 us (``tools/host_probe.py``):
+Triton binds every argument, builds a specialisation list, turns the options into
+a string for its cache key, checks the kernel's globals and goes through two
+Python launcher layers before the C launch (about 5 us of that). A decode step
+makes hundreds of such launches.
+
+:class:`CachedLaunch` keeps the compiled kernel per *specialisation key* and
+launches it through the C launcher directly::
+
+    _rmsnorm = CachedLaunch(_rmsnorm_kernel)
+    _rmsnorm[grid](x, w, y, n, eps, BLOCK=1024, num_warps=8)   # same call as the JIT function
+
+The key is computed from the arguments with a function generated for the kernel's
+parameter list: per tensor its dtype and whether its address is 16-byte aligned,
+per int whether it is 1, divisible by 16 and which integer type it fits, per
+float/bool/None its type, plus the keyword arguments (constexprs and options),
+the current device and the Triton settings that change code (``knobs.runtime.debug``,
+``knobs.compilation.instrumentation_mode``; like Triton's own cache, not the kernel's
+globals, which are constants in every kernel of the packages). That is at least as
+fine as Triton's own specialisation (``native_specialize_impl``; the CPU test
+``test_launch.py`` checks it against Triton's binder), so one key never names two
+different compiled kernels. A miss runs the JIT path (``fn[grid](...)``, which
+compiles or finds the kernel in Triton's cache, and launches it) and stores what
+the next call needs.
+
+The JIT path stays the fallback, and is taken for every call:
+
+- under ``TRITON_INTERPRET=1`` (the interpreter has no compiled kernel);
+- while a Triton launch hook is set (``knobs.runtime.launch_enter_hook`` holds one:
+  Proton and other profilers see every launch as before; a hit passes no hook to
+  the C launcher, where Triton's own path calls the empty hook chain every launch);
+- on ROCm (the AMD backend specialises tensors on their size too; not measured
+  there, so not cached);
+- for a grid that is not a tuple (a callable grid), a kernel that needs a global or profile scratch buffer,
+  or an argument of another type (tensor descriptors, tuples);
+- inside :func:`jit_launches` (tests compare both paths with it), or with
+  ``TOKENSPEED_KERNEL_LAUNCH=jit`` in the environment.
+
+Runtime arguments must be positional (they are in every call in the packages);
+keywords are for constexprs and launch options, and a runtime argument passed by
+keyword raises ``TypeError`` naming it, on every path.
+
+This module imports Triton only when a kernel is first launched; the core package
+does not depend on Triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["CachedLaunch", "cached", "jit_launches", "launch_cache_info"]
+
+_state = threading.local()
+_ENV_JIT = os.environ.get("TOKENSPEED_KERNEL_LAUNCH", "").strip().lower() == "jit"
+
+#: Triton's integer types by range (``native_specialize_impl``): i32, i64, else u64.
+_I32_MIN, _I32_END, _I64_END = -(2**31), 2**31, 2**63
+
+
+def _jit_forced() -> bool:
+    return _ENV_JIT or getattr(_state, "jit", False)
+
+
+@contextlib.contextmanager
+def jit_launches() -> Iterator[None]:
+    """Within the block, every :class:`CachedLaunch` on this thread takes Triton's JIT path."""
+    before = getattr(_state, "jit", False)
+    _state.jit = True
+    try:
+        yield
+    finally:
+        _state.jit = before
+
+
+def _slow_spec(a: Any) -> tuple:
+    """A tagged key component for an argument whose kind differs from the generated fast path's.
+
+    The tags are strings, which a fast-path component never starts with, so the two cannot collide.
+    Raises ``_Uncacheable`` for kinds Triton specialises in ways this module does not model.
+    """
+    t = type(a)
+    if a is None:
+        return ("none",)
+    if t is bool:
+        return ("bool",)
+    if t is int:
+        return ("int", a == 1, a & 15 == 0, _I32_MIN <= a < _I32_END, a < _I64_END)
+    if t is float:
+        return ("float",)
+    if isinstance(a, torch.Tensor):
+        return ("tensor", a.dtype, a.data_ptr() & 15 == 0)
+    raise _Uncacheable(t.__name__)
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _kind(a: Any) -> str:
+    if a is None:
+        return "none"
+    t = type(a)
+    if t is bool:
+        return "bool"
+    if t is int:
+        return "int"
+    if t is float:
+        return "float"
+    if isinstance(a, torch.Tensor):
+        return "tensor"
+    return "other"
+
+
+def _key_function(params: list[Any], kinds: list[str]) -> Any:
+    """A function ``key(*args)`` for positional ``args`` of the first-seen ``kinds``.
+
+    Each position gets the expression of its kind with a type guard; another kind at
+    that position goes through :func:`_slow_spec`. Constexpr positions contribute
+    their value.
+    """
+    parts = []
+    for i, (p, kind) in enumerate(zip(params, kinds)):
+        a = f"a{i}"
+        if p.is_constexpr:
+            parts.append(a)
+            continue
+        spec = not p.do_not_specialize
+        align = not p.do_not_specialize_on_alignment
+        if kind == "tensor":
+            fast = f"({a}.dtype, {a}.data_ptr() & 15 == 0)" if spec and align else f"({a}.dtype,)"
+            parts.append(f"({fast} if type({a}) is _T or type({a}) is _P else _slow({a}))")
+        elif kind == "int":
+            fields = [f"_I32_MIN <= {a} < _I32_END", f"{a} < _I64_END"]
+            if spec:
+                fields = [f"{a} == 1", *fields]
+                if align:
+                    fields.append(f"{a} & 15 == 0")
+            parts.append(f"(({', '.join(fields)},) if type({a}) is int else _slow({a}))")
+        elif kind == "float":
+            parts.append(f"(0 if type({a}) is float else _slow({a}))")
+        elif kind == "bool":
+            parts.append(f"(1 if type({a}) is bool else _slow({a}))")
+        else:  # None
+            parts.append(f"(None if {a} is None else _slow({a}))")
+    names = ", ".join(f"a{i}" for i in range(len(kinds)))
+    src = f"def key({names}):\n    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})\n"
+    ns: dict[str, Any] = {
+        "_T": torch.Tensor,
+        "_P": torch.nn.Parameter,
+        "_slow": _slow_spec,
+        "_I32_MIN": _I32_MIN,
+        "_I32_END": _I32_END,
+        "_I64_END": _I64_END,
+    }
+    exec(compile(src, f"<tokenspeed_kernel launch key {len(kinds)} args>", "exec"), ns)
+    return ns["key"]
+
+
+class _Entry:
+    """What a cache hit needs: the C launch function and its fixed arguments."""
+
+    __slots__ = ("coop", "function", "launch", "packed", "pdl", "tail")
+
+    def __init__(self, launch, function, coop, pdl, packed, tail) -> None:
+        self.launch, self.function, self.coop, self.pdl, self.packed, self.tail = (
+            launch, function, coop, pdl, packed, tail,
+        )  # fmt: skip
+
+
+class CachedLaunch:
+    """``fn[grid](*args, **kwargs)`` of a Triton/Gluon JIT function with a cached launch (module doc)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", repr(fn))
+        self._cache: dict[Any, _Entry | None] = {}
+        self._keys: dict[int, Any] = {}  # positional-arg count -> key function
+        self._lock = threading.Lock()
+        params = getattr(fn, "params", None)
+        self._params = list(params) if params is not None else None
+        self._runtime_names = frozenset(p.name for p in self._params if not p.is_constexpr) if params else frozenset()
+        self._cacheable = params is not None and hasattr(fn, "device_caches")
+        self.misses = 0  # calls that took the JIT path to fill the cache (not counted on a hit)
+        self._knobs: Any = None
+        self._compilation: Any = None
+        self._getdev: Any = None
+        self._getstream: Any = None
+
+    def __repr__(self) -> str:
+        return f"CachedLaunch({self.__name__}, {len(self._cache)} cached)"
+
+    def __getitem__(self, grid: Any):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def _check_kwargs(self, kwargs: dict[str, Any]) -> None:
+        bad = self._runtime_names.intersection(kwargs)
+        if bad:
+            raise TypeError(
+                f"{self.__name__}: runtime argument(s) {sorted(bad)} passed by keyword; "
+                "CachedLaunch takes runtime arguments positionally (keywords are for constexprs and options)"
+            )
+
+    def launch(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Launch on the current device and stream (what ``fn[grid](*args, **kwargs)`` does)."""
+        if self._knobs is None:
+            self._bind_runtime()
+        # Triton 3.6 keeps the hooks in a HookChain (empty unless a profiler added one); older ones a callable or None.
+        hook = self._knobs.launch_enter_hook
+        if self._cacheable and type(grid) is tuple and not getattr(hook, "calls", hook) and not _jit_forced():
+            keyf = self._keys.get(len(args))
+            if keyf is not None:
+                dev = self._getdev()
+                try:
+                    key = (
+                        keyf(*args),
+                        tuple(kwargs.items()),
+                        dev,
+                        self._knobs.debug,
+                        self._compilation.instrumentation_mode,
+                    )
+                    entry = self._cache.get(key, False)
+                except (_Uncacheable, TypeError):
+                    entry = None
+                if entry:
+                    g = grid if len(grid) == 3 else (*grid, 1, 1)
+                    entry.launch(
+                        g[0], g[1], g[2], self._getstream(dev), entry.function, entry.coop, entry.pdl, None, None,
+                        entry.packed, None, None, None, *args, *entry.tail,
+                    )  # fmt: skip
+                    return
+                if entry is None:  # uncacheable call (or key): JIT path every time
+                    self._check_kwargs(kwargs)
+                    self.fn[grid](*args, **kwargs)
+                    return
+                self._miss(key, grid, args, kwargs)
+                return
+            self._miss(None, grid, args, kwargs)
+            return
+        self._check_kwargs(kwargs)
+        self.fn[grid](*args, **kwargs)
+
+    def _bind_runtime(self) -> None:
+        from triton import knobs
+
+        self._knobs = knobs.runtime
+        self._compilation = knobs.compilation
+        if self._cacheable and (torch.version.hip or knobs.runtime.interpret or not torch.cuda.is_available()):
+            self._cacheable = False
+        if self._cacheable:
+            self._getdev = torch._C._cuda_getDevice
+            self._getstream = torch._C._cuda_getCurrentRawStream
+
+    def _miss(self, key: Any, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        """JIT path; then remember the compiled kernel under ``key`` (computed here when None)."""
+        self._check_kwargs(kwargs)
+        self.misses += 1
+        kernel = self.fn[grid](*args, **kwargs)
+        if not 1 <= len(grid) <= 3:
+            return
+        params = self._params
+        assert params is not None
+        n = len(args)
+        try:
+            with self._lock:
+                keyf = self._keys.get(n)
+                if keyf is None:
+                    keyf = self._keys[n] = _key_function(params[:n], [_kind(a) for a in args])
+            if key is None:
+                key = (
+                    keyf(*args), tuple(kwargs.items()), self._getdev(), self._knobs.debug,
+                    self._compilation.instrumentation_mode,
+                )  # fmt: skip
+            hash(key)
+        except (_Uncacheable, TypeError):
+            return
+        entry = None
+        if kernel is not None:
+            if hasattr(kernel, "result"):
+                kernel = kernel.result()
+            run = kernel.run
+            launch = getattr(run, "launch", None)
+            simple = (
+                launch is not None
+                and not getattr(run, "global_scratch_size", 0)
+                and not getattr(run, "profile_scratch_size", 0)
+            )
+            if simple:
+                tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params[n:])
+                entry = _Entry(
+                    launch, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata, tail
+                )
+        with self._lock:
+            self._cache[key] = entry
+
+
+def launch_cache_info(launchers: list[CachedLaunch] | None = None) -> dict[str, dict[str, int]]:
+    """Per launcher (by kernel name): cached specialisations, uncacheable keys (JIT every call) and misses.
+
+    ``launchers``: default every launcher :func:`cached` made.
+    """
+    out = {}
+    for k in _all if launchers is None else launchers:
+        cached_n = sum(1 for e in k._cache.values() if e is not None)
+        out[k.__name__] = {"cached": cached_n, "uncacheable": len(k._cache) - cached_n, "misses": k.misses}
+    return out
+
+
+def cached(fn: Any) -> CachedLaunch:
+    """The :class:`CachedLaunch` of ``fn`` (one per JIT function, kept on it): ``cached(k)[grid](...)``."""
+    launcher = fn.__dict__.get("_tokenspeed_launch")
+    if launcher is None:
+        launcher = fn.__dict__["_tokenspeed_launch"] = CachedLaunch(fn)
+        _all.append(launcher)
+    return launcher
+
+
+_all: list[CachedLaunch] = []

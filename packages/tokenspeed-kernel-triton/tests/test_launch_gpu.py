@@ -1,0 +1,124 @@
+"""Every in-tree Triton/Gluon kernel (``triton.*``, ``hopper.*``) on the GPU: the cached launch path
+gives what Triton's JIT path gives, and a CUDA graph of the op replays to the same outputs.
+
+Per op, per kernel, on the op's ``gpu`` verify cases (the first three it takes):
+
+- the call runs twice through the public op (a miss of the launch cache, then a hit)
+  and once inside ``jit_launches()``; for a kernel tagged ``deterministic`` the three
+  outputs are equal bit for bit, else each passes the op's verify comparison against
+  the first;
+- for a kernel tagged ``cuda_graph_safe`` the call is captured in a CUDA graph (after
+  a warm-up on a side stream) and replayed on the original inputs; the outputs equal
+  the eager ones (the same comparison).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tokenspeed_kernel import registry
+from tokenspeed_kernel.core.plugins import ensure_loaded
+from tokenspeed_kernel.core.selection import OverrideError
+from tokenspeed_kernel.launch import jit_launches
+from tokenspeed_kernel.numerics.cases import all_op_cases, call_for_kernel, clone_call, get_op_cases, standard_cases
+from tokenspeed_kernel.numerics.inputs import make_generator
+
+pytestmark = pytest.mark.gpu
+
+IN_TREE = ("triton.", "hopper.")
+
+
+def _tensors(v):
+    from tokenspeed_kernel.ops.moe import MoEWeights
+
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, MoEWeights):
+        for f in dataclasses.fields(v):
+            yield from _tensors(getattr(v, f.name))
+        for x in v.extra:
+            yield from _tensors(x)
+    elif isinstance(v, list | tuple):
+        for x in v:
+            yield from _tensors(x)
+
+
+def _restore(dst: dict, src: dict) -> None:
+    for k in dst:
+        for a, b in zip(_tensors(dst[k]), _tensors(src[k])):
+            a.copy_(b)
+
+
+def _same(oc, case, got, want, deterministic: bool) -> list[str]:
+    if deterministic:
+        return [k for k in want if not torch.equal(got[k], want[k])]
+    return [c.output for c in oc.compare(case, got, want) if not c.passed]
+
+
+def _ops():
+    if not torch.cuda.is_available():
+        return ["none"]
+    ensure_loaded()
+    return sorted(op for op in all_op_cases() if any(s.name.startswith(IN_TREE) for s in registry.for_op(op)))
+
+
+@pytest.mark.parametrize("op", _ops())
+def test_cached_launch_matches_jit_and_graph_replays(op):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    oc = get_op_cases(op)
+    specs = [s for s in registry.for_op(op) if s.name.startswith(IN_TREE)]
+    cases = standard_cases(op, "gpu", device_type="cuda")
+    ran = 0
+    for spec in specs:
+        det = "deterministic" in spec.tags
+        taken = 0
+        for case in cases:
+            if taken == 3:
+                break
+            call = oc.make(case, dev, make_generator(dev, case.seed(0)))
+
+            def run(call=call, spec=spec):
+                kc = call_for_kernel(op, clone_call(call), spec)
+                return oc.outputs(kc, oc.fn(**kc))
+
+            try:
+                first = run()
+            except OverrideError:
+                continue  # the kernel does not take this case
+            taken += 1
+            hit = run()
+            with jit_launches():
+                jit = run()
+            torch.cuda.synchronize()
+            where = f"{spec.name} {case.describe()}"
+            assert not _same(oc, case, hit, first, det), (
+                f"{where}: cached hit differs: {_same(oc, case, hit, first, det)}"
+            )
+            assert not _same(oc, case, jit, first, det), (
+                f"{where}: JIT path differs: {_same(oc, case, jit, first, det)}"
+            )
+            if "cuda_graph_safe" in spec.tags:
+                kc = call_for_kernel(op, clone_call(call), spec)
+                pristine = clone_call(kc)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    oc.fn(**kc)
+                torch.cuda.current_stream().wait_stream(side)
+                _restore(kc, pristine)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    result = oc.fn(**kc)
+                _restore(kc, pristine)
+                graph.replay()
+                torch.cuda.synchronize()
+                replayed = oc.outputs(kc, result)
+                bad = _same(oc, case, replayed, first, det)
+                assert not bad, f"{where}: graph replay differs: {bad}"
+            ran += 1
+    assert ran, f"{op}: no in-tree kernel took any gpu case"

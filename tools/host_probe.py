@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Where the host time of an eager call goes, on a GPU machine (issue: host cost).
+
+Times, per call (back-to-back calls, one sync at the end), the layers of one
+Triton launch (the JIT path, its binder, the compiled kernel's launcher, the C
+launch alone), the torch primitives a wrapper uses (empty, current stream), the
+public ops at GPT-OSS decode sizes, and an eager vs CUDA-graph decode step of a
+2-layer GPT-OSS-20B-shaped model; writes cProfile tables of the eager calls.
+
+    python tools/host_probe.py --out /tmp/probe     # JSON + prof-*.txt in --out
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+
+import torch
+
+
+def per_call_us(fn, n: int = 1000) -> float:
+    from tokenspeed_kernel.benchmark.host import per_call_us as timed
+
+    return timed(fn, n, torch.device("cuda"))
+
+
+def graph_us(fn, n: int = 400) -> float:
+    from tokenspeed_kernel.benchmark.host import graph_us as timed
+
+    return timed(fn, n)
+
+
+def profile(out: str, name: str, fn, n: int = 300) -> None:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
+    with open(os.path.join(out, f"prof-{name}.txt"), "w") as f:
+        f.write(f"{n} calls\n" + s.getvalue())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--decode-configs", default="full,triton,hopper.moe_apply")
+    p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel_triton import rmsnorm as rn
+
+    res: dict[str, float] = {}
+
+    def rec(name, fn, n=1000):
+        res[name] = per_call_us(fn, n)
+        print(f"{name:40s} {res[name]:8.2f} us", flush=True)
+
+    d, bf = "cuda", torch.bfloat16
+    dev = torch.cuda.current_device()
+    x = torch.randn(1, 2880, device=d, dtype=bf)
+    w = torch.ones(2880, device=d, dtype=bf)
+    a = (x, None, w, torch.empty_like(x), None, 1, 2880, 2880, 0, 2880, 0, 1e-5)
+    kw = dict(HAS_RESIDUAL=False, ONE_PASS=True, BLOCK=4096, BLOCK_TAIL=0, ROWS=1, num_warps=8)
+    kern = rn._rmsnorm_kernel
+    if not args.skip_ops:
+        ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev)
+    decode_steps(args, res, rec, tk, d, bf)
+
+
+def ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev) -> None:
+    import triton
+    import triton.language as tl
+
+    from tokenspeed_kernel.launch import cached
+    from tokenspeed_kernel_triton import rmsnorm as rn
+
+    d, bf = "cuda", torch.bfloat16
+    ck = kern[(1,)](*a, **kw)
+    torch.cuda.synchronize()
+    rec("rmsnorm kernel, jit fn[grid]()", lambda: kern[(1,)](*a, **kw))
+    _, _, _, _, binder = kern.device_caches[dev]
+    rec("  binder only", lambda: binder(*a, **kw))
+    ck_launch = cached(kern)
+    rec("rmsnorm kernel, CachedLaunch", lambda: ck_launch[(1,)](*a, **kw))
+    bound = list(binder(*a, **kw)[0].values())
+    stream = torch.cuda.current_stream().cuda_stream
+    run, fh, pm = ck.run, ck.function, ck.packed_metadata
+    rec("  compiled.run (python launcher)", lambda: run(1, 1, 1, stream, fh, pm, None, None, None, *bound))
+    launch = run.launch
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    rec("  C launch only", lambda: launch(1, 1, 1, stream, fh, coop, pdl, None, None, pm, None, None, None, *bound))
+    rec("  raw current stream", lambda: torch._C._cuda_getCurrentRawStream(dev))
+    rec("  torch.cuda.current_device", torch.cuda.current_device)
+    rec("  x.data_ptr()", x.data_ptr)
+    rec("  x.device", lambda: x.device)
+    rec("torch.empty 1x2880", lambda: torch.empty((1, 2880), dtype=bf, device=d))
+    rec("torch.empty_like", lambda: torch.empty_like(x))
+
+    @triton.jit
+    def k1(p):
+        tl.store(p, 1.0)
+
+    @triton.jit
+    def k6(p0, p1, p2, p3, p4, p5):
+        tl.store(p0, 1.0)
+
+    @triton.jit
+    def k1i12(p, i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11):
+        tl.store(p, 1.0)
+
+    f = torch.zeros(16, device=d)
+    ints = (3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25)
+    for name, kk, ka in (
+        ("1 tensor", k1, (f,)),
+        ("6 tensors", k6, (f,) * 6),
+        ("1 tensor + 12 ints", k1i12, (f, *ints)),
+    ):
+        c = kk[(1,)](*ka)
+        rec(f"{name}: jit", lambda kk=kk, ka=ka: kk[(1,)](*ka))
+        b = list(kk.device_caches[dev][4](*ka)[0].values())
+        r = c.run
+        rec(
+            f"{name}: C launch",
+            lambda r=r, c=c, b=b: r.launch(1, 1, 1, stream, c.function, False, False, None, None,
+                                           c.packed_metadata, None, None, None, *b),
+        )  # fmt: skip
+
+    rec("rmsnorm, triton wrapper direct", lambda: rn.rmsnorm(x, w, 1e-5))
+    rec("rmsnorm, public", lambda: tk.rmsnorm(x, w, 1e-5))
+    rec("rmsnorm, bind only", lambda: tk.rmsnorm.bind(x, w, 1e-5))
+    rec("F.rms_norm", lambda: torch.nn.functional.rms_norm(x, (2880,), w, 1e-5))
+    profile(args.out, "rmsnorm", lambda: tk.rmsnorm(x, w, 1e-5))
+
+    wq = torch.randn(5120, 2880, device=d, dtype=bf)
+    rec("mm public (selected)", lambda: tk.mm(x, wq))
+    rec("mm triton forced", lambda: tk.mm(x, wq, solution="triton"))
+    rec("torch.mm", lambda: torch.mm(x, wq.t()))
+    profile(args.out, "mm-triton", lambda: tk.mm(x, wq, solution="triton"))
+
+    B, ctx, P = 1, 2048, 16
+    npages = ctx // P
+    kc = torch.randn(npages * B, P, 8, 64, device=d, dtype=bf)
+    vc = torch.randn_like(kc)
+    pt = torch.arange(npages * B, device=d, dtype=torch.int32).view(B, npages)
+    cl = torch.full((B,), ctx, device=d, dtype=torch.int32)
+    q = torch.randn(B, 64, 64, device=d, dtype=bf)
+    sinks = torch.zeros(64, device=d)
+    rec("mha_decode public", lambda: tk.mha_decode_with_kvcache(q, kc, vc, pt, cl, sinks=sinks))
+    profile(args.out, "mha_decode", lambda: tk.mha_decode_with_kvcache(q, kc, vc, pt, cl, sinks=sinks))
+    with open(os.path.join(args.out, "host_probe.json"), "w") as fo:
+        json.dump(res, fo, indent=1)
+
+
+def decode_steps(args, res, rec, tk, d, bf) -> None:
+    from tokenspeed_kernel.models import gpt_oss as m
+
+    cfg = m.GptOssConfig.gpt_oss_20b().with_layers(args.layers)
+    weights = m.random_weights(cfg, device=torch.device(d), seed=0)
+    for conf in args.decode_configs.split(","):
+        ctxm = {"full": contextlib.nullcontext(), "triton": tk.kernel_override("triton")}.get(conf)
+        if ctxm is None:  # a moe_apply kernel forced (its weights converted by the plan)
+            ctxm = tk.kernel_override(moe_apply=f"{conf}|triton.moe_apply")
+        with ctxm:
+            model = m.GptOssModel(cfg, weights, max_positions=4096)
+            cache = model.new_cache(1, 4096, page_size=16)
+            cache.reserve(0, 4096)
+            sampler = m.Sampler(m.SamplingParams(), 1, model.device)
+            runner = m.DecodeRunner(model, cache, 1, sampler, cuda_graph=False)
+            tok = torch.zeros(1, dtype=torch.int64, device=d)
+            pos = torch.full((1,), 2000, dtype=torch.int64, device=d)
+
+            def step(runner=runner):
+                runner._step()
+                runner.positions.fill_(2000)  # the same step again: the cache never runs out
+
+            runner.set_state(tok, pos)
+            rec(f"gpt-oss {args.layers}-layer decode step eager ({conf})", step, n=30)
+            res[f"gpt-oss {args.layers}-layer decode step graph ({conf})"] = graph_us(step, n=30)
+            print(conf, "graph", res[f"gpt-oss {args.layers}-layer decode step graph ({conf})"], flush=True)
+            profile(args.out, f"decode-step-{conf}", step, n=10)
+            lay = model.layers[0]
+            x1 = torch.randn(1, 2880, device=d, dtype=bf)
+            logits = tk.mm(x1, lay.router_weight, lay.router_bias)
+            tw, ti = tk.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
+            fn = functools.partial(tk.moe_apply, x1, tw, ti, lay.experts, cfg.activation, plan=lay.moe_plan)
+            rec(f"moe_apply public T=1 ({conf}: {lay.moe_plan.kernel})", fn, n=300)
+            profile(args.out, f"moe_apply-{conf}", fn)
+        with open(os.path.join(args.out, "host_probe.json"), "w") as fo:
+            json.dump(res, fo, indent=1)
+
+
+if __name__ == "__main__":
+    main()
