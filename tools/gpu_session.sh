@@ -10,6 +10,7 @@
 #         amd-moe (the AMD MoE's portable twin: GPU tests, tools/bench_amd_moe_twin.py),
 #         gdn (linear attention: GPU tests, verify of the Triton kernels, bench of both ops with fla),
 #         hopper-moe (hopper.moe_apply: GPU tests, tools/hopper_moe_h200.py $HOPPER_ARGS), hopper-moe-tests (the tests only),
+#         host-bench (bench --host: default selection, Triton forced, Triton with JIT launches, MoE kernels),
 #         launch-tests (cached launch vs JIT, graph replay, every in-tree kernel), host-anchor (.anchors/host_cost.py), host-probe (tools/host_probe.py: where an eager call's host time goes).
 # WHL_DIR: the folder of carried wheels (default .whl).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
@@ -91,6 +92,18 @@ for stage in "$@"; do
       python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py" \
         2>&1 | tee "$OUT/gpu-tests-launch.log" | tail -25
       s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
+    host-bench)
+      mkdir -p "$OUT/host"
+      python3 -m tokenspeed_kernel bench --host --quiet --json "$OUT/host/default.json" --md "$OUT/host/default.md" || rc=1
+      TOKENSPEED_KERNEL_OVERRIDE=triton python3 -m tokenspeed_kernel bench --host --quiet \
+        --json "$OUT/host/triton.json" --md "$OUT/host/triton.md" || rc=1
+      TOKENSPEED_KERNEL_LAUNCH=jit TOKENSPEED_KERNEL_OVERRIDE=triton python3 -m tokenspeed_kernel bench --host --quiet \
+        --json "$OUT/host/triton-jit.json" --md "$OUT/host/triton-jit.md" || rc=1
+      for k in hopper.moe_apply triton_kernels.moe_apply; do
+        TOKENSPEED_KERNEL_OVERRIDE="moe_apply=$k" python3 -m tokenspeed_kernel bench --host moe_apply --quiet \
+          --json "$OUT/host/$k.json" --md "$OUT/host/$k.md" || rc=1
+      done
+      cat "$OUT"/host/*.md | grep -v "^$" | tail -80 ;;
     host-anchor) (cd "$OUT" && python3 "$repo/.anchors/host_cost.py") 2>&1 | tee "$OUT/host-anchor.log" | tail -12 || rc=1 ;;
     host-probe) python3 "$repo/tools/host_probe.py" --out "$OUT/probe" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/host-probe.log" | tail -60 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;
