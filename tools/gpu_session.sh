@@ -104,6 +104,22 @@ for stage in "$@"; do
           --json "$OUT/host/$k.json" --md "$OUT/host/$k.md" || rc=1
       done
       cat "$OUT"/host/*.md | grep -v "^$" | tail -80 ;;
+    host-before|host-after)
+      # The decode step eager vs graph and the anchor's host table, with this checkout's packages (after)
+      # or with the wheels in .anchors/before (built from an older commit; installed beside the carried ones).
+      site=/tmp/site
+      if [ "$stage" = host-before ]; then
+        site=/tmp/site-before
+        if [ ! -f $site/.installed ]; then
+          python3 -m pip install -q --no-index --no-deps --no-compile --target $site "${WHL_DIR:-.whl}"/*.whl \
+            "$repo"/.anchors/before/*.whl || exit 1
+          touch $site/.installed
+        fi
+      fi
+      mkdir -p "$OUT/$stage"
+      (cd "$OUT/$stage" && PYTHONPATH=$site python3 "$repo/.anchors/host_cost.py") 2>&1 | tail -8 || rc=1
+      PYTHONPATH=$site python3 "$repo/tools/host_probe.py" --out "$OUT/$stage" --skip-ops ${PROBE_ARGS:-} 2>&1 \
+        | tee "$OUT/$stage/probe.log" | tail -12 || rc=1 ;;
     host-anchor) (cd "$OUT" && python3 "$repo/.anchors/host_cost.py") 2>&1 | tee "$OUT/host-anchor.log" | tail -12 || rc=1 ;;
     host-probe) python3 "$repo/tools/host_probe.py" --out "$OUT/probe" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/host-probe.log" | tail -60 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;

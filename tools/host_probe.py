@@ -24,16 +24,25 @@ import pstats
 import torch
 
 
-def per_call_us(fn, n: int = 1000) -> float:
-    from tokenspeed_kernel.benchmark.host import per_call_us as timed
+def _timers():
+    """The timing helpers of ``bench --host``, loaded from this checkout's file: the probe also runs
+    against older installed packages (``--before``), which do not have them."""
+    import importlib.util
 
-    return timed(fn, n, torch.device("cuda"))
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "packages", "tokenspeed-kernel-core", "src",
+                        "tokenspeed_kernel", "benchmark", "host.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location("_host_timers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def per_call_us(fn, n: int = 1000) -> float:
+    return _timers().per_call_us(fn, n, torch.device("cuda"))
 
 
 def graph_us(fn, n: int = 400) -> float:
-    from tokenspeed_kernel.benchmark.host import graph_us as timed
-
-    return timed(fn, n)
+    return _timers().graph_us(fn, n)
 
 
 def profile(out: str, name: str, fn, n: int = 300) -> None:
@@ -173,7 +182,7 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
     for conf in args.decode_configs.split(","):
         ctxm = {"full": contextlib.nullcontext(), "triton": tk.kernel_override("triton")}.get(conf)
         if ctxm is None:  # a moe_apply kernel forced (its weights converted by the plan)
-            ctxm = tk.kernel_override(moe_apply=f"{conf}|triton.moe_apply")
+            ctxm = tk.kernel_override(moe_apply=(conf, "triton.moe_apply"))
         with ctxm:
             model = m.GptOssModel(cfg, weights, max_positions=4096)
             cache = model.new_cache(1, 4096, page_size=16)

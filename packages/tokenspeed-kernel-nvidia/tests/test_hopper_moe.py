@@ -307,6 +307,13 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
     err = ((got.float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 activations through two GEMMs
     assert torch.equal(run(), got)  # deterministic
+    if tiles is None:
+        # Eager calls of <= GRAPH_MAX_TOKENS tokens replay a cached graph: the same bits as launching
+        # directly, also on new inputs (a replay of the graph the calls above captured).
+        assert torch.equal(layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, graphs=False), got)
+        x2 = torch.randn(x.shape, device="cuda", generator=g).to(torch.bfloat16)
+        again = tk.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, override=NAME)
+        assert torch.equal(again, layer.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, graphs=False))
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(got)
     with torch.cuda.graph(graph):

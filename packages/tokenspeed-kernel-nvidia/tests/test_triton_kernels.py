@@ -128,3 +128,28 @@ def test_gpu_matches_the_reference_at_gpt_oss_20b_shapes(tokens):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_eager_calls_replay_a_graph_equal_to_the_direct_path():
+    """Eager calls of <= GRAPH_MAX_TOKENS tokens replay a captured graph: bit-identical to running the
+    library directly, on new inputs too (the second seed replays the graph the first one captured)."""
+    from tokenspeed_kernel_nvidia.triton_kernels import moe as tkm
+
+    tk.load_plugins()
+    e, h, i, k = 32, 2880, 2880, 4
+    w = _weights(e, h, i, device="cuda", seed=5)
+    plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override=NAME)
+    packed = tk.moe_process_weights(plan, w)
+    before = tkm._GRAPHS.captures
+    for tokens in (1, 4, 64):
+        for seed in (0, 1):
+            g = torch.Generator(device="cuda").manual_seed(seed * 100 + tokens)
+            x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
+            topk_w, topk_ids = tk.moe_route(torch.randn(tokens, e, device="cuda", generator=g), k)
+            got = tk.moe_apply(x, topk_w, topk_ids, packed, GPT_OSS, plan=plan, override=NAME)
+            direct = tkm._apply(x, topk_w, topk_ids, packed, GPT_OSS)
+            torch.cuda.synchronize()
+            assert torch.equal(got, direct), (tokens, seed)
+    assert tkm._GRAPHS.captures == before + 3

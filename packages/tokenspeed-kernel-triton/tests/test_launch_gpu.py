@@ -22,7 +22,7 @@ import torch
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.core.plugins import ensure_loaded
 from tokenspeed_kernel.core.selection import OverrideError
-from tokenspeed_kernel.launch import jit_launches
+from tokenspeed_kernel.launch import jit_launches, launch_cache_info
 from tokenspeed_kernel.numerics.cases import all_op_cases, call_for_kernel, clone_call, get_op_cases, standard_cases
 from tokenspeed_kernel.numerics.inputs import make_generator
 
@@ -122,3 +122,6 @@ def test_cached_launch_matches_jit_and_graph_replays(op):
                 assert not bad, f"{where}: graph replay differs: {bad}"
             ran += 1
     assert ran, f"{op}: no in-tree kernel took any gpu case"
+    # The calls above went through the cache: every launcher used holds a compiled kernel, none is uncacheable.
+    used = {k: v for k, v in launch_cache_info().items() if v["misses"]}
+    assert used and all(v["cached"] and not v["uncacheable"] for v in used.values()), used

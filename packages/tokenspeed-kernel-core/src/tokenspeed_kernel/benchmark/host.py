@@ -4,9 +4,14 @@ CUDA-graph replay, the torch equivalent).
 Per op and case (default: :data:`HOST_CASES`, the calls of a GPT-OSS-20B decode step at
 batch 1 and context 2048, else the op's default case; ``--shape`` for others) the
 selected kernel is timed four ways, each as ``calls`` back-to-back calls and one
-synchronisation (so a call costs what the slower of host and device costs):
+synchronisation (so a call costs what the slower of host and device costs), in
+``ROUNDS`` round-robin rounds whose median is kept:
 
 - ``public_us``: the public op, eager (validation + selection + wrapper + launches);
+- ``public_before_us``: the same with Triton's JIT launch path and no eager graph
+  replay (:func:`~tokenspeed_kernel.launch.jit_launches`,
+  :func:`~tokenspeed_kernel.graphs.no_eager_graphs`): the host path before the
+  cached launches, in the same process;
 - ``direct_us``: the selected kernel's function called with the arguments the op's
   ``bind`` produced (wrapper + launches); ``public - direct`` is the dispatch cost;
 - ``graph_us``: the public op captured 10 times in a CUDA graph and replayed (the
@@ -20,6 +25,7 @@ kernel (a PyTorch reference, or Triton's interpreter) included.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -153,22 +159,45 @@ def host_bench(
     return rows
 
 
+#: rounds per figure: the figures of one case are timed round-robin and the median kept, so the
+#: host's drift (frequency, other processes) hits every column alike.
+ROUNDS = 5
+
+
 def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls: int) -> dict[str, Any]:
     from ..core.selection import select_for_device
+    from ..graphs import no_eager_graphs
+    from ..launch import jit_launches
 
     dev, signature, traits, sizes, kargs, kkwargs = fn.bind(**call)
     sel = select_for_device(op, signature, traits, sizes, dev, None, None)
     row: dict[str, Any] = {"kernel": sel.spec.name}
-    row["public_us"] = per_call_us(lambda: fn(**call), calls, device)
-    row["direct_us"] = per_call_us(lambda: sel.fn(*kargs, **kkwargs), calls, device)
-    row["dispatch_us"] = row["public_us"] - row["direct_us"]
-    if device.type == "cuda" and "cuda_graph_safe" in sel.spec.tags:
-        row["graph_us"] = graph_us(lambda: fn(**call), calls)
+
+    def public():
+        return fn(**call)
+
+    def direct():
+        return sel.fn(*kargs, **kkwargs)
+
     eq = TORCH_EQUIVALENTS.get(op)
     thunk = eq[1](call) if eq else None
+    samples: dict[str, list[float]] = {"public_us": [], "public_before_us": [], "direct_us": [], "torch_us": []}
+    per_round = max(1, calls // ROUNDS)
+    for _ in range(ROUNDS):
+        samples["public_us"].append(per_call_us(public, per_round, device))
+        with jit_launches(), no_eager_graphs():
+            samples["public_before_us"].append(per_call_us(public, per_round, device))
+        samples["direct_us"].append(per_call_us(direct, per_round, device))
+        if thunk is not None:
+            samples["torch_us"].append(per_call_us(thunk, per_round, device))
+    for name, vals in samples.items():
+        if vals:
+            row[name] = statistics.median(vals)
+    row["dispatch_us"] = row["public_us"] - row["direct_us"]
     if thunk is not None:
         row["torch"] = eq[0]
-        row["torch_us"] = per_call_us(thunk, calls, device)
+    if device.type == "cuda" and "cuda_graph_safe" in sel.spec.tags:
+        row["graph_us"] = graph_us(public, calls)
     return row
 
 
@@ -179,7 +208,7 @@ def _fmt(v: Any) -> str:
 def _line(row: Mapping[str, Any]) -> str:
     if "error" in row:
         return f"{row['op']:28s} error: {row['error']}"
-    cols = ("public_us", "direct_us", "dispatch_us", "graph_us", "torch_us")
+    cols = ("public_us", "public_before_us", "direct_us", "dispatch_us", "graph_us", "torch_us")
     return f"{row['op']:28s} {row['kernel']:34s} " + " ".join(f"{c[:-3]}={_fmt(row.get(c))}" for c in cols)
 
 
@@ -200,16 +229,18 @@ def write_host_markdown(rows: list[dict[str, Any]], path: str, meta: Mapping[str
     if meta.get("command"):
         lines += [f"Command: `{meta['command']}`", ""]
     lines += [
-        "| op | case | kernel | public op, eager | kernel directly | dispatch | graph replay | torch equivalent |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| op | case | kernel | public op, eager | before (JIT launch, no eager graph) | kernel directly | dispatch "
+        "| graph replay | torch equivalent |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | |")
+            lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | | |")
             continue
         torch_col = f"{r['torch']} {r['torch_us']:.1f}" if "torch_us" in r else ""
         lines.append(
-            f"| {r['op']} | {r['case']} | {r['kernel']} | {_fmt(r['public_us'])} | {_fmt(r['direct_us'])} | "
+            f"| {r['op']} | {r['case']} | {r['kernel']} | {_fmt(r['public_us'])} | {_fmt(r['public_before_us'])} | "
+            f"{_fmt(r['direct_us'])} | "
             f"{_fmt(r['dispatch_us'])} | {_fmt(r.get('graph_us'))} | {torch_col} |"
         )
     with open(path, "w") as f:

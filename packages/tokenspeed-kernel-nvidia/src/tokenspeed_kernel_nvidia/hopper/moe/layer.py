@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from tokenspeed_kernel.graphs import GraphCache, tensor_key
 from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
@@ -126,6 +127,11 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     )  # fmt: skip
 
 
+#: eager calls of at most this many tokens replay a captured graph (host cost; a few MB a graph at 64 tokens).
+GRAPH_MAX_TOKENS = 64
+_GRAPHS = GraphCache("hopper.moe_apply", max_graphs=128)
+
+
 def moe_apply(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -135,10 +141,13 @@ def moe_apply(
     *,
     out: torch.Tensor | None = None,
     tiles: tuple[DecodeTile, DecodeTile] | None = None,
+    graphs: bool = True,
 ) -> torch.Tensor:
     """``out[t] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t])`` (bf16 x, MXFP4 weights).
 
-    ``tiles`` overrides :data:`DECODE_TILES` (tuning only).
+    ``tiles`` overrides :data:`DECODE_TILES` (tuning only). An eager call of at most
+    ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
+    shape and weights (``tokenspeed_kernel.graphs``; ``graphs=False``: launch directly).
     """
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: hopper.moe_apply takes bf16 activations (its MMAs are bf16), got {x.dtype}")
@@ -150,6 +159,23 @@ def moe_apply(
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     check_shapes(weights)
+    if (
+        graphs
+        and tiles is None
+        and out is None
+        and 0 < t <= GRAPH_MAX_TOKENS
+        and _GRAPHS.usable(x, topk_weights, topk_ids)
+    ):
+        key = (
+            tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
+            tuple(None if w is None else w.data_ptr() for w in (
+                weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias)),
+            weights.gate_up_interleaved, weights.hidden, weights.intermediate,
+            activation.kind, float(activation.alpha), activation.limit, float(activation.up_offset),
+        )  # fmt: skip
+        return _GRAPHS.run(
+            key, (x, topk_weights, topk_ids), lambda a, w, i: moe_apply(a, w, i, weights, activation, graphs=False)
+        )
     result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
     if t == 0 or h == 0:
         return out if out is not None else result

@@ -1,0 +1,130 @@
+"""Eager calls of a multi-launch host path replayed from a cached CUDA graph (host cost).
+
+Some kernels' host paths cost far more than their device time when called eagerly:
+``triton_kernels``' MoE layer runs two library matmuls whose Python (option
+heuristics, device-property queries, tensor wrappers) costs 1.3-2.4 ms per call on
+the H200 machine for 60-70 us of device work at one token (``bench --host``).
+:class:`GraphCache` captures such a path once per call shape and replays it::
+
+    _graphs = GraphCache("triton_kernels.moe_apply")
+    out = _graphs.run(key, (x, topk_weights, topk_ids), lambda x, w, i: layer(x, w, i))
+
+- ``key`` names everything the graph bakes in besides the copied inputs: the
+  weights (by address: they are converted once and kept), shapes, dtypes, strides,
+  Python scalars, the device. Inputs must match the captured ones in shape, dtype
+  and strides (the key must say so: :func:`tensor_key`).
+- The copied inputs (small: activations and routing) are copied into the graph's
+  static buffers, the graph is replayed, and the output is cloned (the next replay
+  reuses the graph's buffers). So a call costs the copies, one replay and one clone.
+- The first call of a key warms the path up on a side stream and captures it (a few
+  ms, once). At most ``max_graphs`` graphs are kept (least recently used dropped).
+
+Used only where it is correct and pays: the callable must be a pure function of
+its copied inputs and the keyed state (no in-place writes to arguments, no host
+reads of device values), and the caller falls back to the direct call inside a
+graph capture (no nested capture), on a CPU, and when ``TOKENSPEED_KERNEL_EAGER_GRAPHS=0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["GraphCache", "eager_graphs_enabled", "no_eager_graphs", "tensor_key"]
+
+_ENABLED = os.environ.get("TOKENSPEED_KERNEL_EAGER_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def no_eager_graphs() -> Iterator[None]:
+    """Within the block, on this thread, every :class:`GraphCache` path runs directly (``bench --host`` compares)."""
+    before = getattr(_state, "off", False)
+    _state.off = True
+    try:
+        yield
+    finally:
+        _state.off = before
+
+
+def eager_graphs_enabled() -> bool:
+    """False when ``TOKENSPEED_KERNEL_EAGER_GRAPHS=0`` (read at import)."""
+    return _ENABLED
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a graph bakes in about a copied input: shape, strides, dtype, device."""
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+class _Graph:
+    __slots__ = ("graph", "inputs", "output")
+
+    def __init__(self, graph: Any, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        self.graph, self.inputs, self.output = graph, inputs, output
+
+
+class GraphCache:
+    """Captured graphs of one host path, by key (module doc)."""
+
+    def __init__(self, name: str, *, max_graphs: int = 64) -> None:
+        self.name = name
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
+        self._lock = threading.Lock()
+        self.captures = 0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def usable(self, *tensors: torch.Tensor) -> bool:
+        """Whether a call on these tensors may replay a graph (CUDA, not capturing, not disabled)."""
+        return (
+            _ENABLED
+            and not getattr(_state, "off", False)
+            and tensors[0].is_cuda
+            and not torch.cuda.is_current_stream_capturing()
+            and all(type(t) is torch.Tensor for t in tensors)
+        )
+
+    def run(
+        self,
+        key: Hashable,
+        inputs: Sequence[torch.Tensor],
+        fn: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
+        """``fn(*inputs)``, replayed from the graph captured for ``key`` (captured now on a miss)."""
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(key, inputs, fn)
+        else:
+            self._graphs.move_to_end(key)
+        for static, t in zip(entry.inputs, inputs):
+            static.copy_(t)
+        entry.graph.replay()
+        return entry.output.clone()
+
+    def _capture(self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor]) -> _Graph:
+        static = tuple(t.clone() for t in inputs)
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            fn(*static)  # warm-up: compiles and fills the path's own caches, so the capture records launches only
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = fn(*static)
+        entry = _Graph(graph, static, output)
+        with self._lock:
+            self._graphs[key] = entry
+            self.captures += 1
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        return entry
