@@ -10,7 +10,7 @@
 #         amd-moe (the AMD MoE's portable twin: GPU tests, tools/bench_amd_moe_twin.py),
 #         gdn (linear attention: GPU tests, verify of the Triton kernels, bench of both ops with fla),
 #         hopper-moe (hopper.moe_apply: GPU tests, tools/hopper_moe_h200.py $HOPPER_ARGS), hopper-moe-tests (the tests only),
-#         host-bench (bench --host: default selection, Triton forced, Triton with JIT launches, MoE kernels),
+#         host-bench (bench --host: default selection, Triton forced, hopper.moe_apply forced),
 #         launch-tests (cached launch vs JIT, graph replay, every in-tree kernel), host-anchor (.anchors/host_cost.py), host-probe (tools/host_probe.py: where an eager call's host time goes).
 # WHL_DIR: the folder of carried wheels (default .whl).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
@@ -97,12 +97,8 @@ for stage in "$@"; do
       python3 -m tokenspeed_kernel bench --host --quiet --json "$OUT/host/default.json" --md "$OUT/host/default.md" || rc=1
       TOKENSPEED_KERNEL_OVERRIDE=triton python3 -m tokenspeed_kernel bench --host --quiet \
         --json "$OUT/host/triton.json" --md "$OUT/host/triton.md" || rc=1
-      TOKENSPEED_KERNEL_LAUNCH=jit TOKENSPEED_KERNEL_OVERRIDE=triton python3 -m tokenspeed_kernel bench --host --quiet \
-        --json "$OUT/host/triton-jit.json" --md "$OUT/host/triton-jit.md" || rc=1
-      for k in hopper.moe_apply triton_kernels.moe_apply; do
-        TOKENSPEED_KERNEL_OVERRIDE="moe_apply=$k" python3 -m tokenspeed_kernel bench --host moe_apply --quiet \
-          --json "$OUT/host/$k.json" --md "$OUT/host/$k.md" || rc=1
-      done
+      TOKENSPEED_KERNEL_OVERRIDE="moe_apply=hopper.moe_apply" python3 -m tokenspeed_kernel bench --host moe_apply \
+        --quiet --json "$OUT/host/hopper.moe_apply.json" --md "$OUT/host/hopper.moe_apply.md" || rc=1
       cat "$OUT"/host/*.md | grep -v "^$" | tail -80 ;;
     host-before|host-after)
       # The decode step eager vs graph and the anchor's host table, with this checkout's packages (after)
@@ -111,15 +107,16 @@ for stage in "$@"; do
       if [ "$stage" = host-before ]; then
         site=/tmp/site-before
         if [ ! -f $site/.installed ]; then
-          python3 -m pip install -q --no-index --no-deps --no-compile --target $site "${WHL_DIR:-.whl}"/*.whl \
+          python3 -m pip install -q --no-index --no-deps --no-compile --target $site "$repo/${WHL_DIR:-.whl}"/*.whl \
             "$repo"/.anchors/before/*.whl || exit 1
           touch $site/.installed
         fi
       fi
-      mkdir -p "$OUT/$stage"
-      (cd "$OUT/$stage" && PYTHONPATH=$site python3 "$repo/.anchors/host_cost.py") 2>&1 | tail -8 || rc=1
-      PYTHONPATH=$site python3 "$repo/tools/host_probe.py" --out "$OUT/$stage" --skip-ops ${PROBE_ARGS:-} 2>&1 \
-        | tee "$OUT/$stage/probe.log" | tail -12 || rc=1 ;;
+      dir="$OUT/$stage.$(date +%H%M%S)"  # a stage may run more than once (before/after alternated)
+      mkdir -p "$dir"
+      (cd "$dir" && PYTHONPATH=$site python3 "$repo/.anchors/host_cost.py") 2>&1 | tail -8 || rc=1
+      PYTHONPATH=$site python3 "$repo/tools/host_probe.py" --out "$dir" --skip-ops ${PROBE_ARGS:-} 2>&1 \
+        | tee "$dir/probe.log" | tail -6 || rc=1 ;;
     host-anchor) (cd "$OUT" && python3 "$repo/.anchors/host_cost.py") 2>&1 | tee "$OUT/host-anchor.log" | tail -12 || rc=1 ;;
     host-probe) python3 "$repo/tools/host_probe.py" --out "$OUT/probe" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/host-probe.log" | tail -60 || rc=1 ;;
     tk-anchor) python3 "$repo/.anchors/tk_moe.py" --out "$OUT" ${ANCHOR_ARGS:-} 2>&1 | tail -12 || rc=1 ;;

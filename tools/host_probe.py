@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--decode-configs", default="full,triton,hopper.moe_apply")
     p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
+    p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
+    p.add_argument("--profile", action="store_true", help="cProfile tables of the decode steps")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import tokenspeed_kernel as tk
@@ -175,41 +177,55 @@ def ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev) -> None:
 
 
 def decode_steps(args, res, rec, tk, d, bf) -> None:
+    """Eager vs graph decode step per config, the configs timed round-robin (the host drifts)."""
+    import statistics
+
     from tokenspeed_kernel.models import gpt_oss as m
 
     cfg = m.GptOssConfig.gpt_oss_20b().with_layers(args.layers)
     weights = m.random_weights(cfg, device=torch.device(d), seed=0)
+    steps = {}
     for conf in args.decode_configs.split(","):
-        ctxm = {"full": contextlib.nullcontext(), "triton": tk.kernel_override("triton")}.get(conf)
-        if ctxm is None:  # a moe_apply kernel forced (its weights converted by the plan)
-            ctxm = tk.kernel_override(moe_apply=(conf, "triton.moe_apply"))
-        with ctxm:
+        if conf == "full":
+            make_ctx = contextlib.nullcontext
+        elif conf == "triton":
+            make_ctx = functools.partial(tk.kernel_override, "triton")
+        else:  # a moe_apply kernel forced (its weights converted by the plan)
+            make_ctx = functools.partial(tk.kernel_override, moe_apply=(conf, "triton.moe_apply"))
+        with make_ctx():
             model = m.GptOssModel(cfg, weights, max_positions=4096)
-            cache = model.new_cache(1, 4096, page_size=16)
-            cache.reserve(0, 4096)
-            sampler = m.Sampler(m.SamplingParams(), 1, model.device)
-            runner = m.DecodeRunner(model, cache, 1, sampler, cuda_graph=False)
-            tok = torch.zeros(1, dtype=torch.int64, device=d)
-            pos = torch.full((1,), 2000, dtype=torch.int64, device=d)
+        cache = model.new_cache(1, 4096, page_size=16)
+        cache.reserve(0, 4096)
+        sampler = m.Sampler(m.SamplingParams(), 1, model.device)
+        runner = m.DecodeRunner(model, cache, 1, sampler, cuda_graph=False)
+        runner.set_state(
+            torch.zeros(1, dtype=torch.int64, device=d), torch.full((1,), 2000, dtype=torch.int64, device=d)
+        )
 
-            def step(runner=runner):
+        def step(runner=runner, make_ctx=make_ctx):
+            with make_ctx():
                 runner._step()
-                runner.positions.fill_(2000)  # the same step again: the cache never runs out
+            runner.positions.fill_(2000)  # the same step again: the cache never runs out
 
-            runner.set_state(tok, pos)
-            rec(f"gpt-oss {args.layers}-layer decode step eager ({conf})", step, n=30)
-            res[f"gpt-oss {args.layers}-layer decode step graph ({conf})"] = graph_us(step, n=30)
-            print(conf, "graph", res[f"gpt-oss {args.layers}-layer decode step graph ({conf})"], flush=True)
+        for _ in range(3):
+            step()  # compiles, captures the eager graphs of the MoE, fills every cache
+        steps[conf] = (step, model)
+    eager: dict[str, list[float]] = {c: [] for c in steps}
+    for _ in range(args.rounds):
+        for conf, (step, _) in steps.items():
+            eager[conf].append(per_call_us(step, n=10))
+    for conf, (step, model) in steps.items():
+        name = f"gpt-oss {args.layers}-layer decode step"
+        res[f"{name} eager ({conf})"] = statistics.median(eager[conf])
+        res[f"{name} eager rounds ({conf})"] = eager[conf]
+        res[f"{name} graph ({conf})"] = graph_us(step, n=20)
+        res[f"moe kernel ({conf})"] = model.layers[0].moe_plan.kernel
+        print(f"{conf}: eager {res[f'{name} eager ({conf})']:.0f} us (rounds {[round(v) for v in eager[conf]]}), "
+              f"graph {res[f'{name} graph ({conf})']:.0f} us, MoE {res[f'moe kernel ({conf})']}", flush=True)  # fmt: skip
+        if args.profile:
             profile(args.out, f"decode-step-{conf}", step, n=10)
-            lay = model.layers[0]
-            x1 = torch.randn(1, 2880, device=d, dtype=bf)
-            logits = tk.mm(x1, lay.router_weight, lay.router_bias)
-            tw, ti = tk.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
-            fn = functools.partial(tk.moe_apply, x1, tw, ti, lay.experts, cfg.activation, plan=lay.moe_plan)
-            rec(f"moe_apply public T=1 ({conf}: {lay.moe_plan.kernel})", fn, n=300)
-            profile(args.out, f"moe_apply-{conf}", fn)
-        with open(os.path.join(args.out, "host_probe.json"), "w") as fo:
-            json.dump(res, fo, indent=1)
+    with open(os.path.join(args.out, "host_probe.json"), "w") as fo:
+        json.dump(res, fo, indent=1)
 
 
 if __name__ == "__main__":
