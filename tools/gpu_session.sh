@@ -89,7 +89,7 @@ for stage in "$@"; do
         2>&1 | tee "$OUT/gpu-tests-hopper-moe.log" | tail -15
       s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
     launch-tests)
-      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py" \
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py" ${LAUNCH_ARGS:-} \
         2>&1 | tee "$OUT/gpu-tests-launch.log" | tail -25
       s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
     host-bench)

@@ -166,8 +166,8 @@ def moe_apply(
     if topk_ids.shape[0] <= GRAPH_MAX_TOKENS and _GRAPHS.usable(x, topk_weights, topk_ids):
         key = (
             tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids), _layer_key(weights),
-            None if weights.w13_bias is None else weights.w13_bias.data_ptr(),
-            None if weights.w2_bias is None else weights.w2_bias.data_ptr(),
+            tuple(None if w is None else (w.data_ptr(), w.shape, w.stride(), w.dtype) for w in (
+                weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias)),
             activation.kind, float(activation.alpha), activation.limit, float(activation.up_offset),
         )  # fmt: skip
         result = _GRAPHS.run(key, (x, topk_weights, topk_ids), lambda a, w, i: _apply(a, w, i, weights, activation))

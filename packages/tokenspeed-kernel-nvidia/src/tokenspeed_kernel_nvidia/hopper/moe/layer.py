@@ -166,9 +166,11 @@ def moe_apply(
         and 0 < t <= GRAPH_MAX_TOKENS
         and _GRAPHS.usable(x, topk_weights, topk_ids)
     ):
+        # The graph bakes in the decode chosen from the scale values (read once per weights object, here,
+        # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
-            tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            tuple(None if w is None else w.data_ptr() for w in (
+            _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
+            tuple(None if w is None else (w.data_ptr(), w.shape, w.stride(), w.dtype) for w in (
                 weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias)),
             weights.gate_up_interleaved, weights.hidden, weights.intermediate,
             activation.kind, float(activation.alpha), activation.limit, float(activation.up_offset),
