@@ -414,6 +414,7 @@ mha_extend_with_kvcache = Op(
 mha_prefill_with_kvcache = mha_extend_with_kvcache
 mha_decode_with_kvcache = Op(
     name="mha_decode_with_kvcache",
+    memo_bind=True,
     family="attention",
     roles=("q", "kv"),
     traits={**_COMMON_TRAITS, **_PAGED},

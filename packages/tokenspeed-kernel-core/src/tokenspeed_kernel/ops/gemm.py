@@ -104,6 +104,7 @@ _FP8_B = [f"fp8_e4m3:{g}" for g in ("per_tensor", "per_channel", "block128")]
 
 mm = Op(
     name="mm",
+    memo_bind=True,
     family="gemm",
     roles=("a", "b", "out"),
     traits={"bias": TraitSpec(bool, default=False, doc="bias added to the output")},

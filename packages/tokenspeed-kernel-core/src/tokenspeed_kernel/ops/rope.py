@@ -65,6 +65,7 @@ def _fake_apply_rotary(q, k, cos_sin_cache, positions, *, style="neox"):
 
 apply_rotary = Op(
     name="apply_rotary",
+    memo_bind=True,
     family="rope",
     roles=("x",),
     traits={

@@ -1,0 +1,75 @@
+"""``tokenspeed_kernel.graphs.GraphCache`` on CPU: when it is used, and its replay bookkeeping.
+
+The capture itself needs CUDA; here ``_capture`` is replaced by one that records a fake
+graph whose replay runs the function on the static inputs (what a CUDA graph replays),
+so the copy-in, the replay, the output clone and the eviction are checked. The GPU tests
+of the MoE wrappers (nvidia package) compare real replays with the direct path bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenspeed_kernel import graphs as G
+
+
+class _FakeGraph:
+    def __init__(self, fn, inputs, output):
+        self.fn, self.inputs, self.output, self.replays = fn, inputs, output, 0
+
+    def replay(self):
+        self.replays += 1
+        self.output.copy_(self.fn(*self.inputs))
+
+
+def _fake_capture(cache):
+    def capture(key, inputs, fn):
+        static = tuple(t.clone() for t in inputs)
+        out = fn(*static)
+        entry = G._Graph(_FakeGraph(fn, static, out), static, out)
+        cache._graphs[key] = entry
+        cache.captures += 1
+        while len(cache._graphs) > cache.max_graphs:
+            cache._graphs.popitem(last=False)
+        return entry
+
+    return capture
+
+
+def test_not_used_on_cpu_inside_no_eager_graphs_or_for_subclasses():
+    cache = G.GraphCache("t")
+    x = torch.ones(3)
+    assert not cache.usable(x)  # CPU: the direct call
+    with G.no_eager_graphs():
+        assert not cache.usable(x)
+    assert not cache.usable(torch.nn.Parameter(torch.ones(2)))
+
+
+def test_replay_copies_the_inputs_in_and_clones_the_output(monkeypatch):
+    cache = G.GraphCache("t", max_graphs=2)
+    monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+
+    def fn(a, b):
+        return a * 2 + b
+
+    a, b = torch.arange(4.0), torch.ones(4)
+    key = (G.tensor_key(a), G.tensor_key(b))
+    first = cache.run(key, (a, b), fn)
+    assert torch.equal(first, fn(a, b)) and cache.captures == 1
+    a2 = torch.arange(4.0) * 10  # new values, same shape: a replay of the captured graph
+    second = cache.run(key, (a2, b), fn)
+    assert cache.captures == 1 and cache._graphs[key].graph.replays == 2
+    assert torch.equal(second, fn(a2, b))
+    assert not torch.equal(first, second)  # the first result was a clone, not the graph's buffer
+    # least recently used graphs go first
+    cache.run(("k2",), (a, b), fn)
+    cache.run(key, (a, b), fn)  # touch key
+    cache.run(("k3",), (a, b), fn)
+    assert list(cache._graphs) == [key, ("k3",)] and len(cache) == 2
+
+
+def test_tensor_key_tells_layouts_apart():
+    x = torch.zeros(4, 6)
+    assert G.tensor_key(x) != G.tensor_key(x.t())
+    assert G.tensor_key(x) != G.tensor_key(x.to(torch.float16))
+    assert G.tensor_key(x) == G.tensor_key(torch.ones(4, 6))
