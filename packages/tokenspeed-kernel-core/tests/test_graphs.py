@@ -48,24 +48,33 @@ def test_not_used_on_cpu_inside_no_eager_graphs_or_for_subclasses():
 def test_replay_copies_the_inputs_in_and_clones_the_output(monkeypatch):
     cache = G.GraphCache("t", max_graphs=2)
     monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+    calls = []
 
     def fn(a, b):
+        calls.append(a.data_ptr())
         return a * 2 + b
 
     a, b = torch.arange(4.0), torch.ones(4)
     key = (G.tensor_key(a), G.tensor_key(b))
-    first = cache.run(key, (a, b), fn)
+    direct = cache.run(key, (a, b), fn)  # first sighting: the direct call, no capture
+    assert cache.captures == 0 and torch.equal(direct, fn(a, b)) and calls[0] == a.data_ptr()
+    first = cache.run(key, (a, b), fn)  # second: captured, then replayed
     assert torch.equal(first, fn(a, b)) and cache.captures == 1
     a2 = torch.arange(4.0) * 10  # new values, same shape: a replay of the captured graph
     second = cache.run(key, (a2, b), fn)
     assert cache.captures == 1 and cache._graphs[key].graph.replays == 2
     assert torch.equal(second, fn(a2, b))
     assert not torch.equal(first, second)  # the first result was a clone, not the graph's buffer
-    # least recently used graphs go first
-    cache.run(("k2",), (a, b), fn)
-    cache.run(key, (a, b), fn)  # touch key
-    cache.run(("k3",), (a, b), fn)
-    assert list(cache._graphs) == [key, ("k3",)] and len(cache) == 2
+
+
+def test_a_full_cache_runs_new_keys_directly_and_keeps_its_graphs(monkeypatch):
+    cache = G.GraphCache("t", max_graphs=2)
+    monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+    a = torch.ones(3)
+    for key in ("k1", "k2", "k3"):
+        for _ in range(3):
+            assert torch.equal(cache.run(key, (a,), lambda x: x + 1), a + 1)
+    assert sorted(cache._graphs) == ["k1", "k2"] and cache.captures == 2  # k3 never evicts them
 
 
 def test_tensor_key_tells_layouts_apart():

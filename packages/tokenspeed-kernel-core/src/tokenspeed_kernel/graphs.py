@@ -16,8 +16,13 @@ the H200 machine for 60-70 us of device work at one token (``bench --host``).
 - The copied inputs (small: activations and routing) are copied into the graph's
   static buffers, the graph is replayed, and the output is cloned (the next replay
   reuses the graph's buffers). So a call costs the copies, one replay and one clone.
-- The first call of a key warms the path up on a side stream and captures it (a few
-  ms, once). At most ``max_graphs`` graphs are kept (least recently used dropped).
+- The first call of a key runs directly; the second warms the path up on a side stream
+  and captures it (a few ms, once); later ones replay. A shape seen once (a prefill
+  chunk, a one-off batch) never costs a capture.
+- At most ``max_graphs`` graphs are kept, and none is dropped: once the cache is full,
+  new keys run directly. Evicting would let shapes that keep changing (a batch size that
+  varies every step) recapture on every call, which costs more than the direct path.
+  Each graph holds its own memory pool (its intermediates; a few MB at 64 tokens).
 
 Used only where it is correct and pays: the callable must be a pure function of
 its copied inputs and the keyed state (no in-place writes to arguments, no host
@@ -30,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
@@ -73,10 +77,11 @@ class _Graph:
 class GraphCache:
     """Captured graphs of one host path, by key (module doc)."""
 
-    def __init__(self, name: str, *, max_graphs: int = 64) -> None:
+    def __init__(self, name: str, *, max_graphs: int = 128) -> None:
         self.name = name
         self.max_graphs = max_graphs
-        self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
+        self._graphs: dict[Hashable, _Graph] = {}
+        self._seen: set[Hashable] = set()
         self._lock = threading.Lock()
         self.captures = 0
 
@@ -102,13 +107,23 @@ class GraphCache:
         """``fn(*inputs)``, replayed from the graph captured for ``key`` (captured now on a miss)."""
         entry = self._graphs.get(key)
         if entry is None:
+            if len(self._graphs) >= self.max_graphs or not self._seen_before(key):
+                return fn(*inputs)
             entry = self._capture(key, inputs, fn)
-        else:
-            self._graphs.move_to_end(key)
         for static, t in zip(entry.inputs, inputs):
             static.copy_(t)
         entry.graph.replay()
         return entry.output.clone()
+
+    def _seen_before(self, key: Hashable) -> bool:
+        """True from a key's second sighting on (the first one is only remembered)."""
+        if key in self._seen:
+            return True
+        with self._lock:
+            if len(self._seen) >= 16 * self.max_graphs:
+                self._seen.clear()
+            self._seen.add(key)
+        return False
 
     def _capture(self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor]) -> _Graph:
         static = tuple(t.clone() for t in inputs)
@@ -125,6 +140,4 @@ class GraphCache:
         with self._lock:
             self._graphs[key] = entry
             self.captures += 1
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
         return entry

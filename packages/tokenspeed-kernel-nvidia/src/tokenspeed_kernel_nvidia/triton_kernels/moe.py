@@ -15,8 +15,9 @@ The layer (what vLLM runs for GPT-OSS on H100/H200, with our routing inputs):
    not compile on upstream Triton 3.6).
 
 Host cost: an eager call of at most ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph
-of steps 1-4 captured once per call shape and weights (``tokenspeed_kernel.graphs``);
-the library's Python costs 1.3-2.4 ms per call at one token on the H200 machine.
+of steps 1-4, captured once per call shape and weights at the shape's second call
+(``tokenspeed_kernel.graphs``); the library's Python costs 1.3-2.4 ms per call at one
+token on the H200 machine.
 
 Weights (:func:`preprocess_weights`, once, through ``moe_process_weights``): the
 codes and E8M0 scales are transposed so the reduction axis is dim -2 (the

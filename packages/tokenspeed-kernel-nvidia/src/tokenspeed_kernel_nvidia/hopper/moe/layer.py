@@ -147,7 +147,8 @@ def moe_apply(
 
     ``tiles`` overrides :data:`DECODE_TILES` (tuning only). An eager call of at most
     ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
-    shape and weights (``tokenspeed_kernel.graphs``; ``graphs=False``: launch directly).
+    shape and weights, at the shape's second call (``tokenspeed_kernel.graphs``;
+    ``graphs=False``: launch directly).
     """
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: hopper.moe_apply takes bf16 activations (its MMAs are bf16), got {x.dtype}")
