@@ -8,6 +8,7 @@ of the MoE wrappers (nvidia package) compare real replays with the direct path b
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tokenspeed_kernel import graphs as G
@@ -75,6 +76,23 @@ def test_a_full_cache_runs_new_keys_directly_and_keeps_its_graphs(monkeypatch):
         for _ in range(3):
             assert torch.equal(cache.run(key, (a,), lambda x: x + 1), a + 1)
     assert sorted(cache._graphs) == ["k1", "k2"] and cache.captures == 2  # k3 never evicts them
+
+
+def test_a_failed_capture_warns_once_and_the_key_runs_directly(monkeypatch):
+    cache = G.GraphCache("t")
+    tries = []
+
+    def failing(key, inputs, fn):
+        tries.append(key)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cache, "_capture", failing)
+    a = torch.ones(2)
+    assert torch.equal(cache.run("k", (a,), lambda x: x * 3), a * 3)  # first sighting: direct
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        assert torch.equal(cache.run("k", (a,), lambda x: x * 3), a * 3)
+    assert torch.equal(cache.run("k", (a,), lambda x: x * 3), a * 3)
+    assert tries == ["k"] and len(cache) == 0
 
 
 def test_tensor_key_tells_layouts_apart():

@@ -23,6 +23,8 @@ the H200 machine for 60-70 us of device work at one token (``bench --host``).
   new keys run directly. Evicting would let shapes that keep changing (a batch size that
   varies every step) recapture on every call, which costs more than the direct path.
   Each graph holds its own memory pool (its intermediates; a few MB at 64 tokens).
+- A capture that fails (the path turned out not to be capturable) warns once for the key,
+  and that key runs directly from then on.
 
 Used only where it is correct and pays: the callable must be a pure function of
 its copied inputs and the keyed state (no in-place writes to arguments, no host
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
@@ -82,6 +85,7 @@ class GraphCache:
         self.max_graphs = max_graphs
         self._graphs: dict[Hashable, _Graph] = {}
         self._seen: set[Hashable] = set()
+        self._failed: set[Hashable] = set()
         self._lock = threading.Lock()
         self.captures = 0
 
@@ -107,9 +111,18 @@ class GraphCache:
         """``fn(*inputs)``, replayed from the graph captured for ``key`` (captured now on a miss)."""
         entry = self._graphs.get(key)
         if entry is None:
-            if len(self._graphs) >= self.max_graphs or not self._seen_before(key):
+            if len(self._graphs) >= self.max_graphs or key in self._failed or not self._seen_before(key):
                 return fn(*inputs)
-            entry = self._capture(key, inputs, fn)
+            try:
+                entry = self._capture(key, inputs, fn)
+            except Exception as exc:  # the path is not capturable after all: run it directly from now on
+                self._failed.add(key)
+                warnings.warn(
+                    f"{self.name}: eager CUDA-graph capture failed, calling directly: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return fn(*inputs)
         for static, t in zip(entry.inputs, inputs):
             static.copy_(t)
         entry.graph.replay()

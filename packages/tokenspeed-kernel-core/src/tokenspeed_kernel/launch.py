@@ -264,8 +264,8 @@ class CachedLaunch:
         self._check_kwargs(kwargs)
         self.misses += 1
         kernel = self.fn[grid](*args, **kwargs)
-        if not 1 <= len(grid) <= 3:
-            return
+        if kernel is None or not 1 <= len(grid) <= 3:
+            return  # no compiled kernel handed back (yet): the next call takes this path again
         params = self._params
         assert params is not None
         n = len(args)
@@ -283,21 +283,20 @@ class CachedLaunch:
         except (_Uncacheable, TypeError):
             return
         entry = None
-        if kernel is not None:
-            if hasattr(kernel, "result"):
-                kernel = kernel.result()
-            run = kernel.run
-            launch = getattr(run, "launch", None)
-            simple = (
-                launch is not None
-                and not getattr(run, "global_scratch_size", 0)
-                and not getattr(run, "profile_scratch_size", 0)
+        if hasattr(kernel, "result"):
+            kernel = kernel.result()
+        run = kernel.run
+        launch = getattr(run, "launch", None)
+        simple = (
+            launch is not None
+            and not getattr(run, "global_scratch_size", 0)
+            and not getattr(run, "profile_scratch_size", 0)
+        )
+        if simple:
+            tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params[n:])
+            entry = _Entry(
+                launch, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata, tail
             )
-            if simple:
-                tail = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in params[n:])
-                entry = _Entry(
-                    launch, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata, tail
-                )
         with self._lock:
             self._cache[key] = entry
 
