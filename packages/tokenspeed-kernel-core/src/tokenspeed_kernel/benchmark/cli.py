@@ -191,7 +191,9 @@ def _run_host(args: argparse.Namespace) -> int:
         print(f"tokenspeed-kernel bench: {exc}", file=sys.stderr)
         return 2
     plat = current_platform() if device.type == "cuda" else make_platform("cpu")
-    command = "tokenspeed-kernel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else ""
+    command = getattr(args, "command_line", None)
+    if command is None and len(sys.argv) > 1:  # tokenspeed-kernel bench ...
+        command = "tokenspeed-kernel bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     meta = {"device": plat.describe(), "calls": args.calls, "command": command, "torch": torch_version()}
     rows = host_bench(
         ops, device=device, cases=cases, calls=args.calls, seed=args.seed, progress=None if args.quiet else print
