@@ -100,3 +100,12 @@ def test_tensor_key_tells_layouts_apart():
     assert G.tensor_key(x) != G.tensor_key(x.t())
     assert G.tensor_key(x) != G.tensor_key(x.to(torch.float16))
     assert G.tensor_key(x) == G.tensor_key(torch.ones(4, 6))
+
+
+def test_in_place_key_tells_weights_apart_by_address_and_layout():
+    w = torch.zeros(4, 6)
+    assert G.in_place_key(w, None) == G.in_place_key(w, None)
+    assert G.in_place_key(w) != G.in_place_key(w.clone())  # another address: another graph
+    assert G.in_place_key(w) != G.in_place_key(w.view(6, 4))  # same address, other shape
+    assert G.in_place_key(w) != G.in_place_key(w.view(torch.int32))  # same address, other dtype
+    assert G.in_place_key(None) == (None,)

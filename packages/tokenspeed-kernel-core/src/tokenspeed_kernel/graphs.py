@@ -2,8 +2,9 @@
 
 Some kernels' host paths cost far more than their device time when called eagerly:
 ``triton_kernels``' MoE layer runs two library matmuls whose Python (option
-heuristics, device-property queries, tensor wrappers) costs 1.3-2.4 ms per call on
-the H200 machine for 60-70 us of device work at one token (``bench --host``).
+heuristics, device-property queries, tensor wrappers) costs 1.3-2.4 ms per call at
+one token on the H200 machine (``tools/host_probe.py``), against 89.5 us for the whole
+layer, route included, in a CUDA graph (``docs/benchmarks/h200-2026-12-01``).
 :class:`GraphCache` captures such a path once per call shape and replays it::
 
     _graphs = GraphCache("triton_kernels.moe_apply")
@@ -43,7 +44,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GraphCache", "eager_graphs_enabled", "no_eager_graphs", "tensor_key"]
+__all__ = ["GraphCache", "eager_graphs_enabled", "in_place_key", "no_eager_graphs", "tensor_key"]
 
 _ENABLED = os.environ.get("TOKENSPEED_KERNEL_EAGER_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
 _state = threading.local()
@@ -68,6 +69,11 @@ def eager_graphs_enabled() -> bool:
 def tensor_key(t: torch.Tensor) -> tuple:
     """What a graph bakes in about a copied input: shape, strides, dtype, device."""
     return (t.shape, t.stride(), t.dtype, t.device)
+
+
+def in_place_key(*tensors: torch.Tensor | None) -> tuple:
+    """What a graph bakes in about tensors it reads where they are (weights): address, shape, strides, dtype."""
+    return tuple(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)
 
 
 class _Graph:

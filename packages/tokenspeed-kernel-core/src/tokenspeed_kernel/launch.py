@@ -1,7 +1,8 @@
 """Cached launches of Triton and Gluon kernels: the host path of every kernel call.
 
-``fn[grid](*args, **kwargs)`` on a ``triton.jit`` function costs 18-26 us of host
-time on the H200 machine for a kernel that runs 2 us (``tools/host_probe.py``):
+``fn[grid](*args, **kwargs)`` on a ``triton.jit`` function cost 10-26 us of host
+time on the H200 machine (two runs of ``tools/host_probe.py``) for kernels that run
+1.5 us (the GPT-OSS ``rmsnorm`` row):
 Triton binds every argument, builds a specialisation list, turns the options into
 a string for its cache key, checks the kernel's globals and goes through two
 Python launcher layers before the C launch (about 5 us of that). A decode step

@@ -283,9 +283,10 @@ def mha_decode_with_kvcache(
     """
     key = None
     if config is None:
+        # What _decode_plan reads: shapes, dtype, device, flags (strides are passed at the launch).
         key = (
-            q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), page_table.shape, page_table.stride(),
-            q.dtype, q.device, window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits,
+            q.shape, k_cache.shape, page_table.shape[1], q.dtype, q.device,
+            window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits,
         )  # fmt: skip
         plan = _PLANS.get(key)
     if key is None or plan is None:

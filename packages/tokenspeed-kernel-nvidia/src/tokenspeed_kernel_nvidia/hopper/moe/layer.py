@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from tokenspeed_kernel.graphs import GraphCache, tensor_key
+from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
 from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
@@ -171,10 +171,9 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
             _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            tuple(None if w is None else (w.data_ptr(), w.shape, w.stride(), w.dtype) for w in (
-                weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias)),
-            weights.gate_up_interleaved, weights.hidden, weights.intermediate,
-            activation.kind, float(activation.alpha), activation.limit, float(activation.up_offset),
+            weights.gate_up_interleaved, activation,
+            in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
+                         weights.w2_bias),
         )  # fmt: skip
         return _GRAPHS.run(
             key, (x, topk_weights, topk_ids), lambda a, w, i: moe_apply(a, w, i, weights, activation, graphs=False)
