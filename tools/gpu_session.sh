@@ -11,6 +11,7 @@
 #         gdn (linear attention: GPU tests, verify of the Triton kernels, bench of both ops with fla),
 #         hopper-moe (hopper.moe_apply: GPU tests, tools/hopper_moe_h200.py $HOPPER_ARGS), hopper-moe-tests (the tests only),
 #         host-bench (bench --host: default selection, Triton forced, hopper.moe_apply forced),
+#         attention-tests (Triton attention + GPT-OSS model GPU tests, attention plans included),
 #         launch-tests (cached launch vs JIT, graph replay, every in-tree kernel), host-anchor (.anchors/host_cost.py), host-probe (tools/host_probe.py: where an eager call's host time goes).
 # WHL_DIR: the folder of carried wheels (default .whl).
 # Everything a stage writes goes under $OUT (or ./out when OUT is unset).
@@ -87,6 +88,11 @@ for stage in "$@"; do
     hopper-moe-tests)
       python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe.py" \
         2>&1 | tee "$OUT/gpu-tests-hopper-moe.log" | tail -15
+      s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
+    attention-tests)
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-triton/tests/test_attention.py" \
+        "$repo/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py" "$repo/packages/tokenspeed-kernel-core/tests/test_attention_plan.py" \
+        2>&1 | tee "$OUT/gpu-tests-attention.log" | tail -25
       s=${PIPESTATUS[0]}; [ "$s" = 0 ] || rc=1 ;;
     launch-tests)
       python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs "$repo/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py" ${LAUNCH_ARGS:-} \

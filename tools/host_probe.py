@@ -65,7 +65,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--decode-configs", default="full,triton,hopper.moe_apply")
+    p.add_argument(
+        "--decode-configs", default="full,full+plan,triton,hopper.moe_apply",
+        help="selection configs (full, triton, or a moe_apply kernel); a +plan suffix gives each step an attention plan",
+    )  # fmt: skip
     p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
     p.add_argument("--profile", action="store_true", help="cProfile tables of the decode steps")
@@ -186,26 +189,32 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
     weights = m.random_weights(cfg, device=torch.device(d), seed=0)
     steps = {}
     for conf in args.decode_configs.split(","):
-        if conf == "full":
+        base, _, suffix = conf.partition("+")
+        planned = suffix == "plan"
+        if suffix and not planned:
+            raise SystemExit(f"--decode-configs: unknown suffix +{suffix} in {conf!r} (only +plan)")
+        if base == "full":
             make_ctx = contextlib.nullcontext
-        elif conf == "triton":
+        elif base == "triton":
             make_ctx = functools.partial(tk.kernel_override, "triton")
         else:  # a moe_apply kernel forced (its weights converted by the plan)
-            make_ctx = functools.partial(tk.kernel_override, moe_apply=(conf, "triton.moe_apply"))
+            make_ctx = functools.partial(tk.kernel_override, moe_apply=(base, "triton.moe_apply"))
         with make_ctx():
             model = m.GptOssModel(cfg, weights, max_positions=4096)
         cache = model.new_cache(1, 4096, page_size=16)
         cache.reserve(0, 4096)
         sampler = m.Sampler(m.SamplingParams(), 1, model.device)
-        runner = m.DecodeRunner(model, cache, 1, sampler, cuda_graph=False)
+        runner = m.DecodeRunner(model, cache, 1, sampler, cuda_graph=False, attention_plans=planned)
         runner.set_state(
             torch.zeros(1, dtype=torch.int64, device=d), torch.full((1,), 2000, dtype=torch.int64, device=d)
         )
 
-        def step(runner=runner, make_ctx=make_ctx):
+        def step(runner=runner, make_ctx=make_ctx, planned=planned):
             with make_ctx():
                 runner._step()
             runner.positions.fill_(2000)  # the same step again: the cache never runs out
+            if planned:
+                runner.host_positions = [2000]
 
         for _ in range(3):
             step()  # compiles, captures the eager graphs of the MoE, fills every cache
@@ -218,10 +227,12 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         name = f"gpt-oss {args.layers}-layer decode step"
         res[f"{name} eager ({conf})"] = statistics.median(eager[conf])
         res[f"{name} eager rounds ({conf})"] = eager[conf]
-        res[f"{name} graph ({conf})"] = graph_us(step, n=20)
+        # A captured step reads the lengths on the device: a +plan config has the plain config's graph.
+        res[f"{name} graph ({conf})"] = None if conf.endswith("+plan") else graph_us(step, n=20)
         res[f"moe kernel ({conf})"] = model.layers[0].moe_plan.kernel
+        g = res[f"{name} graph ({conf})"]
         print(f"{conf}: eager {res[f'{name} eager ({conf})']:.0f} us (rounds {[round(v) for v in eager[conf]]}), "
-              f"graph {res[f'{name} graph ({conf})']:.0f} us, MoE {res[f'moe kernel ({conf})']}", flush=True)  # fmt: skip
+              f"graph {'-' if g is None else f'{g:.0f} us'}, MoE {res[f'moe kernel ({conf})']}", flush=True)  # fmt: skip
         if args.profile:
             profile(args.out, f"decode-step-{conf}", step, n=10)
     with open(os.path.join(args.out, "host_probe.json"), "w") as fo:

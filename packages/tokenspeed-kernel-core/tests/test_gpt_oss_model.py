@@ -189,6 +189,22 @@ def test_batch_equals_one_sequence_at_a_time(tiny):
             torch.testing.assert_close(step_alone[0], step_batch[b], atol=1e-5, rtol=1e-5)
 
 
+def test_attention_plans_give_the_same_generation(tiny):
+    """Prefill and eager decode steps with attention plans (host lengths) equal the run without, on a ragged
+    batch; a plan with the graph is refused."""
+    cfg, weights = tiny
+    plain = _generate(cfg, weights, PROMPTS, 5, page_size=4)
+    planned = _generate(cfg, weights, PROMPTS, 5, page_size=4, attention_plans=True)
+    assert planned.tokens == plain.tokens
+    torch.testing.assert_close(planned.prefill_logits, plain.prefill_logits, atol=0, rtol=0)
+    for x, y in zip(planned.decode_logits, plain.decode_logits, strict=True):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+    model = m.GptOssModel(cfg, weights, dtype=torch.float32, max_positions=64)
+    with pytest.raises(ValueError, match="attention_plans: eager steps only"):
+        m.DecodeRunner(model, model.new_cache(1, 8), 1, m.Sampler(m.SamplingParams(), 1, model.device),
+                       cuda_graph=True, attention_plans=True)  # fmt: skip
+
+
 def test_greedy_follows_the_logits(tiny):
     cfg, weights = tiny
     out = _generate(cfg, weights, PROMPTS, 5)

@@ -278,6 +278,47 @@ def test_decode_num_splits_depends_on_shapes_only() -> None:
     assert decode.choose_num_splits(1, 8, 128, cpu, cfg) == 1  # a window of 128 keys
 
 
+def test_decode_with_a_plan(device: str) -> None:
+    """A plan sizes the split grid by the longest sequence (not the page table's 64 pages) and keeps
+    the split partials: the same bits as the call without a plan at that split count, the reference's
+    values, and one partials buffer for every call with the plan."""
+    gen = torch.Generator().manual_seed(11)
+    lens, page, hq, hkv, d = [37, 9], 4, 8, 1, 16
+    k_cache, v_cache, _ = _paged_cache([256, 256], page, hkv, d, torch.float32, device, gen)
+    page_table = torch.randperm(k_cache.shape[0], generator=gen)[:128].view(2, 64).to(device, torch.int32)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(device)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    kw = _args(sinks=torch.randn(hq, generator=gen).to(device), softmax_scale=d**-0.5)
+    del kw["causal"]
+    cfg = {
+        **decode.decode_config(q.device, d),
+        "num_sms": 132,
+        "ctas_per_sm": 4,
+        "min_tokens_per_split": 16,
+        "max_splits": 64,
+    }
+    plan = tokenspeed_kernel.mha_plan(cache_seqlens=lens)
+    args = (q, k_cache, v_cache, page_table, seqlens)
+    # Without the plan the split count follows the 256-slot capacity, with it the longest sequence (37 -> 64).
+    assert decode._decode_plan(q, k_cache, page_table, -1, None, None, 0.0, True, cfg, None)[0][2] == 16
+    assert decode._decode_plan(q, k_cache, page_table, -1, None, None, 0.0, True, cfg, None, 64)[0][2] == 4
+    decode._PLANS.clear()
+    out, lse = decode.mha_decode_with_kvcache(*args, **kw, plan=plan)
+    again, _ = decode.mha_decode_with_kvcache(*args, **kw, plan=plan)
+    splits = decode.choose_num_splits(2, 1, 64, q.device, decode.decode_config(q.device, d))
+    plain, plain_lse = decode.mha_decode_with_kvcache(*args, **kw, num_splits=splits)
+    assert torch.equal(out, plain) and torch.equal(lse, plain_lse) and torch.equal(out, again)
+    exp_out, exp_lse = ref.mha_decode_with_kvcache(*args, **kw)
+    _assert_close(out, exp_out, torch.float32)
+    _assert_lse(lse, exp_lse)
+    kept = [k for k in plan._kept if k[0] == "triton.decode"]
+    assert splits > 1 and len(kept) == 1
+    # Through the public op (the Triton kernel is selected on the interpreter), plan included.
+    with tokenspeed_kernel.kernel_override("triton"):
+        pub, pub_lse = tokenspeed_kernel.mha_decode_with_kvcache(*args, **kw, plan=plan)
+    assert torch.equal(pub, out) and torch.equal(pub_lse, lse)
+
+
 # --------------------------------------------------------------------------- store
 
 
@@ -441,6 +482,36 @@ def test_gpu_decode_cuda_graph_replay() -> None:
     seqlens.copy_(torch.tensor([4096, 1, 3000, 4095], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
+    expected = ref.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, out=None, **kw)
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_plan_cuda_graph_replay() -> None:
+    """With a plan: captured and replayed like the call without one (the partials kept with the
+    plan are the graph's), equal to the eager call's bits, and no allocation in the eager call."""
+    gen = torch.Generator().manual_seed(12)
+    lens = [100, 2000, 513, 4000]
+    k_cache, v_cache, page_table = _paged_cache([65536] * 4, 16, _HKV, _D, torch.bfloat16, "cuda", gen)
+    q = torch.randn(len(lens), _HQ, _D, generator=gen).cuda().bfloat16()
+    sinks = torch.randn(_HQ, generator=gen).cuda()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    plan = tokenspeed_kernel.mha_plan(cache_seqlens=lens)
+    kw = {"window_left": -1, "sinks": sinks, "softmax_scale": _D**-0.5, "logit_cap": 0.0, "return_lse": False}
+    out = torch.empty_like(q)
+    eager = decode.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, plan=plan, **kw).clone()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    decode.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, out=out, plan=plan, **kw)
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before  # out= given: nothing allocated
+    graph = torch.cuda.CUDAGraph()
+    out.zero_()
+    with torch.cuda.graph(graph):
+        decode.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, out=out, plan=plan, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
     expected = ref.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, out=None, **kw)
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
 

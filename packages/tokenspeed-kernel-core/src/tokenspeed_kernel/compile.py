@@ -14,7 +14,7 @@ The custom ops are made from the op objects (:class:`tokenspeed_kernel.core.op.O
 so every op is covered by construction. Each ``torch.ops.tokenspeed_kernel.<op>``
 has a schema derived from the op's argument annotations: tensors, numbers,
 strings and dtypes cross as they are; typed argument objects (``MoEWeights``,
-``MoEActivation``, ``MoEPlan``) cross as their fields; ``int | Tensor`` arguments
+``MoEActivation``, ``MoEPlan``, ``AttentionPlan``) cross as their fields; ``int | Tensor`` arguments
 as two optional slots; ``solution=``/``override=`` as one string (alternatives
 joined by ``|``); results as a list of tensors. The fake implementation is the
 op's ``fake``; the real one rebuilds the arguments and calls the op, so argument
@@ -78,6 +78,10 @@ class _Codec:
 
     def decode(self, it: Iterator[Any]) -> Any:
         raise NotImplementedError
+
+    def absent(self, name: str) -> tuple:
+        """The slots of a field of an absent (None) optional dataclass."""
+        return tuple(None for _ in self.schema(name))
 
 
 class _Plain(_Codec):
@@ -157,6 +161,9 @@ class _Opaque(_Codec):
                 )
         return tensors, ints, floats, kinds
 
+    def absent(self, name: str) -> tuple:
+        return [], [], [], ""  # list slots are not nullable: empty ones
+
     def decode(self, it: Iterator[Any]) -> Any:
         tensors, ints, floats, kinds = next(it), next(it), next(it), next(it)
         lists = {"t": iter(tensors), "i": iter(ints), "b": iter(ints), "f": iter(floats)}
@@ -182,7 +189,7 @@ class _Dataclass(_Codec):
         if value is None:
             if not self.optional:
                 raise TypeError(f"{name}: expected {self.cls.__name__}, got None")
-            return (False, *(None for _ in self.schema(name)[1:]))
+            return (False, *(x for n, c in self.fields for x in c.absent(f"{name}_{n}")))
         if not isinstance(value, self.cls):
             raise TypeError(f"{name}: expected {self.cls.__name__}, got {type(value).__name__}")
         out: tuple = (True,) if self.optional else ()

@@ -16,7 +16,10 @@ synchronisation (so a call costs what the slower of host and device costs), in
   ``bind`` produced (wrapper + launches); ``public - direct`` is the dispatch cost;
 - ``graph_us``: the public op captured 10 times in a CUDA graph and replayed (the
   device time per call; GPU only, kernels tagged ``cuda_graph_safe``);
-- ``torch_us``: the torch equivalent where one exists (``TORCH_EQUIVALENTS``).
+- ``torch_us``: the torch equivalent where one exists (``TORCH_EQUIVALENTS``);
+- ``plan_us``: for the attention ops, the public op given an attention plan of the
+  call's lengths (``tk.mha_plan``, built once before the timing, as an engine builds
+  one per step for every layer).
 
 On a CPU the graph column is empty and the times are the host path with the
 kernel (a PyTorch reference, or Triton's interpreter) included.
@@ -159,6 +162,14 @@ def host_bench(
     return rows
 
 
+#: attention ops -> the call arguments an attention plan is made from (``plan_us``).
+PLAN_FIELDS: dict[str, tuple[str, ...]] = {
+    "mha_decode_with_kvcache": ("cache_seqlens",),
+    "mha_extend_with_kvcache": ("cache_seqlens", "cu_seqlens_q"),
+    "mha_prefill": ("cu_seqlens_q", "cu_seqlens_k"),
+}
+
+
 #: rounds per figure: the figures of one case are timed round-robin and the median kept, so the
 #: host's drift (frequency, other processes) hits every column alike.
 ROUNDS = 5
@@ -181,7 +192,18 @@ def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls
 
     eq = TORCH_EQUIVALENTS.get(op)
     thunk = eq[1](call) if eq else None
-    samples: dict[str, list[float]] = {"public_us": [], "public_before_us": [], "direct_us": [], "torch_us": []}
+    planned = None
+    if op in PLAN_FIELDS:
+        from ..ops.attention import mha_plan
+
+        plan = mha_plan(**{name: call[name].cpu() for name in PLAN_FIELDS[op]})
+
+        def planned():
+            return fn(**call, plan=plan)
+
+    samples: dict[str, list[float]] = {
+        "public_us": [], "public_before_us": [], "direct_us": [], "torch_us": [], "plan_us": [],
+    }  # fmt: skip
     per_round = max(1, calls // ROUNDS)
     for _ in range(ROUNDS):
         samples["public_us"].append(per_call_us(public, per_round, device))
@@ -190,6 +212,8 @@ def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls
         samples["direct_us"].append(per_call_us(direct, per_round, device))
         if thunk is not None:
             samples["torch_us"].append(per_call_us(thunk, per_round, device))
+        if planned is not None:
+            samples["plan_us"].append(per_call_us(planned, per_round, device))
     for name, vals in samples.items():
         if vals:
             row[name] = statistics.median(vals)
@@ -208,7 +232,7 @@ def _fmt(v: Any) -> str:
 def _line(row: Mapping[str, Any]) -> str:
     if "error" in row:
         return f"{row['op']:28s} error: {row['error']}"
-    cols = ("public_us", "public_before_us", "direct_us", "dispatch_us", "graph_us", "torch_us")
+    cols = ("public_us", "public_before_us", "direct_us", "dispatch_us", "graph_us", "torch_us", "plan_us")
     return f"{row['op']:28s} {row['kernel']:34s} " + " ".join(f"{c[:-3]}={_fmt(row.get(c))}" for c in cols)
 
 
@@ -230,18 +254,18 @@ def write_host_markdown(rows: list[dict[str, Any]], path: str, meta: Mapping[str
         lines += [f"Command: `{meta['command']}`", ""]
     lines += [
         "| op | case | kernel | public op, eager | before (JIT launch, no eager graph) | kernel directly | dispatch "
-        "| graph replay | torch equivalent |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| graph replay | torch equivalent | public op with a plan |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | | | |")
             continue
         torch_col = f"{r['torch']} {r['torch_us']:.1f}" if "torch_us" in r else ""
         lines.append(
             f"| {r['op']} | {r['case']} | {r['kernel']} | {_fmt(r['public_us'])} | {_fmt(r['public_before_us'])} | "
             f"{_fmt(r['direct_us'])} | "
-            f"{_fmt(r['dispatch_us'])} | {_fmt(r.get('graph_us'))} | {torch_col} |"
+            f"{_fmt(r['dispatch_us'])} | {_fmt(r.get('graph_us'))} | {torch_col} | {_fmt(r.get('plan_us'))} |"
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

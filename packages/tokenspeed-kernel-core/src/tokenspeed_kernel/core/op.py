@@ -24,7 +24,14 @@ device; every other argument by type and value) reuses that call's selection key
 and rebuilds the kernel's arguments from the new call's objects. Only where the
 checks read nothing but that metadata: never with a CPU tensor (whose values the
 checks read), under ``TOKENSPEED_KERNEL_DEBUG=1``, or with an argument of another
-kind (MoE weights, generators, plans), which runs ``bind`` every time.
+kind (MoE weights, generators), which runs ``bind`` every time. An object that
+carries a ``__memo_key__`` (an attention plan: the host values its checks read) is
+described by that key and handed to the kernel as the object of the new call.
+
+Hints (``Op(hints=(...))``): keyword arguments that carry host metadata a kernel
+may use (an attention plan). ``bind`` passes one only when the caller gave it, and
+the selected kernel receives it only when its signature names it: a kernel that
+reads the same facts on the device needs none of it, and its result is the same.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from .profiling import kernel_scope, profiler_active
 from .selection import Target, select_for_device
 from .settings import debug_checks_enabled
 
-__all__ = ["Op", "Reference", "KernelCall", "kernel_call"]
+__all__ = ["Op", "Reference", "KernelCall", "kernel_call", "hinted_kwargs"]
 
 #: What ``bind`` returns: (device, format signature, traits, sizes, kernel args, kernel kwargs).
 KernelCall = tuple[torch.device, tuple[str, ...], Mapping[str, object], tuple[int, ...], tuple, dict]
@@ -95,6 +102,8 @@ class Op(OpContract):
     #: describing their arguments (measured on the 2-core machine: mm 5.3 -> 3.9 us, apply_rotary
     #: 8.1 -> 5.7, mha_decode_with_kvcache 14.0 -> 8.6; rmsnorm's 2.3 us bind would get slower).
     memo_bind: bool = False
+    #: keyword arguments a kernel receives only if its signature names them (module doc).
+    hints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         sig = inspect.signature(self.bind)
@@ -129,6 +138,8 @@ class Op(OpContract):
         else:
             device, signature, traits, sizes, kargs, kkwargs = self.bind(*args, **kwargs)
         sel = select_for_device(self.name, signature, traits, sizes, device, solution, override)
+        if self.hints and kkwargs:
+            kkwargs = hinted_kwargs(self.hints, sel.fn, kkwargs)
         hook = profiling.dispatch_hook
         if hook is not None:
             hook(self.name, signature, traits, kargs, kkwargs)
@@ -170,6 +181,31 @@ class Op(OpContract):
         return tuple(size_bucket(int(sizes[s.name])) for s in self.sizes)
 
 
+#: per kernel function: the hint names its signature takes (all of them with ``**kwargs``).
+_TAKES: dict[Any, frozenset[str] | None] = {}
+
+
+def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) -> dict:
+    """``kwargs`` without the hints ``fn``'s signature does not name (module doc)."""
+    given = [h for h in hints if h in kwargs]
+    if not given:
+        return kwargs
+    takes = _TAKES.get(fn, _MISS)
+    if takes is _MISS:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: it cannot name a hint
+            params = {}
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            takes = None
+        else:
+            takes = frozenset(h for h in hints if h in params)
+        _TAKES[fn] = takes
+    if takes is None or all(h in takes for h in given):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in takes or k not in hints}
+
+
 # -- the memo of validated call metadata ----------------------------------------------------------
 
 _T = torch.Tensor
@@ -193,6 +229,9 @@ def _describe(a: Any) -> Any:
         return (t, a)
     if _plain_dataclass(a):
         return (t, a)  # a frozen dataclass of plain values (MoEActivation, ...)
+    key = getattr(a, "__memo_key__", None)
+    if key is not None:
+        return (t, key)  # what the checks read of it (an attention plan's lengths)
     return _MISS
 
 

@@ -6,9 +6,11 @@
 
 from .activation import silu_and_mul, swiglu
 from .attention import (
+    AttentionPlan,
     kvcache_store,
     mha_decode_with_kvcache,
     mha_extend_with_kvcache,
+    mha_plan,
     mha_prefill,
     mha_prefill_with_kvcache,
 )
@@ -39,6 +41,8 @@ __all__ = [
     "mha_prefill_with_kvcache",
     "mha_decode_with_kvcache",
     "kvcache_store",
+    "mha_plan",
+    "AttentionPlan",
     "gdn_chunk_prefill",
     "gdn_decode",
     "moe_route",

@@ -23,11 +23,33 @@ and end at the packed token count; ``max_seqlen_*`` bound the longest sequence;
 used and the slots written lie inside the cache) run whenever those tensors are on
 the host, and for device tensors under ``TOKENSPEED_KERNEL_DEBUG=1`` (they cost a
 device sync).
+
+Plans (:func:`mha_plan`). An engine knows a step's lengths on the host before it
+launches anything. ``plan = mha_plan(cache_seqlens=..., cu_seqlens_q=...)`` takes
+them once per step; passing ``plan=plan`` to every layer's attention call then
+
+- runs the value checks above on the plan's host copies (no device read);
+- hands it to kernels that need host metadata: FlashInfer plans its schedule from
+  it instead of copying the lengths to the host (one sync per call without a
+  plan), and the Triton decode sizes its split-KV grid by the longest sequence
+  (not by the page table's capacity) and keeps its partial-result buffers with
+  the plan, so its calls allocate nothing beyond their outputs.
+
+The plan must describe the tensors of the call (``TOKENSPEED_KERNEL_DEBUG=1``
+compares the two, with a device sync). Calls with one plan run in stream order:
+the buffers a kernel keeps with a plan serve one call at a time, as FlashInfer's
+plan does. Kernels that read the lengths on the device (FA3, the AMD kernels,
+the reference) do not receive the plan.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,6 +66,8 @@ from ..core.validation import (
 )
 
 __all__ = [
+    "AttentionPlan",
+    "mha_plan",
     "mha_prefill",
     "mha_extend_with_kvcache",
     "mha_prefill_with_kvcache",
@@ -64,6 +88,191 @@ _COMMON_TRAITS = {
 }
 _CAUSAL = {"causal": TraitSpec(bool, default=True, doc="causal mask")}
 _PAGED = {"page_size": TraitSpec(int, allowed=Range(1, 4096), doc="tokens per KV-cache page")}
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The host metadata of one attention batch (see the module doc; built by :func:`mha_plan`).
+
+    Fields (host ints; an empty tuple where the plan does not describe it):
+        cache_seqlens: per sequence, the tokens in the paged cache (decode, extend).
+        cu_seqlens_q: ``[B+1]`` prefix sums of the query lengths (extend, prefill).
+        cu_seqlens_k: ``[B+1]`` prefix sums of the key lengths (prefill).
+    """
+
+    cache_seqlens: tuple[int, ...] = ()
+    cu_seqlens_q: tuple[int, ...] = ()
+    cu_seqlens_k: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        batch = None
+        for name in ("cache_seqlens", "cu_seqlens_q", "cu_seqlens_k"):
+            values = getattr(self, name)
+            if type(values) is not tuple or not all(type(x) is int for x in values):
+                raise TypeError(f"{name}: expected a tuple of ints, got {type(values).__name__}")
+            if not values:
+                continue
+            cu = name != "cache_seqlens"
+            if cu and values[0] != 0:
+                raise ValueError(f"{name}: must start at 0, got {list(values[:8])}")
+            b = len(values) - 1 if cu else len(values)
+            if cu and b < 1:
+                raise ValueError(f"{name}: expected [batch + 1] >= 2 entries, got {len(values)}")
+            if batch is not None and b != batch:
+                raise ValueError(f"{name}: describes {b} sequences, the plan's other lengths {batch}")
+            batch = b
+            lengths = [y - x for x, y in itertools.pairwise(values)] if cu else list(values)
+            if lengths and min(lengths) < 0:
+                i = next(i for i, n in enumerate(lengths) if n < 0)
+                what = "non-decreasing" if cu else "values >= 0"
+                raise ValueError(f"{name}: expected {what}, got {lengths[i]} for sequence {i}")
+            setattr_ = object.__setattr__
+            setattr_(self, f"_{name}_lengths", lengths)
+        if batch is None:
+            raise ValueError("mha_plan: give at least one of cache_seqlens, cu_seqlens_q, cu_seqlens_k")
+        q_lens = getattr(self, "_cu_seqlens_q_lengths", None)
+        k_lens = getattr(self, "_cu_seqlens_k_lengths", None)
+        lens = self.cache_seqlens
+        short = -1  # the first sequence whose cache holds fewer tokens than its queries
+        if lens and q_lens is not None:
+            short = next((b for b in range(batch) if lens[b] < q_lens[b]), -1)
+        summary = (
+            batch,
+            min(lens, default=-1), max(lens, default=-1),
+            max(q_lens, default=-1) if q_lens is not None else -1,
+            max(k_lens, default=-1) if k_lens is not None else -1,
+            self.cu_seqlens_q[-1] if self.cu_seqlens_q else -1,
+            self.cu_seqlens_k[-1] if self.cu_seqlens_k else -1,
+            short,
+        )  # fmt: skip
+        object.__setattr__(self, "__memo_key__", summary)
+        object.__setattr__(self, "_kept", {})
+        object.__setattr__(self, "_lock", threading.Lock())
+
+    @property
+    def batch(self) -> int:
+        """B, the sequences the plan describes."""
+        return self.__memo_key__[0]
+
+    @property
+    def max_cache_seqlen(self) -> int:
+        """The longest ``cache_seqlens`` entry (-1 when the plan has none)."""
+        return self.__memo_key__[2]
+
+    @property
+    def max_seqlen_q(self) -> int:
+        """The longest query length of ``cu_seqlens_q`` (-1 when the plan has none)."""
+        return self.__memo_key__[3]
+
+    @property
+    def max_seqlen_k(self) -> int:
+        """The longest key length of ``cu_seqlens_k`` (-1 when the plan has none)."""
+        return self.__memo_key__[4]
+
+    def host_tensor(self, name: str) -> torch.Tensor:
+        """One field as an ``int32`` CPU tensor (made once per plan; do not write to it)."""
+        return self.keep(("host", name), lambda: torch.tensor(getattr(self, name), dtype=torch.int32))
+
+    def keep(self, key: Any, make: Callable[[], Any]) -> Any:
+        """What a kernel keeps with this plan under ``key`` (``make()`` on first use): derived
+        metadata, buffers. Buffers serve one call at a time (the module doc)."""
+        kept = self._kept
+        value = kept.get(key)
+        if value is None:
+            with self._lock:
+                value = kept.get(key)
+                if value is None:
+                    value = make()
+                    kept[key] = value
+        return value
+
+
+def _host_ints(name: str, value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name}: expected a 1-D int32/int64 tensor, got {value.dtype} {list(value.shape)}")
+        return tuple(value.tolist())  # a device tensor is copied here: one sync, at plan time
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            raise TypeError(f"{name}: expected ints, got {[type(x).__name__ for x in value][:4]}")
+        return tuple(int(x) for x in value)
+    raise TypeError(f"{name}: expected a sequence of ints or a 1-D int tensor, got {type(value).__name__}")
+
+
+def mha_plan(
+    *,
+    cache_seqlens: Sequence[int] | torch.Tensor | None = None,
+    cu_seqlens_q: Sequence[int] | torch.Tensor | None = None,
+    cu_seqlens_k: Sequence[int] | torch.Tensor | None = None,
+) -> AttentionPlan:
+    """The host metadata of one attention batch, for every layer's call of a step (module doc).
+
+    Give the lengths the calls will see, from the host (a device tensor is copied: one
+    sync here, none per call): ``cache_seqlens`` for decode and extend, ``cu_seqlens_q``
+    for extend and prefill, ``cu_seqlens_k`` for prefill. Then pass ``plan=`` to
+    :func:`mha_decode_with_kvcache`, :func:`mha_extend_with_kvcache` or
+    :func:`mha_prefill`.
+    """
+    return AttentionPlan(
+        _host_ints("cache_seqlens", cache_seqlens),
+        _host_ints("cu_seqlens_q", cu_seqlens_q),
+        _host_ints("cu_seqlens_k", cu_seqlens_k),
+    )
+
+
+def _check_plan(plan: object, batch: int, *, need: tuple[str, ...], tensors: dict[str, torch.Tensor]) -> AttentionPlan:
+    """``plan`` describes ``batch`` sequences with the fields ``need``; under debug checks (or
+    for host tensors) it equals the call's tensors."""
+    if not isinstance(plan, AttentionPlan):
+        raise TypeError(
+            f"plan: expected an AttentionPlan (tokenspeed_kernel.mha_plan) or None, got {type(plan).__name__}"
+        )
+    missing = [n for n in need if not getattr(plan, n)]
+    if missing:
+        raise ValueError(f"plan: this op reads {', '.join(need)} from it; the plan has no {', '.join(missing)}")
+    if plan.batch != batch:
+        raise ValueError(f"plan: describes {plan.batch} sequences, the call has {batch}")
+    for name, t in tensors.items():
+        values = readable_values(t)
+        if values is not None and tuple(values.tolist()) != getattr(plan, name):
+            mine = getattr(plan, name)
+            got = values.tolist()
+            i = next((i for i, (a, b) in enumerate(zip(mine, got)) if a != b), min(len(mine), len(got)))
+            raise ValueError(
+                f"plan: its {name} differ from the {name} tensor of the call at entry {i} "
+                f"(plan {mine[i] if i < len(mine) else None}, tensor {got[i] if i < len(got) else None})"
+            )
+    return plan
+
+
+def _check_plan_paged(plan: AttentionPlan, capacity: int, page_table_cols: int, page_size: int, decode: bool) -> None:
+    """The value checks of :func:`_check_paged` on the plan's host lengths (ints: no tensor op)."""
+    lens = plan.cache_seqlens
+    if plan.max_cache_seqlen > capacity:
+        b = next(b for b, n in enumerate(lens) if n > capacity)
+        raise ValueError(
+            f"cache_seqlens: sequence {b} holds {lens[b]} tokens, past the {capacity} slots its page_table row "
+            f"can address ({page_table_cols} columns x page_size {page_size})"
+        )
+    if decode and plan.__memo_key__[1] < 1:
+        b = next(b for b, n in enumerate(lens) if n < 1)
+        raise ValueError(
+            f"cache_seqlens: expected >= 1 per sequence (the new token is in the cache), got {lens[b]} for sequence {b}"
+        )
+
+
+def _check_plan_cu(name: str, plan: AttentionPlan, tokens: int, of: str, max_seqlen: int, max_name: str) -> None:
+    """:func:`check_cu_seqlens`'s value checks on the plan's ``name`` (ints: no tensor op)."""
+    last = getattr(plan, name)[-1]
+    if last != tokens:
+        raise ValueError(f"plan: its {name} end at {last}, the call has {tokens} packed tokens of {of} ({of}.shape[0])")
+    longest = plan.max_seqlen_q if name == "cu_seqlens_q" else plan.max_seqlen_k
+    if longest > max_seqlen:
+        raise ValueError(
+            f"{max_name}: expected at least the longest sequence of {name} ({longest} tokens), got {max_seqlen}"
+        )
 
 
 def _check_heads(q: torch.Tensor, hkv: int, kname: str) -> int:
@@ -96,7 +305,16 @@ def _check_out(out, shape, dtype, device) -> None:
 
 
 def _check_paged(
-    q, k_cache, v_cache, page_table, cache_seqlens, batch: int, *, decode: bool, q_lens: torch.Tensor | None = None
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    batch: int,
+    *,
+    decode: bool,
+    q_lens: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> None:
     """The paged cache's form, and its values when readable: ``cache_seqlens`` within what the page table
     addresses and >= 1 (decode) or >= each sequence's query count (extend, ``q_lens`` when read), the
@@ -111,12 +329,18 @@ def _check_paged(
         raise ValueError(f"page_table: expected {batch} rows (one per sequence), got {page_table.shape[0]}")
     check_tensor("cache_seqlens", cache_seqlens, dtypes=(torch.int32,), shape=(batch,))
     check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, page_table=page_table, cache_seqlens=cache_seqlens)
-    lens = readable_values(cache_seqlens)
-    pt = readable_values(page_table)
-    if lens is None or pt is None or batch == 0:
-        return
     num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
     capacity = page_table.shape[1] * page_size
+    pt = readable_values(page_table)
+    if plan is not None:
+        _check_plan_paged(plan, capacity, page_table.shape[1], page_size, decode)
+        if pt is None:
+            return  # the plan's values are checked (_check_plan compared them with readable tensors)
+        lens = plan.host_tensor("cache_seqlens")
+    else:
+        lens = readable_values(cache_seqlens)
+    if lens is None or pt is None or batch == 0:
+        return
     lo, hi = (int(x) for x in torch.aminmax(lens))
     if hi > capacity:
         b = int((lens > capacity).nonzero()[0])
@@ -184,6 +408,7 @@ def _bind_mha_prefill(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> KernelCall:
     """Packed variable-length attention over fresh keys and values.
 
@@ -201,6 +426,8 @@ def _bind_mha_prefill(
         logit_cap: a finite float; ``> 0`` applies ``cap * tanh(s / cap)`` to scores.
         return_lse: also return ``float32 [total_q, Hq]`` log-sum-exp.
         out: optional ``[total_q, Hq, D]`` output of ``q``'s dtype.
+        plan: an :class:`AttentionPlan` with this batch's ``cu_seqlens_q`` and ``cu_seqlens_k``
+            (:func:`mha_plan`; the module doc says what it saves), or None.
 
     Returns:
         ``out`` or ``(out, lse)``.
@@ -222,6 +449,13 @@ def _bind_mha_prefill(
         max_seqlen=max_seqlen_k, max_name="max_seqlen_k",
     )  # fmt: skip
     check_same_device("q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    if plan is not None:
+        _check_plan(
+            plan, batch, need=("cu_seqlens_q", "cu_seqlens_k"),
+            tensors={"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k},
+        )  # fmt: skip
+        _check_plan_cu("cu_seqlens_q", plan, q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+        _check_plan_cu("cu_seqlens_k", plan, k.shape[0], "k", max_seqlen_k, "max_seqlen_k")
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k.dtype])
@@ -230,7 +464,7 @@ def _bind_mha_prefill(
         q.device, sig, traits, (q.shape[0],),
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=bool(causal), window_left=window_left, sinks=sinks, softmax_scale=scale,
-        logit_cap=float(logit_cap), return_lse=return_lse, out=out,
+        logit_cap=float(logit_cap), return_lse=return_lse, out=out, **_plan_kwarg(plan),
     )  # fmt: skip
 
 
@@ -250,6 +484,7 @@ def _bind_mha_extend_with_kvcache(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> KernelCall:
     """Multi-token queries over the paged KV cache (chunked prefill, speculative verify).
 
@@ -265,6 +500,8 @@ def _bind_mha_extend_with_kvcache(
         page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]``, each
             ``>= q_len_b`` and ``<= max_pages * page_size``.
         max_seqlen_q: host int, at least the longest query length.
+        plan: an :class:`AttentionPlan` with this batch's ``cache_seqlens`` and ``cu_seqlens_q``
+            (:func:`mha_plan`), or None.
         Other arguments as :func:`mha_prefill`.
     """
     check_tensor("q", q, dtypes=_Q_DTYPES, dim=3, last_dim_contiguous=True)
@@ -273,7 +510,20 @@ def _bind_mha_extend_with_kvcache(
         "cu_seqlens_q", cu_seqlens_q, tokens=q.shape[0], max_seqlen=max_seqlen_q, max_name="max_seqlen_q"
     )
     check_same_device("q", q, cu_seqlens_q=cu_seqlens_q)
-    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch, decode=False, q_lens=q_lens)
+    if plan is not None:
+        _check_plan(
+            plan, batch, need=("cache_seqlens", "cu_seqlens_q"),
+            tensors={"cache_seqlens": cache_seqlens, "cu_seqlens_q": cu_seqlens_q},
+        )  # fmt: skip
+        _check_plan_cu("cu_seqlens_q", plan, q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
+        short = plan.__memo_key__[7]
+        if short >= 0:
+            raise ValueError(
+                f"cache_seqlens: sequence {short} holds {plan.cache_seqlens[short]} tokens, fewer than its "
+                f"{plan.cu_seqlens_q[short + 1] - plan.cu_seqlens_q[short]} queries (cache_seqlens counts the new "
+                "tokens too)"
+            )
+    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch, decode=False, q_lens=q_lens, plan=plan)
     hkv = k_cache.shape[2]
     _check_heads(q, hkv, "k_cache")
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
@@ -284,7 +534,7 @@ def _bind_mha_extend_with_kvcache(
         q.device, sig, traits, (q.shape[0],),
         q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,
         causal=bool(causal), window_left=window_left, sinks=sinks, softmax_scale=scale,
-        logit_cap=float(logit_cap), return_lse=return_lse, out=out,
+        logit_cap=float(logit_cap), return_lse=return_lse, out=out, **_plan_kwarg(plan),
     )  # fmt: skip
 
 
@@ -301,6 +551,7 @@ def _bind_mha_decode_with_kvcache(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
 ) -> KernelCall:
     """One new token per sequence over the paged KV cache.
 
@@ -312,11 +563,14 @@ def _bind_mha_decode_with_kvcache(
         k_cache, v_cache: ``[num_pages, page_size, Hkv, D]`` (NHD).
         page_table: ``int32 [B, max_pages]``; cache_seqlens: ``int32 [B]``, each
             ``>= 1`` (the new token) and ``<= max_pages * page_size``.
+        plan: an :class:`AttentionPlan` with this batch's ``cache_seqlens`` (:func:`mha_plan`), or None.
         Other arguments as :func:`mha_prefill`; lse is ``float32 [B, Hq]``.
     """
     check_tensor("q", q, dtypes=_Q_DTYPES, dim=3, last_dim_contiguous=True)
     batch = q.shape[0]
-    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch, decode=True)
+    if plan is not None:
+        _check_plan(plan, batch, need=("cache_seqlens",), tensors={"cache_seqlens": cache_seqlens})
+    _check_paged(q, k_cache, v_cache, page_table, cache_seqlens, batch, decode=True, plan=plan)
     hkv = k_cache.shape[2]
     _check_heads(q, hkv, "k_cache")
     scale = _check_common(q, sinks, softmax_scale, logit_cap, window_left)
@@ -327,8 +581,13 @@ def _bind_mha_decode_with_kvcache(
         q.device, sig, traits, (batch, page_table.shape[1] * k_cache.shape[1]),
         q, k_cache, v_cache, page_table, cache_seqlens,
         window_left=window_left, sinks=sinks, softmax_scale=scale,
-        logit_cap=float(logit_cap), return_lse=return_lse, out=out,
+        logit_cap=float(logit_cap), return_lse=return_lse, out=out, **_plan_kwarg(plan),
     )  # fmt: skip
+
+
+def _plan_kwarg(plan: AttentionPlan | None) -> dict:
+    # A hint (Op(hints=...)): passed only when given, and only to kernels that name it.
+    return {} if plan is None else {"plan": plan}
 
 
 def _bind_kvcache_store(
@@ -381,6 +640,7 @@ _ANY_ATTENTION = {name: ANY for name in _COMMON_TRAITS}
 
 mha_prefill = Op(
     name="mha_prefill",
+    hints=("plan",),
     family="attention",
     roles=("q", "kv"),
     traits={**_COMMON_TRAITS, **_CAUSAL},
@@ -395,6 +655,7 @@ mha_prefill = Op(
 )
 mha_extend_with_kvcache = Op(
     name="mha_extend_with_kvcache",
+    hints=("plan",),
     family="attention",
     roles=("q", "kv"),
     traits={**_COMMON_TRAITS, **_CAUSAL, **_PAGED},
@@ -415,6 +676,7 @@ mha_prefill_with_kvcache = mha_extend_with_kvcache
 mha_decode_with_kvcache = Op(
     name="mha_decode_with_kvcache",
     memo_bind=True,
+    hints=("plan",),
     family="attention",
     roles=("q", "kv"),
     traits={**_COMMON_TRAITS, **_PAGED},

@@ -4,13 +4,17 @@ Each function takes the kernel arguments of the matching public op.
 
 Plan/run. FlashInfer splits a call into ``plan`` (host-side scheduling from the
 sequence lengths; it also JIT-compiles the module on first use) and ``run`` (the
-kernels). ``plan`` needs the lengths on the host, so every call here copies
-``cu_seqlens_*`` / ``cache_seqlens`` to the host: one device synchronisation per
-call. There is one FlashInfer wrapper per static configuration (dtypes, heads,
-head dim, page size, mask, scale, soft-cap, sinks), and it is planned again only
-when the lengths differ from its last plan, so the layers of one forward step
-share a plan. Neither the host copy nor ``plan`` can run inside CUDA-graph
-capture: none of these kernels is tagged ``cuda_graph_safe``.
+kernels). ``plan`` needs the lengths on the host. A call given an attention plan
+(``tokenspeed_kernel.mha_plan``: the engine's host lengths of the step) takes
+them from it; a call without one copies ``cu_seqlens_*`` / ``cache_seqlens`` to
+the host: one device synchronisation per call. There is one FlashInfer wrapper
+per static configuration (dtypes, heads, head dim, page size, mask, scale,
+soft-cap, sinks), and it is planned again only when the lengths differ from its
+last plan, so the layers of one forward step share a plan. Neither the host copy
+nor FlashInfer's ``plan`` can run inside CUDA-graph capture, so none of these
+kernels is tagged ``cuda_graph_safe``; with an attention plan, a call whose
+lengths were planned by an earlier call of the same configuration runs no host
+copy and no ``plan``: only the page gather and FlashInfer's ``run``.
 
 Paged cache. Ours is NHD ``[num_pages, page_size, Hkv, D]`` with ``page_table
 int32 [B, max_pages]`` and ``cache_seqlens int32 [B]``; FlashInfer wants CSR
@@ -135,6 +139,15 @@ def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return list(flat.split([t.numel() for t in tensors]))
 
 
+def _host(plan: Any, fields: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> tuple[list[torch.Tensor], tuple]:
+    """The host copies of the length vectors and the plan metadata: from the attention plan when
+    there is one (no sync), else one device-to-host copy."""
+    if plan is not None:
+        return [plan.host_tensor(f) for f in fields], tuple(getattr(plan, f) for f in fields)
+    host = _to_host(*tensors)
+    return host, tuple(tuple(t.tolist()) for t in host)
+
+
 def _gather_pages(entry: _Entry, page_table: torch.Tensor) -> None:
     table = page_table if page_table.is_contiguous() else page_table.contiguous()
     torch.index_select(table.view(-1), 0, entry.flat_index, out=entry.kv_indices)
@@ -182,15 +195,14 @@ def _sink_prefill_wrapper(q: torch.Tensor, kv_dtype: torch.dtype, window_left: i
 
 def mha_prefill(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    *, causal, window_left, sinks, softmax_scale, logit_cap, return_lse, out,
+    *, causal, window_left, sinks, softmax_scale, logit_cap, return_lse, out, plan=None,
 ):  # fmt: skip
     """Ragged prefill: ``BatchPrefillWithRaggedKVCacheWrapper``, or with sinks the paged sink wrapper on 1-token pages."""
     total_q, hq, d = q.shape
     hkv = k.shape[1]
     if total_q == 0:
         return _empty(q, out, return_lse)
-    cu_q, cu_k = _to_host(cu_seqlens_q, cu_seqlens_k)
-    meta = (tuple(cu_q.tolist()), tuple(cu_k.tolist()))
+    (cu_q, cu_k), meta = _host(plan, ("cu_seqlens_q", "cu_seqlens_k"), (cu_seqlens_q, cu_seqlens_k))
     target = _target(q, out)
     module = f"batch prefill{' (attention sink)' if sinks is not None else ''} {_DTYPE_NAMES[q.dtype]} head_dim={d}"
     module += _flags(window_left, logit_cap, sinks is not None)
@@ -243,15 +255,15 @@ def _plan_pages(entry: _Entry, lens: torch.Tensor, page_size: int, page_table: t
 
 def mha_extend_with_kvcache(
     q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, max_seqlen_q,
-    *, causal, window_left, sinks, softmax_scale, logit_cap, return_lse, out,
+    *, causal, window_left, sinks, softmax_scale, logit_cap, return_lse, out, plan=None,
 ):  # fmt: skip
     """Paged prefill: ``BatchPrefillWithPagedKVCacheWrapper`` (``BatchAttentionWithAttentionSinkWrapper`` with sinks)."""
     total_q, hq, d = q.shape
     _, page_size, hkv, _ = k_cache.shape
     if total_q == 0:
         return _empty(q, out, return_lse)
-    cu_q, lens = _to_host(cu_seqlens_q, cache_seqlens)
-    meta = (tuple(cu_q.tolist()), tuple(lens.tolist()), page_table.shape[1])
+    (cu_q, lens), meta = _host(plan, ("cu_seqlens_q", "cache_seqlens"), (cu_seqlens_q, cache_seqlens))
+    meta = (*meta, page_table.shape[1])
     target = _target(q, out)
     static = (q.device, q.dtype, k_cache.dtype, hq, hkv, d, page_size, causal, window_left, softmax_scale)
     flags = _flags(window_left, logit_cap, sinks is not None)
@@ -302,15 +314,15 @@ def mha_extend_with_kvcache(
 
 def mha_decode_with_kvcache(
     q, k_cache, v_cache, page_table, cache_seqlens,
-    *, window_left, sinks, softmax_scale, logit_cap, return_lse, out,
+    *, window_left, sinks, softmax_scale, logit_cap, return_lse, out, plan=None,
 ):  # fmt: skip
     """Paged decode: ``BatchDecodeWithPagedKVCacheWrapper`` on tensor cores (``BatchDecodeWithAttentionSinkWrapper``)."""
     batch, hq, d = q.shape
     _, page_size, hkv, _ = k_cache.shape
     if batch == 0:
         return _empty(q, out, return_lse)
-    (lens,) = _to_host(cache_seqlens)
-    meta = (tuple(lens.tolist()), page_table.shape[1])
+    (lens,), meta = _host(plan, ("cache_seqlens",), (cache_seqlens,))
+    meta = (*meta, page_table.shape[1])
     target = _target(q, out)
     static = (q.device, q.dtype, k_cache.dtype, hq, hkv, d, page_size, window_left, softmax_scale)
     flags = _flags(window_left, logit_cap, sinks is not None)

@@ -259,6 +259,7 @@ def mha_decode_with_kvcache(
     logit_cap: float = 0.0,
     return_lse: bool = False,
     out: torch.Tensor | None = None,
+    plan: Any = None,
     config: dict[str, Any] | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -275,6 +276,10 @@ def mha_decode_with_kvcache(
         logit_cap: ``> 0`` applies ``cap * tanh(s / cap)``.
         return_lse: also return ``float32 [B, Hq]`` natural-log LSE (sinks included).
         out: optional ``[B, Hq, D]`` output of q's dtype.
+        plan: the batch's ``tokenspeed_kernel.AttentionPlan`` or None. With one, the split
+            count follows the longest sequence (rounded up to a power of two) instead of the
+            page table's capacity, and the split partials are kept with the plan (no
+            allocation per call; calls with one plan run in stream order).
         config: overrides ``configs.DECODE_CONFIGS`` (benchmark sweeps).
         num_splits: overrides :func:`choose_num_splits` (tests, sweeps).
 
@@ -282,32 +287,37 @@ def mha_decode_with_kvcache(
         ``out`` or ``(out, lse)``.
     """
     key = None
+    # The longest sequence, rounded up to a power of two (a bounded number of launch plans).
+    longest = None if plan is None else next_power_of_2(max(1, plan.max_cache_seqlen))
     if config is None:
         # What _decode_plan reads: shapes, dtype, device, flags (strides are passed at the launch).
         key = (
             q.shape, k_cache.shape, page_table.shape[1], q.dtype, q.device,
-            window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits,
+            window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits, longest,
         )  # fmt: skip
-        plan = _PLANS.get(key)
-    if key is None or plan is None:
-        plan = _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse,
-                            config, num_splits)  # fmt: skip
+        launch = _PLANS.get(key)
+    if key is None or launch is None:
+        launch = _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse,
+                              config, num_splits, longest)  # fmt: skip
         if key is not None:
             if len(_PLANS) >= _MAX_PLANS:  # shapes that vary per call (page-table widths): start over
                 _PLANS.clear()
-            _PLANS[key] = plan
+            _PLANS[key] = launch
     batch, hq = q.shape[0], q.shape[1]
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty((batch, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if batch == 0:
         return (out, lse) if return_lse else out
-    grid, scalars, kwargs, partial_shape, merge = plan
+    grid, scalars, kwargs, partial_shape, merge = launch
     if partial_shape is None:
         partial_out = partial_lse = None
+    elif plan is not None:
+        partial_out, partial_lse = plan.keep(
+            ("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device)
+        )
     else:
-        partial_out = torch.empty(partial_shape, dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(partial_shape[:3], dtype=torch.float32, device=q.device)
+        partial_out, partial_lse = _partials(partial_shape, q.device)
     lse_stride = lse.stride(0) if lse is not None else 0
     _DECODE_SPLIT[grid](
         q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partial_out, partial_lse,
@@ -331,8 +341,18 @@ _DECODE_SPLIT = cached(decode_split_kernel)
 _DECODE_MERGE = cached(decode_merge_kernel)
 
 
-def _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits):
-    """(grid, trailing scalars, kwargs, partials shape or None, merge launch or None) of one decode call shape."""
+def _partials(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split partials: fp32 outputs ``[B, Hq, splits, D]`` and log-sum-exps ``[B, Hq, splits]``."""
+    return torch.empty(shape, dtype=torch.float32, device=device), torch.empty(
+        shape[:3], dtype=torch.float32, device=device
+    )
+
+
+def _decode_plan(
+    q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits, longest=None
+):
+    """(grid, trailing scalars, kwargs, partials shape or None, merge launch or None) of one decode call shape;
+    ``longest``: a bound on the longest sequence (an attention plan's), else the page table's capacity."""
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     batch, hq, head_dim = q.shape
@@ -344,6 +364,8 @@ def _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logi
     # tl.dot needs at least 16 rows; padding rows load no query and store nothing.
     block_h = max(16, next_power_of_2(heads_per_tile))
     max_keys = page_table.shape[1] * page_size
+    if longest is not None:
+        max_keys = min(max_keys, longest)
     if window_left >= 0:
         max_keys = min(max_keys, window_left + 1)
     if num_splits is None:

@@ -80,6 +80,9 @@ class DecodeRunner:
         sampler: a :class:`Sampler` for ``batch`` rows.
         cuda_graph: capture the step after its first (eager) run.
         on_capture_error: ``"raise"``, or ``"warn"`` and go on eagerly.
+        attention_plans: eager steps only: keep the positions on the host too (read once per
+            :meth:`set_state`) and give each step's attention an attention plan of its lengths
+            (``tk.mha_plan``), so no kernel reads them from the device on the host's behalf.
     """
 
     def __init__(
@@ -91,7 +94,13 @@ class DecodeRunner:
         *,
         cuda_graph: bool,
         on_capture_error: str = "raise",
+        attention_plans: bool = False,
     ) -> None:
+        if attention_plans and cuda_graph:
+            raise ValueError(
+                "attention_plans: eager steps only (a captured step reads the lengths on the device); "
+                "pass cuda_graph=False"
+            )
         dev = model.device
         self.model, self.cache, self.sampler = model, cache, sampler
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=dev)
@@ -103,11 +112,15 @@ class DecodeRunner:
         self.capture_error: str | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self._graph_logits: torch.Tensor | None = None
+        #: the positions on the host (``attention_plans``): read by set_state, advanced by each step.
+        self.host_positions: list[int] | None = [0] * batch if attention_plans else None
 
     def set_state(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """The next step processes ``tokens int64 [B]`` at ``positions int64 [B]``."""
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
+        if self.host_positions is not None:
+            self.host_positions = [int(p) for p in positions.tolist()]
 
     def _step(self) -> torch.Tensor:
         page = self.cache.page_size
@@ -115,9 +128,16 @@ class DecodeRunner:
         page_index = torch.div(pos, page, rounding_mode="floor").unsqueeze(1)
         slots = self.page_table.gather(1, page_index).squeeze(1).to(torch.int64) * page + pos % page
         self.cache_seqlens.copy_(pos + 1)
-        logits = self.model.decode(self.tokens, pos, self.cache, slots, self.cache_seqlens, self.page_table)
+        plan = None
+        if self.host_positions is not None:
+            plan = tk.mha_plan(cache_seqlens=[p + 1 for p in self.host_positions])
+        logits = self.model.decode(
+            self.tokens, pos, self.cache, slots, self.cache_seqlens, self.page_table, attention_plan=plan
+        )
         self.tokens.copy_(self.sampler(logits))
         self.positions.add_(1)
+        if self.host_positions is not None:
+            self.host_positions = [p + 1 for p in self.host_positions]
         return logits
 
     def _capture(self) -> None:
@@ -207,6 +227,7 @@ def generate(
     return_logits: bool = False,
     all_prefill_logits: bool = False,
     teacher_tokens: torch.Tensor | None = None,
+    attention_plans: bool = False,
 ) -> GenerationResult:
     """Prefill ``prompts`` (a ragged batch) in one packed forward, then decode ``max_new_tokens - 1`` steps.
 
@@ -222,6 +243,9 @@ def generate(
         all_prefill_logits: return the logits of every prompt token, not only the last.
         teacher_tokens: ``int64 [B, max_new_tokens]``: feed these tokens instead of the
             sampled ones (to compare two runs step by step).
+        attention_plans: give the prefill and every (eager) decode step an attention plan
+            of their lengths from the host (``tk.mha_plan``); the decode then runs eagerly
+            (``cuda_graph=True`` with it is refused).
 
     Returns:
         :class:`GenerationResult`; the timings include a device synchronisation at each end.
@@ -242,7 +266,7 @@ def generate(
         )
     sampling = sampling or SamplingParams()
     if cuda_graph is None:
-        auto_graph, cuda_graph = True, device.type == "cuda"
+        auto_graph, cuda_graph = True, device.type == "cuda" and not attention_plans
     else:
         auto_graph = False
     if cuda_graph and device.type != "cuda":
@@ -257,8 +281,19 @@ def generate(
 
     _sync(device)
     t0 = time.perf_counter()
+    cu_host = [0]
+    for n in lens:
+        cu_host.append(cu_host[-1] + n)
+    plan = tk.mha_plan(cu_seqlens_q=cu_host, cu_seqlens_k=cu_host) if attention_plans else None
     logits = model.prefill(
-        tokens, positions, cu, max(lens), cache, slots, last_index=None if all_prefill_logits else last
+        tokens,
+        positions,
+        cu,
+        max(lens),
+        cache,
+        slots,
+        last_index=None if all_prefill_logits else last,
+        attention_plan=plan,
     )
     sampler.refresh()
     first = sampler(logits if not all_prefill_logits else logits[last])
@@ -267,7 +302,13 @@ def generate(
 
     generated = [first]
     runner = DecodeRunner(
-        model, cache, batch, sampler, cuda_graph=cuda_graph, on_capture_error="warn" if auto_graph else "raise"
+        model,
+        cache,
+        batch,
+        sampler,
+        cuda_graph=cuda_graph,
+        on_capture_error="warn" if auto_graph else "raise",
+        attention_plans=attention_plans,
     )
     runner.set_state(first if teacher_tokens is None else teacher_tokens[:, 0], torch.tensor(lens, device=device))
     decode_logits = []

@@ -74,6 +74,7 @@ def layer_prefill(
     slots: torch.Tensor | None = None,
     *,
     ops: Any = tk,
+    attention_plan: tk.AttentionPlan | None = None,
 ) -> torch.Tensor:
     """One layer over a packed batch of new sequences.
 
@@ -85,6 +86,8 @@ def layer_prefill(
         cache, slots: when given, K/V are written to ``cache`` at ``slots int64 [T]``.
         ops: what the ops are called through: ``tokenspeed_kernel`` (eager), or
             ``tokenspeed_kernel.compile.ops`` (torch custom ops) to trace under ``torch.compile``.
+        attention_plan: ``tk.mha_plan(cu_seqlens_q=..., cu_seqlens_k=...)`` of ``cu_seqlens``
+            from the host, or None.
 
     Returns:
         ``[T, H]``, the layer's output (residual stream).
@@ -95,7 +98,7 @@ def layer_prefill(
         ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
     attn = ops.mha_prefill(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-        causal=True, window_left=cfg.window_left(layer.index), sinks=layer.sinks,
+        causal=True, window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan,
     )  # fmt: skip
     o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
     h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
@@ -114,6 +117,7 @@ def layer_decode(
     page_table: torch.Tensor,
     *,
     ops: Any = tk,
+    attention_plan: tk.AttentionPlan | None = None,
 ) -> torch.Tensor:
     """One layer for one new token per sequence over the paged cache.
 
@@ -123,13 +127,14 @@ def layer_decode(
         cache_seqlens: ``int32 [B]``, tokens in the cache including the new one.
         page_table: ``int32 [B, max_pages]``, rows of ``cache.page_table``.
         ops: as :func:`layer_prefill`.
+        attention_plan: the step's ``tk.mha_plan(cache_seqlens=...)`` (host lengths), or None.
     """
     h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
     q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops)
     ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
     attn = ops.mha_decode_with_kvcache(
         q, cache.k[layer.index], cache.v[layer.index], page_table, cache_seqlens,
-        window_left=cfg.window_left(layer.index), sinks=layer.sinks,
+        window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan,
     )  # fmt: skip
     o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
     h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
@@ -224,6 +229,7 @@ class GptOssModel:
         slots: torch.Tensor | None = None,
         *,
         last_index: torch.Tensor | None = None,
+        attention_plan: tk.AttentionPlan | None = None,
     ) -> torch.Tensor:
         """Forward over a packed batch of new sequences.
 
@@ -233,6 +239,7 @@ class GptOssModel:
             cache, slots: K/V are written to ``cache`` at ``slots int64 [T]`` when given.
             last_index: ``int64 [B]`` rows whose logits are wanted (usually each
                 sequence's last token); None returns the logits of every token.
+            attention_plan: as :func:`layer_prefill` (every layer shares it).
 
         Returns:
             logits ``[B, V]`` (or ``[T, V]``) in the model's dtype.
@@ -240,7 +247,17 @@ class GptOssModel:
         x = self.embed_tokens[tokens]
         for layer in self.layers:
             x = layer_prefill(
-                self.cfg, layer, x, positions, cu_seqlens, max_seqlen, self.cos_sin, cache, slots, ops=self.ops
+                self.cfg,
+                layer,
+                x,
+                positions,
+                cu_seqlens,
+                max_seqlen,
+                self.cos_sin,
+                cache,
+                slots,
+                ops=self.ops,
+                attention_plan=attention_plan,
             )
         if last_index is not None:
             x = x[last_index]
@@ -254,12 +271,16 @@ class GptOssModel:
         slots: torch.Tensor,
         cache_seqlens: torch.Tensor,
         page_table: torch.Tensor,
+        *,
+        attention_plan: tk.AttentionPlan | None = None,
     ) -> torch.Tensor:
         """One new token per sequence over the paged cache.
 
         Args:
             tokens: ``int64 [B]``; positions: ``int64 [B]``; slots: ``int64 [B]``.
             cache_seqlens: ``int32 [B]`` (the new token included); page_table: ``int32 [B, max_pages]``.
+            attention_plan: ``tk.mha_plan(cache_seqlens=...)`` of the same lengths from the host (every
+                layer's attention shares it), or None.
 
         Returns:
             logits ``[B, V]`` in the model's dtype.
@@ -267,6 +288,16 @@ class GptOssModel:
         x = self.embed_tokens[tokens]
         for layer in self.layers:
             x = layer_decode(
-                self.cfg, layer, x, positions, self.cos_sin, cache, slots, cache_seqlens, page_table, ops=self.ops
+                self.cfg,
+                layer,
+                x,
+                positions,
+                self.cos_sin,
+                cache,
+                slots,
+                cache_seqlens,
+                page_table,
+                ops=self.ops,
+                attention_plan=attention_plan,
             )
         return self._logits(x)
