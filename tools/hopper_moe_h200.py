@@ -10,7 +10,9 @@ before every replay (``tokenspeed_kernel.benchmark.timer.time_fn``), for every
 ``moe_apply`` kernel registered on the machine: ``hopper.moe_apply`` (this package),
 ``triton.moe_apply`` (portable), ``triton_kernels.moe_apply`` (the peer, on its own
 layout). Weight TB/s = MXFP4 bytes (codes + scales + biases) of the experts the routing
-touches / layer time.
+touches / layer time. ``--grouped-mm`` adds the bf16 column: the same routing's two GEMMs
+alone (``torch._grouped_mm`` on bf16 copies of the experts; the x gather included, the
+route, SwiGLU and combine not), an MMA-rate reference for the large token counts.
 
 Numerics: each case against the fp32 reference ``moe_apply`` (relative Frobenius error;
 the bound, 1e-2, is the GPU tests'): GPT-OSS-120B and -20B shapes, every routing shape
@@ -234,7 +236,33 @@ def _apply_best(rows, log):
     return used
 
 
-def bench(w, wtk, gen, tokens_list, log):
+def _grouped_mm_fn(x, ids, w13b, w2b):
+    """The two bf16 grouped GEMMs of one routing (x gathered by expert; no route/SwiGLU/combine)."""
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    rows = (order // K_TOP).contiguous()
+    offs = torch.bincount(flat, minlength=E).cumsum(0).to(torch.int32)
+    inter = torch.randn(flat.numel(), I, device="cuda").to(torch.bfloat16)
+
+    def fn():
+        xs = x.index_select(0, rows)
+        torch._grouped_mm(xs, w13b, offs=offs)
+        return torch._grouped_mm(inter, w2b, offs=offs)
+
+    return fn
+
+
+def _bf16_experts(w):
+    """bf16 [E, K, N] views (column-major, as grouped GEMMs take weights) of the MXFP4 experts."""
+    import tokenspeed_kernel as tk
+
+    def dense(codes, scales):  # [E, N, K/2] codes -> [E, K, N] bf16 (a transposed view of [E, N, K])
+        return tk.dequantize_mxfp4(codes, scales, dtype=torch.bfloat16).transpose(-2, -1)
+
+    return dense(w.w13, w.w13_scale), dense(w.w2, w.w2_scale)
+
+
+def bench(w, wtk, gen, tokens_list, log, grouped=None):
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
 
@@ -259,6 +287,13 @@ def bench(w, wtk, gen, tokens_list, log):
             except Exception as exc:
                 row[kernel] = None
                 row[f"{kernel}_error"] = str(exc)[:300]
+        if grouped is not None:
+            try:
+                row["grouped_mm_bf16"] = time_fn(_grouped_mm_fn(x, ids, *grouped), device="cuda", graph=True,
+                                                 warmup_ms=10, rep_ms=60).median_us  # fmt: skip
+            except Exception as exc:
+                row["grouped_mm_bf16"] = None
+                row["grouped_mm_bf16_error"] = str(exc)[:300]
         us = row.get("hopper.moe_apply")
         if us:
             row["hopper_tbs"] = touched * _expert_bytes(H, I) / (us * 1e-6) / 1e12
@@ -276,6 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep-tokens", default="1,4,16,64")
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--skip-numerics", action="store_true")
+    p.add_argument("--skip-breakdown", action="store_true")
+    p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import tokenspeed_kernel as tk
@@ -299,12 +336,14 @@ def main(argv=None) -> int:
         result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,
                                 t0 + args.budget_s * 0.5)  # fmt: skip
         result["tiles_used"] = _apply_best(result["sweep"], log)
-    result["breakdown"] = breakdown(w, gen, [1, 8, 64], log)
+    if not args.skip_breakdown:
+        result["breakdown"] = breakdown(w, gen, [1, 8, 64], log)
     wtk = None
     if any(s.name == "triton_kernels.moe_apply" for s in tk.registry.for_op("moe_apply")):
         plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="triton_kernels.moe_apply")
         wtk = tk.moe_process_weights(plan, w)
-    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log)
+    grouped = _bf16_experts(w) if args.grouped_mm else None
+    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log, grouped)
     result["wall_s"] = time.time() - t0
     with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
         json.dump(result, f, indent=1)

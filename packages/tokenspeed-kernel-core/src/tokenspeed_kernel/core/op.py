@@ -187,9 +187,12 @@ _TAKES: dict[Any, frozenset[str] | None] = {}
 
 def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) -> dict:
     """``kwargs`` without the hints ``fn``'s signature does not name (module doc)."""
+    for h in hints:
+        if h in kwargs:
+            break
+    else:
+        return kwargs  # the common case: no hint given
     given = [h for h in hints if h in kwargs]
-    if not given:
-        return kwargs
     takes = _TAKES.get(fn, _MISS)
     if takes is _MISS:
         try:
@@ -227,11 +230,11 @@ def _describe(a: Any) -> Any:
         return (t, a)
     if t is tuple and all(type(x) is int for x in a):
         return (t, a)
-    if _plain_dataclass(a):
-        return (t, a)  # a frozen dataclass of plain values (MoEActivation, ...)
     key = getattr(a, "__memo_key__", None)
     if key is not None:
         return (t, key)  # what the checks read of it (an attention plan's lengths)
+    if _plain_dataclass(a):
+        return (t, a)  # a frozen dataclass of plain values (MoEActivation, ...)
     return _MISS
 
 

@@ -640,6 +640,7 @@ _ANY_ATTENTION = {name: ANY for name in _COMMON_TRAITS}
 
 mha_prefill = Op(
     name="mha_prefill",
+    memo_bind=True,
     hints=("plan",),
     family="attention",
     roles=("q", "kv"),
@@ -655,6 +656,7 @@ mha_prefill = Op(
 )
 mha_extend_with_kvcache = Op(
     name="mha_extend_with_kvcache",
+    memo_bind=True,
     hints=("plan",),
     family="attention",
     roles=("q", "kv"),
