@@ -186,7 +186,7 @@ _TAKES: dict[Any, frozenset[str] | None] = {}
 
 
 def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) -> dict:
-    """``kwargs`` without the hints ``fn``'s signature does not name (module doc)."""
+    """``kwargs`` without the hints ``fn``'s signature does not name (module doc); removes them in place."""
     for h in hints:
         if h in kwargs:
             break
@@ -204,9 +204,11 @@ def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) 
         else:
             takes = frozenset(h for h in hints if h in params)
         _TAKES[fn] = takes
-    if takes is None or all(h in takes for h in given):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in takes or k not in hints}
+    if takes is not None:
+        for h in given:
+            if h not in takes:
+                del kwargs[h]  # the call's own dict (bind and the memo build one per call)
+    return kwargs
 
 
 # -- the memo of validated call metadata ----------------------------------------------------------
