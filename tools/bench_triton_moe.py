@@ -215,10 +215,13 @@ def _sweep_grid(path: str, gemm: str, quick: bool) -> list[Any]:
             out.append(GemmConfig(block_n=bn, block_k=64, use_dot=False, num_warps=warps, num_stages=3))
         return out
     shapes = [(16, 64, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (128, 128, 8), (128, 256, 8)]
+    if not quick:
+        shapes += [(128, 64, 4), (64, 256, 8), (256, 128, 8)]
     for (bm, bn, warps), stages in itertools.product(shapes[::2] if quick else shapes, (3,) if quick else (3, 4)):
         out.append(GemmConfig(block_m=bm, block_n=bn, block_k=64, swap_ab=bm == 16, num_warps=warps, num_stages=stages))
     if not quick:
         out.append(GemmConfig(block_m=128, block_n=128, block_k=64, decode="dot_scaled", num_warps=8, num_stages=3))
+        out.append(GemmConfig(block_m=64, block_n=128, block_k=64, decode="dot_scaled", num_warps=4, num_stages=4))
     return out
 
 

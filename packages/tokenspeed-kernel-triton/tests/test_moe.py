@@ -465,8 +465,12 @@ def _gpt_oss_layer(t: int, seed: int = 0):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("t", [1, 8, 64, 512])
-@pytest.mark.parametrize("path", ["tiny", "grouped"])
+@pytest.mark.parametrize(
+    ("path", "t"),
+    # The tiny path's row tile holds every token of an expert (up to T): moe_apply takes it up to
+    # 32 tokens (APPLY_PATH); at 512 its tile needs more shared memory than sm90 has (seen on the H200).
+    [("tiny", 1), ("tiny", 8), ("tiny", 64), ("grouped", 1), ("grouped", 8), ("grouped", 64), ("grouped", 512)],
+)
 def test_gpu_gpt_oss_120b_mxfp4(t: int, path: str) -> None:
     weights, logits, x = _gpt_oss_layer(t)
     w, ids = route.moe_route(logits, 4)

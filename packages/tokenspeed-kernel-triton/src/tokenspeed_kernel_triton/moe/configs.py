@@ -6,9 +6,12 @@ program and per op, so fewer, larger tiles are faster). Each entry is a tuple of
 ``(max_size, value)`` rows; the first row whose ``max_size`` is ``None`` or
 ``>= size`` wins.
 
-Where measured: nothing here has been timed on hardware yet (the GPU numbers come
-from ``tools/bench_triton_moe.py --sweep`` run on an H200; nothing has run on an AMD
-GPU). The starting points follow from the shapes: at GPT-OSS sizes (H = I = 2880,
+Where measured: the NVIDIA grouped-path rows for MXFP4 weights were picked from a sweep on
+an H200 at the GPT-OSS-120B layer (``tools/bench_triton_moe.py --sweep-only --sweep-tokens
+128,512,4096,16384``: each GEMM timed alone per tile config, CUDA graphs, L2 flushed;
+``docs/benchmarks/h200-2026-12-01/triton-moe-sweep/``). Everything else has not been timed
+on hardware: it is a starting point (nothing has run on an AMD GPU). The starting points
+follow from the shapes: at GPT-OSS sizes (H = I = 2880,
 E = 128, top-4) decode is bound by streaming MXFP4 weights, so the tiny path uses
 narrow N tiles (many programs, each streaming one expert's tile once) and swaps
 the MMA operands so the few tokens sit on the MMA's N side; prefill is bound by the
@@ -152,15 +155,29 @@ TINY_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ..
 #: above, 64 / 128-row tiles make the MMA the bound.
 GROUPED_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
     "nvidia": {
-        kind: {
+        # Measured (module doc), us per GEMM at 128 / 512 / 4096 / 16384 tokens (512 ... 65536 pairs).
+        # gate_up: 64-row tiles with 4 warps win from 2048 pairs on (2302 vs 3264 us for the earlier
+        # 128-row, 8-warp tile at 4096 tokens; 7581 vs 9471 at 16384); 3 stages beat 4 (989 vs 1112 at 512).
+        # down: 128-row tiles from 16384 pairs (1107 vs 1154 us at 4096 tokens, 3140 vs 3825 at 16384).
+        "mxfp4": {
+            "gate_up": (
+                (512, _G(block_m=16, block_n=128, block_k=64, swap_ab=True, num_warps=4, num_stages=3)),  # 774
+                (None, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),  # 989 / 2302 / 7581
+            ),
+            "down": (
+                (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=3)),  # 421
+                (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=3)),  # 506
+                (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),  # 1108 / 3140
+            ),
+        },
+        "dense": {  # not measured
             gemm: (
                 (512, _G(block_m=16, block_n=64, block_k=64, swap_ab=True, num_warps=4, num_stages=4)),
                 (4096, _G(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)),
                 (None, _G(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)),
             )
             for gemm in ("gate_up", "down")
-        }
-        for kind in ("mxfp4", "dense")
+        },
     },
     "amd": {
         kind: {
