@@ -23,7 +23,7 @@ if [ ! -f /tmp/site/.installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHL_DIR:-.whl}"/*.whl || exit 1
   export PYTHONPATH=/tmp/site
   for p in core triton nvidia amd; do
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site \
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site \
       "packages/tokenspeed-kernel-$p" || exit 1
   done
   touch /tmp/site/.installed
