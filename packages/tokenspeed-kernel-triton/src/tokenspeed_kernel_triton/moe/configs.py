@@ -6,10 +6,10 @@ program and per op, so fewer, larger tiles are faster). Each entry is a tuple of
 ``(max_size, value)`` rows; the first row whose ``max_size`` is ``None`` or
 ``>= size`` wins.
 
-Where measured: the NVIDIA grouped-path rows for MXFP4 weights were picked from a sweep on
-an H200 at the GPT-OSS-120B layer (``tools/bench_triton_moe.py --sweep-only --sweep-tokens
-128,512,4096,16384``: each GEMM timed alone per tile config, CUDA graphs, L2 flushed;
-``docs/benchmarks/h200-2026-12-01/triton-moe-sweep/``). Everything else has not been timed
+Where measured: the NVIDIA rows for MXFP4 weights (tiny and grouped paths) were picked from
+sweeps on an H200 at the GPT-OSS-120B layer (``tools/bench_triton_moe.py --sweep-only
+--sweep-tokens 1,8,32`` and ``128,512,4096,16384``: each GEMM timed alone per tile config,
+CUDA graphs, L2 flushed; ``docs/benchmarks/h200-2026-12-01/triton-moe-sweep/``). Everything else has not been timed
 on hardware: it is a starting point (nothing has run on an AMD GPU). The starting points
 follow from the shapes: at GPT-OSS sizes (H = I = 2880,
 E = 128, top-4) decode is bound by streaming MXFP4 weights, so the tiny path uses
@@ -117,15 +117,22 @@ _G = GemmConfig
 #: "down"); keyed by tokens. block_m is set at launch (16 or the next power of two
 #: of the token count; 1 for use_dot=False).
 TINY_GEMM: dict[str, dict[str, dict[str, tuple[tuple[int | None, GemmConfig], ...]]]] = {
-    # Hopper: with 16 token rows tl.dot lowers to mma.sync (wgmma wants 64), so the
-    # operands need no swap; of the variants compiled for sm90 this one has the
-    # fewest instructions per weight value in its K loop (PTX: 250 for 2048 values
-    # per 128 threads, vs 281-293 swapped / dot_scaled and 276 for the GEMV).
+    # Hopper, MXFP4: measured (module doc; --sweep-tokens 1,8,32). The GEMV (no MMA, no shared-memory
+    # staging) beats every MMA variant at 1, 8 and 32 tokens, though its PTX has more instructions per
+    # weight value (276 for 2048 values per 128 threads, against 250 for the mma.sync tile that was
+    # here). us per GEMM at 1 / 8 / 32 tokens: gate/up 37.3 / 170.1 / 610.9 (the MMA tile, n64:
+    # 46.8-49.3 / 232-234 / 824-854); down 27.6 (n16) / 101.5 / 338.3 (the MMA tile, n32: 34.8-35.2 /
+    # 159-168 / 577-598).
     "nvidia": {
         "mxfp4": {
-            "gate_up": ((None, _G(block_n=64, block_k=64, num_warps=4, num_stages=4)),),
-            "down": ((None, _G(block_n=32, block_k=64, num_warps=4, num_stages=4)),),
+            "gate_up": ((None, _G(block_n=64, block_k=64, use_dot=False, num_warps=4, num_stages=3)),),
+            "down": (
+                (1, _G(block_n=16, block_k=64, use_dot=False, num_warps=4, num_stages=3)),
+                (None, _G(block_n=64, block_k=64, use_dot=False, num_warps=4, num_stages=3)),
+            ),
         },
+        # Dense weights (not measured): with 16 token rows tl.dot lowers to mma.sync (wgmma wants 64),
+        # so the operands need no swap.
         "dense": {
             "gate_up": ((None, _G(block_n=64, block_k=64, num_warps=4, num_stages=4)),),
             "down": ((None, _G(block_n=32, block_k=64, num_warps=4, num_stages=4)),),
