@@ -126,8 +126,7 @@ class AttentionPlan:
                 i = next(i for i, n in enumerate(lengths) if n < 0)
                 what = "non-decreasing" if cu else "values >= 0"
                 raise ValueError(f"{name}: expected {what}, got {lengths[i]} for sequence {i}")
-            setattr_ = object.__setattr__
-            setattr_(self, f"_{name}_lengths", lengths)
+            object.__setattr__(self, f"_{name}_lengths", lengths)
         if batch is None:
             raise ValueError("mha_plan: give at least one of cache_seqlens, cu_seqlens_q, cu_seqlens_k")
         q_lens = getattr(self, "_cu_seqlens_q_lengths", None)
