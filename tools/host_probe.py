@@ -66,8 +66,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument(
-        "--decode-configs", default="full,full+plan,triton,hopper.moe_apply",
-        help="selection configs (full, triton, or a moe_apply kernel); a +plan suffix gives each step an attention plan",
+        "--decode-configs", default="full,triton,hopper.moe_apply",
+        help="selection configs (full, triton, or a moe_apply kernel); a +plan suffix gives each step an attention plan "
+        "(code that has tk.mha_plan: not the old wheels of gpu_session.sh host-before)",
     )  # fmt: skip
     p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
