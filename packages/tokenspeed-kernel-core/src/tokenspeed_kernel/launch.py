@@ -107,18 +107,11 @@ class _Uncacheable(Exception):
 
 
 def _kind(a: Any) -> str:
-    if a is None:
-        return "none"
-    t = type(a)
-    if t is bool:
-        return "bool"
-    if t is int:
-        return "int"
-    if t is float:
-        return "float"
-    if isinstance(a, torch.Tensor):
-        return "tensor"
-    return "other"
+    """The argument kind the generated key function is specialised for (:func:`_slow_spec`'s tag)."""
+    try:
+        return _slow_spec(a)[0]
+    except _Uncacheable:
+        return "other"
 
 
 def _key_function(params: list[Any], kinds: list[str]) -> Any:

@@ -181,33 +181,25 @@ class Op(OpContract):
         return tuple(size_bucket(int(sizes[s.name])) for s in self.sizes)
 
 
-#: per kernel function: the hint names its signature takes (all of them with ``**kwargs``).
+#: per kernel function: the keyword names its signature takes (None: it takes ``**kwargs``).
 _TAKES: dict[Any, frozenset[str] | None] = {}
 
 
 def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) -> dict:
-    """``kwargs`` without the hints ``fn``'s signature does not name (module doc); removes them in place."""
-    for h in hints:
-        if h in kwargs:
-            break
-    else:
-        return kwargs  # the common case: no hint given
-    given = [h for h in hints if h in kwargs]
+    """``kwargs`` without the hints ``fn``'s signature does not name (module doc); removes them in place
+    (``kwargs`` is the call's own dict: bind and the memo build one per call)."""
     takes = _TAKES.get(fn, _MISS)
     if takes is _MISS:
         try:
             params = inspect.signature(fn).parameters
         except (TypeError, ValueError):  # a builtin without a signature: it cannot name a hint
             params = {}
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            takes = None
-        else:
-            takes = frozenset(h for h in hints if h in params)
-        _TAKES[fn] = takes
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        takes = _TAKES[fn] = None if var_kw else frozenset(params)
     if takes is not None:
-        for h in given:
-            if h not in takes:
-                del kwargs[h]  # the call's own dict (bind and the memo build one per call)
+        for h in hints:
+            if h in kwargs and h not in takes:
+                del kwargs[h]
     return kwargs
 
 

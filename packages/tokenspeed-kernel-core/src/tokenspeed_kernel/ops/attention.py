@@ -98,6 +98,11 @@ class AttentionPlan:
         cache_seqlens: per sequence, the tokens in the paged cache (decode, extend).
         cu_seqlens_q: ``[B+1]`` prefix sums of the query lengths (extend, prefill).
         cu_seqlens_k: ``[B+1]`` prefix sums of the key lengths (prefill).
+
+    Derived on construction (-1 where the plan lacks the field): ``batch``;
+    ``min_cache_seqlen`` / ``max_cache_seqlen``; ``max_seqlen_q`` / ``max_seqlen_k``, the
+    longest query / key length; ``first_short``, the first sequence whose cache holds
+    fewer tokens than its queries.
     """
 
     cache_seqlens: tuple[int, ...] = ()
@@ -132,41 +137,27 @@ class AttentionPlan:
         q_lens = getattr(self, "_cu_seqlens_q_lengths", None)
         k_lens = getattr(self, "_cu_seqlens_k_lengths", None)
         lens = self.cache_seqlens
-        short = -1  # the first sequence whose cache holds fewer tokens than its queries
+        short = -1
         if lens and q_lens is not None:
             short = next((b for b in range(batch) if lens[b] < q_lens[b]), -1)
-        summary = (
-            batch,
-            min(lens, default=-1), max(lens, default=-1),
-            max(q_lens, default=-1) if q_lens is not None else -1,
-            max(k_lens, default=-1) if k_lens is not None else -1,
+        derived = {
+            "batch": batch,
+            "min_cache_seqlen": min(lens, default=-1),
+            "max_cache_seqlen": max(lens, default=-1),
+            "max_seqlen_q": max(q_lens, default=-1) if q_lens is not None else -1,
+            "max_seqlen_k": max(k_lens, default=-1) if k_lens is not None else -1,
+            "first_short": short,
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        # What bind's checks read of a plan (the memo keys a plan by it): the derived ints and the totals.
+        totals = (
             self.cu_seqlens_q[-1] if self.cu_seqlens_q else -1,
             self.cu_seqlens_k[-1] if self.cu_seqlens_k else -1,
-            short,
-        )  # fmt: skip
-        object.__setattr__(self, "__memo_key__", summary)
+        )
+        object.__setattr__(self, "__memo_key__", (*derived.values(), *totals))
         object.__setattr__(self, "_kept", {})
         object.__setattr__(self, "_lock", threading.Lock())
-
-    @property
-    def batch(self) -> int:
-        """B, the sequences the plan describes."""
-        return self.__memo_key__[0]
-
-    @property
-    def max_cache_seqlen(self) -> int:
-        """The longest ``cache_seqlens`` entry (-1 when the plan has none)."""
-        return self.__memo_key__[2]
-
-    @property
-    def max_seqlen_q(self) -> int:
-        """The longest query length of ``cu_seqlens_q`` (-1 when the plan has none)."""
-        return self.__memo_key__[3]
-
-    @property
-    def max_seqlen_k(self) -> int:
-        """The longest key length of ``cu_seqlens_k`` (-1 when the plan has none)."""
-        return self.__memo_key__[4]
 
     def host_tensor(self, name: str) -> torch.Tensor:
         """One field as an ``int32`` CPU tensor (made once per plan; do not write to it)."""
@@ -255,7 +246,7 @@ def _check_plan_paged(plan: AttentionPlan, capacity: int, page_table_cols: int, 
             f"cache_seqlens: sequence {b} holds {lens[b]} tokens, past the {capacity} slots its page_table row "
             f"can address ({page_table_cols} columns x page_size {page_size})"
         )
-    if decode and plan.__memo_key__[1] < 1:
+    if decode and plan.min_cache_seqlen < 1:
         b = next(b for b, n in enumerate(lens) if n < 1)
         raise ValueError(
             f"cache_seqlens: expected >= 1 per sequence (the new token is in the cache), got {lens[b]} for sequence {b}"
@@ -515,7 +506,7 @@ def _bind_mha_extend_with_kvcache(
             tensors={"cache_seqlens": cache_seqlens, "cu_seqlens_q": cu_seqlens_q},
         )  # fmt: skip
         _check_plan_cu("cu_seqlens_q", plan, q.shape[0], "q", max_seqlen_q, "max_seqlen_q")
-        short = plan.__memo_key__[7]
+        short = plan.first_short
         if short >= 0:
             raise ValueError(
                 f"cache_seqlens: sequence {short} holds {plan.cache_seqlens[short]} tokens, fewer than its "
