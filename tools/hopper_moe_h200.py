@@ -131,6 +131,170 @@ def numerics(log):
     return rows
 
 
+PREFILL_CASES = [
+    # (label, E, T, routing, weights kwargs, activation name, tile or None)
+    ("120b-T256", 128, 256, "random", {}, "gpt_oss", None),
+    ("120b-T600", 128, 600, "random", {}, "gpt_oss", None),
+    ("120b-T2048", 128, 2048, "random", {}, "gpt_oss", None),
+    ("20b-T700", 32, 700, "random", {}, "gpt_oss", None),
+    ("120b-T300-one-hot-expert", 128, 300, "hot", {}, "gpt_oss", None),
+    ("120b-T300-no-bias-not-interleaved-silu", 128, 300, "random", {"bias": False, "interleaved": False}, "silu", None),
+    ("120b-T300-not-interleaved", 128, 300, "random", {"interleaved": False}, "gpt_oss", None),
+    ("120b-T300-scales-above-128", 128, 300, "random", {"scale_lo": 120, "scale_hi": 136}, "gpt_oss", None),
+    ("120b-T5-prefill-tiles-empty-experts", 128, 5, "random", {}, "gpt_oss", (128, 16, 8, 4)),
+    ("120b-T300-bt32-4warps", 128, 300, "random", {}, "gpt_oss", (64, 32, 4, 3)),
+    ("120b-T1000-2-stages", 128, 1000, "random", {}, "gpt_oss", (128, 64, 8, 2)),
+]
+
+
+def prefill_numerics(log):
+    """The prefill path against the fp32 reference; two calls and a graph replay bit-identical."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    acts = {"gpt_oss": GPT_OSS, "silu": tk.MoEActivation(kind="silu", alpha=1.0, limit=None, up_offset=0.0)}
+    rows = []
+    for label, e, t, routing, wkw, act, tile in PREFILL_CASES:
+        gen = torch.Generator().manual_seed(100 + len(rows))
+        act = acts[act]
+        tiles = None if tile is None else (layer.PrefillTile(*tile), layer.PrefillTile(*tile))
+        try:
+            w = _weights(e, H, I, gen, **wkw)
+            x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+            logits = torch.randn(t, e, generator=gen).cuda()
+            if routing == "hot":
+                logits[:, 3] += 100.0
+            tw, ids = tk.moe_route(logits, K_TOP, solution="reference")
+            got = layer.moe_apply(x, tw, ids, w, act, tiles=tiles)
+            again = layer.moe_apply(x, tw, ids, w, act, tiles=tiles)
+            out = torch.empty_like(x)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                layer.moe_apply(x, tw, ids, w, act, tiles=tiles, out=out)
+            out.zero_()
+            g.replay()
+            torch.cuda.synchronize()
+            ref = _ref(x, tw, ids, w, act)
+            err = ((got.float() - ref).norm() / ref.norm()).item()
+            rows.append({"case": label, "rel_err": err, "ok": err < 1e-2, "deterministic": bool(torch.equal(got, again)),
+                         "graph_equal": bool(torch.equal(got, out)), "two_step": layer._two_step(w)})  # fmt: skip
+        except Exception as exc:
+            rows.append({"case": label, "error": f"{type(exc).__name__}: {exc}"})
+            traceback.print_exc()
+        log(f"  prefill numerics {rows[-1]}")
+    return rows
+
+
+def prefill_stages(log, t=300, tile=(128, 64, 8, 4)):
+    """Each launch of the prefill path against torch (debugging): the gathered activations, the
+    intermediate (un-permuted) and the down GEMM's rows, with one MMA in flight and with none."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.reference.moe import dequantize_expert_weights
+    from tokenspeed_kernel_nvidia.hopper.moe import layer, prefill
+
+    gen = torch.Generator().manual_seed(7)
+    w = _weights(E, H, I, gen)
+    x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+    tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP, solution="reference")
+    perm_h = torch.tensor([prefill.kperm(c) for c in range(H)], device="cuda")
+    perm_i = torch.tensor([prefill.kperm(c) for c in range(I)], device="cuda")
+    rows = []
+    for _ in (0,):
+        sc = {}
+        got = torch.empty_like(x)
+        pt = layer.PrefillTile(*tile)
+        prefill.run_prefill(x, tw, ids, w, GPT_OSS, got, tiles=(pt, pt), two_step=layer._two_step(w),
+                            scratch=sc)  # fmt: skip
+        torch.cuda.synchronize()
+        order = sc["order"].long()
+        flat = ids.reshape(-1).long()
+        xs_ref = torch.empty_like(sc["xs"])
+        xs_ref[:, perm_h] = x[order // K_TOP]
+        inter = sc["inter"][:, perm_i].float()
+        inter_ref = torch.zeros_like(inter)
+        y_ref = torch.zeros_like(sc["y"])
+        ex = flat[order]
+        for e in range(E):
+            sel = (ex == e).nonzero().flatten()
+            if sel.numel() == 0:
+                continue
+            w13, w2 = dequantize_expert_weights(w, e)
+            h = x[order[sel] // K_TOP].float() @ w13.T + w.w13_bias[e].float()
+            gate, up = h[:, 0::2], h[:, 1::2]
+            gate = gate.clamp(max=GPT_OSS.limit)
+            up = up.clamp(-GPT_OSS.limit, GPT_OSS.limit)
+            hv = (up + GPT_OSS.up_offset) * gate * torch.sigmoid(GPT_OSS.alpha * gate)
+            inter_ref[sel] = hv
+            # The down GEMM from the kernel's own intermediate: isolates the second GEMM.
+            y_ref[order[sel]] = (inter[sel] @ w2.T + w.w2_bias[e].float()) * tw.reshape(-1)[order[sel], None]
+
+        def rel(a, b):
+            return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+        ref = _ref(x, tw, ids, w, GPT_OSS)
+        rows.append({"xs_equal": bool(torch.equal(sc["xs"], xs_ref)),
+                     "inter_rel": rel(inter, inter_ref), "inter_nan": int(inter.isnan().sum()),
+                     "y_rel": rel(sc["y"], y_ref), "out_rel": rel(got, ref),
+                     "offsets_ok": bool(torch.equal(sc["offsets"].long(),
+                                                    torch.searchsorted(flat.sort().values, torch.arange(E + 1, device="cuda"))))})  # fmt: skip
+        log(f"  prefill stages {rows[-1]}")
+    return rows
+
+
+#: (gate/up tile, down tile); a single tile serves both GEMMs.
+PREFILL_SWEEP = [(128, 32, 8, 4), (128, 32, 8, 6), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+                 (128, 128, 8, 3), (64, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3),
+                 ((128, 128, 8, 3), (128, 64, 8, 4)), ((64, 128, 4, 3), (64, 64, 4, 4)),
+                 ((128, 64, 8, 4), (128, 32, 8, 4))]  # fmt: skip
+
+
+def prefill_sweep(w, gen, tokens_list, log, deadline):
+    """``moe_apply`` alone (no route), each tile for both GEMMs, next to the peer in the same process."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    res = []
+    for t in tokens_list:
+        x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+        tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
+        out = torch.empty_like(x)
+        for cfg in PREFILL_SWEEP:
+            if time.time() > deadline:
+                log("  prefill sweep: budget spent")
+                return res
+            pair = cfg if isinstance(cfg[0], tuple) else (cfg, cfg)
+            tiles = (layer.PrefillTile(*pair[0]), layer.PrefillTile(*pair[1]))
+            try:
+                tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, out=out),
+                             device="cuda", graph=True, warmup_ms=5, rep_ms=40)  # fmt: skip
+                res.append({"tokens": t, "tiles": [list(pair[0]), list(pair[1])], "apply_us": tm.median_us})
+            except Exception as exc:
+                res.append({"tokens": t, "tiles": [list(pair[0]), list(pair[1])], "error": str(exc)[:300]})
+            log(f"  prefill sweep {res[-1]}")
+    return res
+
+
+def _apply_best_prefill(rows, log):
+    """Point layer.PREFILL_TILES at the sweep's fastest tiles per token count (for the bench below)."""
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    best = {}
+    for r in rows:
+        if "apply_us" in r and (r["tokens"] not in best or r["apply_us"] < best[r["tokens"]]["apply_us"]):
+            best[r["tokens"]] = r
+    if not best:
+        return None
+    ts = sorted(best)
+    table = []
+    for n, t in enumerate(ts):
+        bound = None if n == len(ts) - 1 else t
+        table.append((bound, tuple(layer.PrefillTile(*v) for v in best[t]["tiles"])))
+    layer.PREFILL_TILES = tuple(table)
+    log(f"  prefill tiles used: {table}")
+    return [[b, [list(v) for v in tl]] for b, tl in table]
+
+
 def _layer_fn(kernel, x, logits, w, act, out):
     import tokenspeed_kernel as tk
 
@@ -277,8 +441,6 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None):
         row = {"tokens": t, "touched_experts": touched}
         out = torch.empty_like(x)
         for kernel in kernels:
-            if kernel == "hopper.moe_apply" and t > 256:
-                continue
             weights = wtk if kernel == "triton_kernels.moe_apply" else w
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,
@@ -312,6 +474,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--skip-numerics", action="store_true")
     p.add_argument("--skip-breakdown", action="store_true")
+    p.add_argument("--prefill", action="store_true", help="the prefill path's numerics and tile sweep")
+    p.add_argument("--prefill-tokens", default="512,4096,16384")
+    p.add_argument("--prefill-only-numerics", action="store_true", help="stop after the prefill numerics")
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -323,6 +488,10 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, flush=True)
 
+    def save():  # after every stage: a fault later keeps what was measured
+        with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
     t0 = time.time()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
@@ -331,7 +500,23 @@ def main(argv=None) -> int:
     if not args.skip_numerics:
         result["numerics"] = numerics(log)
     gen = torch.Generator().manual_seed(1234)
+    if args.prefill:
+        try:
+            result["prefill_stages"] = prefill_stages(log)
+        except Exception as exc:
+            result["prefill_stages"] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        save()
+        result["prefill_numerics"] = prefill_numerics(log)
+        save()
+        if args.prefill_only_numerics:
+            return 0
     w = _weights(E, H, I, gen)
+    if args.prefill:
+        result["prefill_sweep"] = prefill_sweep(w, gen, [int(v) for v in args.prefill_tokens.split(",")], log,
+                                                t0 + args.budget_s)  # fmt: skip
+        result["prefill_tiles_used"] = _apply_best_prefill(result["prefill_sweep"], log)
+        save()
     if args.sweep:
         result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,
                                 t0 + args.budget_s * 0.5)  # fmt: skip
@@ -347,7 +532,7 @@ def main(argv=None) -> int:
     result["wall_s"] = time.time() - t0
     with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
         json.dump(result, f, indent=1)
-    bad = [r for r in result.get("numerics", []) if not r.get("ok")]
+    bad = [r for r in result.get("numerics", []) + result.get("prefill_numerics", []) if not r.get("ok")]
     return 1 if bad else 0
 
 

@@ -159,8 +159,7 @@ def register_hopper() -> None:
             "gate_up_interleaved": (False, True),
             "up_offset": ANY,  # a launch argument
         },
-        # The decode path: a few tokens per expert (above, the grouped GEMMs of other kernels).
-        sizes={"tokens": Range(1, HOPPER_MOE_MAX_TOKENS)},
+        # Every token count: the decode path below PREFILL_MIN_TOKENS, the wgmma grouped GEMMs above.
         capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
         priority=Priority.PERFORMANT,
         # No atomics: the k slots are summed in slot order.

@@ -1,6 +1,8 @@
-"""``moe_apply`` on Hopper through the Gluon decode kernels (:mod:`.decode`).
+"""``moe_apply`` on Hopper: the Gluon decode kernels (:mod:`.decode`) for a few tokens, the
+prefill kernels (:mod:`.prefill`, wgmma grouped GEMMs) from ``PREFILL_MIN_TOKENS`` on. Both read
+the canonical MXFP4 layout (no weight preprocessing), so one weights object serves every call.
 
-Three or four launches, no host sync, no weight preprocessing (the canonical MXFP4 layout):
+The decode path: three or four launches, no host sync:
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
    (pair, N tile, K split), working for the first pair of each touched expert; with K
@@ -26,8 +28,9 @@ from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, swiglu_splits
+from .prefill import PrefillTile, run_prefill
 
-__all__ = ["moe_apply", "DecodeTile", "DECODE_TILES", "check_shapes"]
+__all__ = ["moe_apply", "DecodeTile", "DECODE_TILES", "PrefillTile", "PREFILL_TILES", "check_shapes"]
 
 #: E8M0 scale bytes up to this value have a bf16 ``2**(s - 1)``: one multiply decodes a block.
 ONE_STEP_MAX_SCALE = 128
@@ -68,6 +71,23 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
 #: that variant free of register spills (sm90 cross-compile, Triton 3.6).
 TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
+
+
+#: Calls of at least this many tokens take the prefill path.
+PREFILL_MIN_TOKENS = 256
+
+#: (gate/up tile, down tile) of the prefill path by tokens per call (not measured yet).
+PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
+    (1024, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
+    (None, (PrefillTile(128, 128, 8, 4), PrefillTile(128, 128, 8, 4))),
+)
+
+
+def _prefill_tiles(tokens: int) -> tuple[PrefillTile, PrefillTile]:
+    for bound, tiles in PREFILL_TILES:
+        if bound is None or tokens <= bound:
+            return tiles
+    return PREFILL_TILES[-1][1]
 
 
 def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]:
@@ -140,12 +160,14 @@ def moe_apply(
     activation: MoEActivation,
     *,
     out: torch.Tensor | None = None,
-    tiles: tuple[DecodeTile, DecodeTile] | None = None,
+    tiles: tuple[DecodeTile, DecodeTile] | tuple[PrefillTile, PrefillTile] | None = None,
     graphs: bool = True,
 ) -> torch.Tensor:
     """``out[t] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t])`` (bf16 x, MXFP4 weights).
 
-    ``tiles`` overrides :data:`DECODE_TILES` (tuning only). An eager call of at most
+    ``tiles`` overrides :data:`DECODE_TILES` with two :class:`DecodeTile`, or
+    :data:`PREFILL_TILES` with two :class:`PrefillTile` (and so picks the path; tuning only).
+    Without it, calls of at least :data:`PREFILL_MIN_TOKENS` tokens take the prefill path. An eager call of at most
     ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
     shape and weights, at the shape's second call (``tokenspeed_kernel.graphs``;
     ``graphs=False``: launch directly).
@@ -181,6 +203,15 @@ def moe_apply(
     result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
     if t == 0 or h == 0:
         return out if out is not None else result
+    prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
+    if prefill:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        run_prefill(x, topk_weights, topk_ids, weights, activation, result, tiles=tiles or _prefill_tiles(t),
+                    two_step=_two_step(weights))  # fmt: skip
+        if out is not None and result is not out:
+            out.copy_(result)
+            return out
+        return result
     if pairs > MAX_PAIRS:
         # The expert scan holds every pair's id in registers: larger calls run as consecutive token slices.
         step = MAX_PAIRS // k

@@ -1,0 +1,313 @@
+"""Gluon prefill kernels of the MXFP4 MoE for Hopper (sm90): a ragged grouped GEMM on wgmma.
+
+From a few hundred tokens on, every expert holds many (token, slot) pairs and the GEMMs are
+bound by the tensor cores, not by the weight bytes. These kernels keep the decode kernels'
+register-only weight decode (:mod:`.decode`) and feed it to the warpgroup MMA:
+
+- **Pairs sorted by expert** (a stable sort on the device, no host sync): expert ``e`` owns
+  sorted rows ``offsets[e] .. offsets[e + 1]``. One program computes one (N tile, M tile) of one
+  expert: ``BLOCK_M`` weight rows (the wgmma's M side, 16 a warp) by ``BLOCK_T`` sorted pairs
+  (its N side: 16 to 256 tokens, so a small expert does not pay for a 64-row token tile).
+  Program ``(n, m)`` finds its expert from the per-expert tile counts (an in-register scan of
+  ``offsets``); programs past the last tile return at once. So the grid follows the real
+  expert distribution; N tiles are the fastest axis, so the programs that run together read one
+  activation tile and neighbouring weight tiles of one expert (L2 reuse).
+- **Weights: the A operand, decoded in registers** (canonical layout, no preprocessing): a lane
+  loads 8 bytes of a weight row per 64-value K step, decodes them with the decode kernels'
+  bit placement (:func:`.decode._decode_a`, two values a 32-bit operation) straight into the
+  wgmma's register operand layout. The codes and scales of the next steps are prefetched into
+  registers (a handful of registers a stage).
+- **Activations: the B operand, by TMA** into a ``STAGES``-deep shared-memory ring with one
+  mbarrier a slot. The decode's K order is not the canonical one (a bf16x2 register holds
+  canonical K ``k`` and ``k + 4``), so the activations are stored K-permuted to match
+  (:func:`kperm`): the gate/up GEMM reads ``xs [pairs, H]``, the rows of ``x`` gathered in sorted
+  order and permuted by :func:`gather_rows`; the down GEMM reads ``inter [pairs, I]``, which the
+  gate/up epilogue writes permuted. Every 64-value K step is a power-of-two bit permutation of
+  its columns, so both GEMMs need only ``K % 64 == 0`` (GPT-OSS: 2880 = 45 * 64).
+- **Each step's MMA retires before the next decode.** An MMA in flight reads its A operand from
+  registers, and keeping one in flight across the loop's back edge let the compiler hand those
+  registers to the next step's values (NaNs on the H200); the tensor cores instead overlap the
+  decode of the other programs on the SM, so the tiles are sized for two or more programs an SM.
+  A ring slot is refilled with the step ``STAGES`` ahead as soon as its MMA retired.
+- Epilogues: gate/up adds the bias and applies the SwiGLU (gate and up rows of a feature sit in
+  one thread, as in the decode kernels) and stores ``inter`` in sorted order; down adds the bias,
+  multiplies by the pair's routing weight and stores fp32 ``y [pairs, H]`` at the pair's original
+  index, and :func:`.decode.combine_slots` sums the k slots in order (deterministic: no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from tokenspeed_kernel.launch import cached
+
+from .decode import _add, _decode_a, _swiglu, _weight_rows, combine_slots
+
+__all__ = ["moe_prefill_gemm", "gather_rows", "kperm", "kperm_inverse"]
+
+#: Values a K step of the prefill kernels (one TMA box of activations, 8 code bytes a lane).
+BLOCK_K = 64
+
+
+@triton.jit
+def _kperm(c):
+    """Canonical column ``c`` of a 64-value K step -> its MMA K position in the prefill kernels.
+
+    Lane ``q`` of a weight row's 4 lanes holds canonical ``16 q + 8 w + p + 4 i`` (word ``w``,
+    plane ``p = p0 + 2 p1``, half ``i``); :func:`.decode._decode_a` places it at
+    ``16 (2 w + p1) + 8 p0 + 2 q + i``: the 6 index bits permuted."""
+    base = c & ~63
+    b = c & 63
+    p0 = b & 1
+    p1 = (b >> 1) & 1
+    i = (b >> 2) & 1
+    w = (b >> 3) & 1
+    q = b >> 4
+    return base + (((w * 2 + p1) * 2 + p0) * 8 + q * 2 + i)
+
+
+@triton.jit
+def _kperm_inverse(k):
+    """The inverse of :func:`_kperm`: MMA K position -> canonical column."""
+    base = k & ~63
+    b = k & 63
+    i = b & 1
+    q = (b >> 1) & 3
+    p0 = (b >> 3) & 1
+    p1 = (b >> 4) & 1
+    w = b >> 5
+    return base + (q * 16 + w * 8 + p0 + 2 * p1 + 4 * i)
+
+
+def kperm(c: int) -> int:
+    """Host twin of :func:`_kperm` (tests and docs)."""
+    b = c & 63
+    p0, p1, i, w, q = b & 1, (b >> 1) & 1, (b >> 2) & 1, (b >> 3) & 1, b >> 4
+    return (c & ~63) + (((w * 2 + p1) * 2 + p0) * 8 + q * 2 + i)
+
+
+def kperm_inverse(k: int) -> int:
+    """Host twin of :func:`_kperm_inverse`."""
+    b = k & 63
+    i, q, p0, p1, w = b & 1, (b >> 1) & 3, (b >> 3) & 1, (b >> 4) & 1, b >> 5
+    return (k & ~63) + (q * 16 + w * 8 + p0 + 2 * p1 + 4 * i)
+
+
+@triton.jit
+def gather_rows(x_ptr, stride_x, order_ptr, xs_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``xs[i, kperm(c)] = x[order[i] // TOP_K, c]``: the activations of sorted pair ``i``,
+    K-permuted for the gate/up GEMM (``BLOCK`` a multiple of 64)."""
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < K
+    src = tl.load(order_ptr + i) // TOP_K
+    v = tl.load(x_ptr + src.to(tl.int64) * stride_x + _kperm_inverse(cols), mask=ok, other=0.0)
+    tl.store(xs_ptr + i.to(tl.int64) * K + cols, v, mask=ok)
+
+
+@gluon.jit
+def _tile_of(off_ptr, pid_m, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr):
+    """M tile ``pid_m`` of the ragged grid -> (expert, first sorted row, end of the expert's rows);
+    expert ``E`` past the last tile."""
+    LE: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    ei = gl.arange(0, E_P2, layout=LE)
+    lo = gl.load(off_ptr + ei, mask=ei < E, other=0)
+    hi = gl.load(off_ptr + ei + 1, mask=ei < E, other=0)
+    tiles = (hi - lo + BLOCK_T - 1) // BLOCK_T
+    cum = gl.associative_scan(tiles, 0, _add)
+    # Experts whose tiles all lie before pid_m (an empty expert's count adds nothing).
+    e = gl.sum((cum <= pid_m).to(gl.int32), axis=0)
+    before = gl.sum(gl.where(ei < e, tiles, 0), axis=0)
+    start = gl.sum(gl.where(ei == e, lo, 0), axis=0) + (pid_m - before) * BLOCK_T
+    end = gl.sum(gl.where(ei == e, hi, 0), axis=0)
+    return e, start, end
+
+
+@gluon.jit
+def _load_codes(w_base, s_base, w_rows, w_ok, kb, live, K: gl.constexpr, SROW: gl.constexpr, LW: gl.constexpr):
+    """K step ``kb``'s code words ``uint32 [BLOCK_M, 4, 2]`` (lane q: canonical ``16 q .. 16 q + 15``)
+    and scale bytes ``[BLOCK_M, 4]`` (lane q's MX block ``2 kb + q // 2``); masked off unless ``live``."""
+    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LW)))
+    wi = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+    off = w_rows[:, None, None] * (K // 8) + (kb * 8 + q * 2)[None, :, None] + wi[None, None, :]
+    words = gl.load(w_base + off, mask=w_ok[:, None, None] & live, other=0)
+    SL: gl.constexpr = gl.SliceLayout(2, LW)
+    qs = gl.arange(0, 4, layout=gl.SliceLayout(0, SL))
+    rows_s = gl.convert_layout(w_rows, gl.SliceLayout(1, SL))
+    ok_s = gl.convert_layout(w_ok, gl.SliceLayout(1, SL))
+    sc = gl.load(s_base + rows_s[:, None] * SROW + (kb * 2 + qs // 2)[None, :], mask=ok_s[:, None] & live, other=127)
+    return words, sc
+
+
+@gluon.jit
+def moe_prefill_gemm(
+    a_desc, off_ptr, order_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y,
+    alpha, limit, up_offset,
+    K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
+    GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+    TWO_STEP: gl.constexpr,
+):  # fmt: skip
+    """One GEMM of the prefill path; see the module docstring.
+
+    ``a_desc``: TMA descriptor of the K-permuted activations in sorted order, ``[pairs, K]`` bf16,
+    block ``[BLOCK_T, 64]`` (gate/up: ``xs`` from :func:`gather_rows`; down: ``inter``). ``off``:
+    int32 ``[E + 1]`` expert offsets into the sorted pairs; ``order``: int32 ``[pairs]`` the original
+    pair of each sorted row. ``w``/``s``/``b``: canonical MXFP4 codes, scales and bias of every
+    expert. ``y``: gate/up: ``inter [pairs, N / 2]`` bf16 in sorted order, K-permuted; down: fp32
+    ``[pairs, N]`` at the original pair index, times ``tw[pair]``.
+    """
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    e, start, end = _tile_of(off_ptr, pid_m, E, E_P2, BLOCK_T, WARPS)
+    if e < E:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                      instr_shape=[16, BLOCK_T, 16])  # fmt: skip
+        AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        LW: gl.constexpr = gl.BlockedLayout([1, 1, 2], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
+        w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
+        s_base = s_ptr + e.to(gl.int64) * stride_se
+        # Weight rows as loaded (row t at lane t % 8 of warp (t // 8) % WARPS) in the MMA's row order.
+        t = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
+        m_of_t = ((t // (16 * WARPS) * WARPS + (t // 8) % WARPS) * 2 + (t // (8 * WARPS)) % 2) * 8 + t % 8
+        w_rows, w_ok = _weight_rows(m_of_t, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
+
+        ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_T, 64], a_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(bars.index(j), count=1)
+        NK: gl.constexpr = K // 64
+        for j in gl.static_range(STAGES):
+            mbarrier.expect(bars.index(j), a_desc.block_type.nbytes, pred=j < NK)
+            tma.async_copy_global_to_shared(a_desc, [start, j * 64], bars.index(j), ring.index(j), pred=j < NK)
+        wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
+        wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
+        acc = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
+        for kb in range(NK):
+            slot = kb % STAGES
+            a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+            wa, sa = wb, sb
+            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
+            mbarrier.wait(bars.index(slot), (kb // STAGES) & 1)
+            acc = warpgroup_mma(a, ring.index(slot).permute((1, 0)), acc, is_async=True)
+            # Retired before the next decode: an MMA in flight reads its A registers, and the
+            # compiler would hand them to the next step's values (measured: NaNs on the H200).
+            # The MMA overlaps the decode of the other programs on the SM instead.
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            # Its slot takes step kb + STAGES.
+            nxt = kb + STAGES
+            mbarrier.expect(bars.index(slot), a_desc.block_type.nbytes, pred=nxt < NK)
+            tma.async_copy_global_to_shared(a_desc, [start, nxt * 64], bars.index(slot), ring.index(slot),
+                                            pred=nxt < NK)  # fmt: skip
+        for j in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(j))
+
+        # -- epilogue -------------------------------------------------------------------------
+        rows_t = start + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, MMA))
+        live = rows_t < end
+        m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
+        n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
+        if HAS_BIAS:
+            bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok, other=0.0)
+            acc = acc + bias.to(gl.float32)[:, None]
+        if GATE_UP:
+            # [M, T] -> [M / 16, 2 (h), 8, T] -> [M / 16, 8, T, 2] -> gate, up [M / 2, T]
+            v = gl.permute(gl.reshape(acc, [BLOCK_M // 16, 2, 8, BLOCK_T]), [0, 2, 3, 1])
+            gate, up = gl.split(v)
+            gate = gl.reshape(gate, [BLOCK_M // 2, BLOCK_T])
+            up = gl.reshape(up, [BLOCK_M // 2, BLOCK_T])
+            hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT)
+            HL: gl.constexpr = hv.type.layout
+            jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
+            rows = gl.convert_layout(rows_t, gl.SliceLayout(0, HL))
+            ok = gl.convert_layout(live, gl.SliceLayout(0, HL))
+            # The down GEMM's B operand: stored with its K (the intermediate features) permuted.
+            ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj)[:, None]
+            gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
+        else:
+            pair = gl.load(order_ptr + rows_t, mask=live, other=0)
+            acc = acc * gl.load(tw_ptr + pair, mask=live, other=0.0)[None, :]
+            ptrs = y_ptr + pair[None, :].to(gl.int64) * stride_y + n_rows[:, None]
+            gl.store(ptrs, acc, mask=n_ok[:, None] & live[None, :])
+
+
+class PrefillTile(tuple):
+    """``(block_m, block_t, warps, stages)``: weight rows per program (16 a warp: the wgmma's M side),
+    sorted pairs per program (its N side), warps, and activation tiles in flight (the TMA ring)."""
+
+    __slots__ = ()
+
+    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4):
+        if warps not in (4, 8):
+            raise ValueError(f"warps: expected 4 or 8 (one or two warpgroups), got {warps}")
+        if block_m != 16 * warps:
+            raise ValueError(f"block_m: expected 16 * warps = {16 * warps}, got {block_m}")
+        if block_t not in (16, 32, 64, 128, 256):
+            raise ValueError(f"block_t: expected 16, 32, 64, 128 or 256 (wgmma N), got {block_t}")
+        if stages < 2:
+            raise ValueError(f"stages: expected at least 2, got {stages}")
+        return super().__new__(cls, (block_m, block_t, warps, stages))
+
+
+def _descriptor(t, block_t: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for([block_t, BLOCK_K], gl.bfloat16)
+    return TensorDescriptor.from_tensor(t, [block_t, BLOCK_K], layout)
+
+
+def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up, interleaved, activation, tile,
+            two_step):  # fmt: skip
+    block_m, block_t, warps, stages = tile
+    n = w.shape[1]
+    k_dim = w.shape[2] * 2
+    n_tiles = triton.cdiv(n // 2, block_m // 2) if gate_up else triton.cdiv(n, block_m)
+    # Every non-empty expert adds at most one partial tile.
+    m_tiles = triton.cdiv(pairs, block_t) + min(experts, pairs)
+    limit = activation.limit
+    cached(moe_prefill_gemm)[(n_tiles, m_tiles)](
+        desc, offsets, order, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
+        bias.stride(0) if bias is not None else 0, tw, y, y.stride(0),
+        float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
+        K=k_dim, N=n, SROW=s.stride(1), E=experts, E_P2=max(32 * warps, triton.next_power_of_2(experts)),
+        GATE_UP=gate_up, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
+        BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, TWO_STEP=two_step, num_warps=warps,
+    )  # fmt: skip
+
+
+def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles, two_step,
+                scratch=None):  # fmt: skip
+    """The prefill path of ``hopper.moe_apply`` into ``result``: sort, gather, two grouped GEMMs,
+    combine (six launches, no host sync). ``scratch`` (a dict; debugging) receives the
+    intermediates: ``order``, ``offsets``, ``xs``, ``inter``, ``y``."""
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    pairs = t * k
+    experts, i = weights.num_experts, weights.intermediate
+    gu_tile, down_tile = tiles
+    ids = topk_ids.reshape(-1)
+    sorted_ids, order = torch.sort(ids, stable=True)
+    order = order.to(torch.int32)
+    bounds = torch.arange(experts + 1, dtype=torch.int32, device=x.device)
+    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    tw = topk_weights.reshape(-1).contiguous()
+    xs = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
+    block = 1024
+    cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block)
+    inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
+    common = dict(pairs=pairs, experts=experts, activation=activation, two_step=two_step)
+    _launch(_descriptor(xs, gu_tile[1]), offsets, order, weights.w13, weights.w13_scale, weights.w13_bias, tw, inter,
+            gate_up=True, interleaved=weights.gate_up_interleaved, tile=gu_tile, **common)  # fmt: skip
+    y = torch.empty((1, pairs, h), dtype=torch.float32, device=x.device)
+    _launch(_descriptor(inter, down_tile[1]), offsets, order, weights.w2, weights.w2_scale, weights.w2_bias, tw,
+            y[0], gate_up=False, interleaved=True, tile=down_tile, **common)  # fmt: skip
+    cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k, KSPLIT=1,
+                                                      BLOCK=block)  # fmt: skip
+    if scratch is not None:
+        scratch.update(order=order, offsets=offsets, xs=xs, inter=inter, y=y[0])
+    return result
