@@ -144,6 +144,27 @@ PREFILL_CASES = [
     ("120b-T5-prefill-tiles-empty-experts", 128, 5, "random", {}, "gpt_oss", (128, 16, 8, 4)),
     ("120b-T300-bt32-4warps", 128, 300, "random", {}, "gpt_oss", (64, 32, 4, 3)),
     ("120b-T1000-2-stages", 128, 1000, "random", {}, "gpt_oss", (128, 64, 8, 2)),
+    ("120b-T600-a-smem", 128, 600, "random", {}, "gpt_oss", (128, 128, 8, 3, False, True)),
+    ("120b-T2048-a-smem-4warps", 128, 2048, "random", {}, "gpt_oss", (64, 128, 4, 3, False, True)),
+    (
+        "120b-T300-hot-a-smem-not-interleaved",
+        128,
+        300,
+        "hot",
+        {"interleaved": False},
+        "gpt_oss",
+        (128, 64, 8, 4, False, True),
+    ),
+    ("120b-T300-overlap", 128, 300, "random", {}, "gpt_oss", (128, 64, 8, 4, True)),
+    (
+        "120b-T300-scales-above-128-a-smem",
+        128,
+        300,
+        "random",
+        {"scale_lo": 120, "scale_hi": 136},
+        "gpt_oss",
+        (128, 64, 8, 4, False, True),
+    ),
 ]
 
 
@@ -242,10 +263,12 @@ def prefill_stages(log, t=300, tile=(128, 64, 8, 4)):
 
 
 #: (gate/up tile, down tile); a single tile serves both GEMMs.
-PREFILL_SWEEP = [(128, 32, 8, 4), (128, 32, 8, 6), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
-                 (128, 128, 8, 3), (64, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3),
-                 ((128, 128, 8, 3), (128, 64, 8, 4)), ((64, 128, 4, 3), (64, 64, 4, 4)),
-                 ((128, 64, 8, 4), (128, 32, 8, 4))]  # fmt: skip
+PREFILL_SWEEP = [
+    (128, 32, 8, 4), (128, 32, 8, 4, False, True), (128, 64, 8, 4), (128, 64, 8, 4, False, True),
+    (128, 64, 8, 4, True), (128, 128, 8, 2), (128, 128, 8, 3, False, True), (128, 128, 8, 4, False, True),
+    (128, 128, 8, 3, True), (64, 128, 4, 3, False, True), (64, 64, 4, 4, False, True),
+    ((128, 128, 8, 3, False, True), (128, 64, 8, 4, False, True)),
+]  # fmt: skip
 
 
 def prefill_sweep(w, gen, tokens_list, log, deadline):

@@ -56,19 +56,16 @@ def _candidates(traits, sig=("bf16", "mxfp4"), sizes=None):
 GPT_OSS_TRAITS = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "up_offset": 1.0}
 
 
-def test_registered_for_bf16_mxfp4_on_sm90_up_to_its_token_bound():
+def test_registered_for_bf16_mxfp4_on_sm90_at_every_token_count():
     tk.load_plugins()
     spec = tk.registry.get(NAME)
     assert spec is not None and spec.solution == "hopper"
     assert spec.hardware_validated  # GPU tests + numerics on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe
     assert "deterministic" in spec.tags and "cuda_graph_safe" in spec.tags
     assert spec.weight_preprocessor is None  # the canonical layout
-    ok = _candidates(GPT_OSS_TRAITS, sizes={"tokens": 8})[NAME]
-    assert ok.eligible, ok.reason
-    from tokenspeed_kernel_nvidia._register import HOPPER_MOE_MAX_TOKENS
-
-    above = _candidates(GPT_OSS_TRAITS, sizes={"tokens": HOPPER_MOE_MAX_TOKENS + 1})[NAME]
-    assert not above.eligible
+    for tokens in (1, 8, 255, 256, 16384):  # the decode path, then the prefill path
+        ok = _candidates(GPT_OSS_TRAITS, sizes={"tokens": tokens})[NAME]
+        assert ok.eligible, (tokens, ok.reason)
     fp16 = _candidates(GPT_OSS_TRAITS, sig=("fp16", "mxfp4"), sizes={"tokens": 8})[NAME]
     assert not fp16.eligible
     sm80 = {c.name: c for c in tk.explain_selection("moe_apply", ("bf16", "mxfp4"), GPT_OSS_TRAITS,
@@ -110,7 +107,9 @@ def test_calls_above_the_pair_limit_run_as_token_slices(monkeypatch):
     t, k = MAX_PAIRS // 2 + 3, 2  # 1030 pairs: a slice of 512 tokens (1024 pairs), then one of 3
     x = torch.randn(t, 64).to(torch.bfloat16)
     out = torch.empty_like(x)
-    layer.moe_apply(x, torch.ones(t, k), torch.zeros(t, k, dtype=torch.int32), w, GPT_OSS, out=out)
+    # Decode tiles keep the decode path (from PREFILL_MIN_TOKENS on, calls take the prefill path).
+    layer.moe_apply(x, torch.ones(t, k), torch.zeros(t, k, dtype=torch.int32), w, GPT_OSS, out=out,
+                    tiles=layer._tiles(t))  # fmt: skip
     combines = [c for c in calls if c[0] is decode.combine_slots]
     assert [c[1][0] for c in combines] == [512, 3]  # grid rows = tokens of each slice
     # Each slice's combine writes its own rows of out, and each GEMM sees only its slice's pairs.

@@ -137,11 +137,6 @@ def register_triton_kernels() -> None:
     )
 
 
-#: Largest token count the Hopper decode MoE is offered for (its expert scan holds every pair's id;
-#: size ranges cover whole power-of-two buckets).
-HOPPER_MOE_MAX_TOKENS = 255
-
-
 def register_hopper() -> None:
     """In-tree Hopper kernels (Gluon, :mod:`tokenspeed_kernel_nvidia.hopper`): need only triton."""
     if importlib.util.find_spec("triton") is None:
@@ -167,7 +162,8 @@ def register_hopper() -> None:
         impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply",
         # GPU tests, numerics and bench on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe.
         hardware_validated=True,
-        doc="Hopper MXFP4 MoE decode (Gluon): weights decoded in registers into mma.sync, canonical layout",
+        doc="Hopper MXFP4 MoE (Gluon): weights decoded in registers into mma.sync (decode) or wgmma (prefill), "
+        "canonical layout",
     )
 
 

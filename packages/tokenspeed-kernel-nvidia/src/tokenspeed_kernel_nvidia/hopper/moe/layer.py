@@ -73,13 +73,21 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 
 
-#: Calls of at least this many tokens take the prefill path.
+#: Calls of at least this many tokens take the prefill path. Measured on an H200 (GPT-OSS-120B layer,
+#: docs/benchmarks/h200-2026-12-01/hopper-moe/prefill): at 255 tokens the decode path took 1667 us
+#: (call 5 of the decode sweep), at 256 the prefill path 894-924 us.
 PREFILL_MIN_TOKENS = 256
 
-#: (gate/up tile, down tile) of the prefill path by tokens per call (not measured yet).
+#: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
+#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/prefill, calls 4 and 5, the
+#: ``moe_apply`` alone): 32 pairs a tile at 512 tokens (876-883 us; 64 pairs: 1147), 64 at 1024
+#: (1151 us in call 4's layer bench; 128 pairs: 1782 in call 5's), 128 pairs with 2 stages from 4096
+#: (2571 / 7905-8396 us; 64 pairs: 2595-2607 / 8520-9297). Neither the overlapped decode nor the A
+#: operand through shared memory beat the plain loop at any of these sizes (call 5).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
-    (1024, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
-    (None, (PrefillTile(128, 128, 8, 4), PrefillTile(128, 128, 8, 4))),
+    (767, (PrefillTile(128, 32, 8, 4), PrefillTile(128, 32, 8, 4))),
+    (2047, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
+    (None, (PrefillTile(128, 128, 8, 2), PrefillTile(128, 128, 8, 2))),
 )
 
 
@@ -167,8 +175,8 @@ def moe_apply(
 
     ``tiles`` overrides :data:`DECODE_TILES` with two :class:`DecodeTile`, or
     :data:`PREFILL_TILES` with two :class:`PrefillTile` (and so picks the path; tuning only).
-    Without it, calls of at least :data:`PREFILL_MIN_TOKENS` tokens take the prefill path. An eager call of at most
-    ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
+    Without it, calls of at least :data:`PREFILL_MIN_TOKENS` tokens take the prefill path. An
+    eager call of at most ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
     shape and weights, at the shape's second call (``tokenspeed_kernel.graphs``;
     ``graphs=False``: launch directly).
     """
@@ -181,6 +189,9 @@ def moe_apply(
     pairs = t * k
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
+    if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
+                              or not isinstance(tiles[0], (DecodeTile, PrefillTile))):  # fmt: skip
+        raise TypeError(f"tiles: expected two DecodeTile or two PrefillTile (gate/up, down), got {tiles!r}")
     check_shapes(weights)
     if (
         graphs
