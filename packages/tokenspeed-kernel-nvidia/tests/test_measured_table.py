@@ -97,15 +97,17 @@ def test_it_ranks_triton_for_decode_and_windowed_prefill_and_fa3_for_full_causal
 
 
 def test_moe_plan_by_token_count_and_mm_follow_the_table(env, measured_kernels):
-    """Measured 2026-12-01 (docs/benchmarks/h200-2026-12-01/hopper-moe): the Hopper decode MoE wins at
-    1 token, triton_kernels from 16 tokens on; cuBLAS wins mm."""
+    """Measured 2026-12-01 (docs/benchmarks/h200-2026-12-01/hopper-moe/prefill/sel): the Hopper MoE wins at
+    1-7 tokens (decode path) and at 512-1023 and from 4096 on (prefill path), triton_kernels in between;
+    cuBLAS wins mm."""
     h200 = tk.make_platform("sm90", device_name="NVIDIA H200")
     moe = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "layout": tk.ANY}
     first = {}
-    for tokens in (1, 64, 4096):
+    for tokens in (1, 4, 64, 256, 512, 2048, 4096, 16384):
         cands = tk.explain_selection("moe_apply", ("bf16", "mxfp4"), moe, sizes={"tokens": tokens}, platform=h200)
         first[tokens] = next(c.name for c in cands if c.selected)
-    assert first == {1: "hopper.moe_apply", 64: "triton_kernels.moe_apply", 4096: "triton_kernels.moe_apply"}
+    hopper, peer = "hopper.moe_apply", "triton_kernels.moe_apply"
+    assert first == {1: hopper, 4: hopper, 64: peer, 256: peer, 512: hopper, 2048: peer, 4096: hopper, 16384: hopper}
     for m in (1, 64, 4096):
         assert _ranked("mm", {"bias": True}, h200, m=m)[0] == "cublas.mm_bf16"
 
