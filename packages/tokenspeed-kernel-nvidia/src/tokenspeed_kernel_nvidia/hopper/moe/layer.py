@@ -80,10 +80,12 @@ PREFILL_MIN_TOKENS = 256
 
 #: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
 #: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/prefill, calls 4 and 5, the
-#: ``moe_apply`` alone): 32 pairs a tile at 512 tokens (876-883 us; 64 pairs: 1147), 64 at 1024
+#: ``moe_apply`` alone): 32 pairs a tile at 512 tokens (876-883 us; 64 pairs: 1147-1166), 64 at 1024
 #: (1151 us in call 4's layer bench; 128 pairs: 1782 in call 5's), 128 pairs with 2 stages from 4096
-#: (2571 / 7905-8396 us; 64 pairs: 2595-2607 / 8520-9297). Neither the overlapped decode nor the A
-#: operand through shared memory beat the plain loop at any of these sizes (call 5).
+#: (4096 / 16384 tokens: 2571-2621 / 7905-8396 us; 64 pairs: 2596-2607 / 9221-9297). Neither the
+#: overlapped decode nor the A operand through shared memory beat the plain loop at any of these
+#: sizes (call 5). At 2048 tokens the 128-pair tile took 1866 us (selection run); 64 pairs there
+#: were not measured.
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
     (767, (PrefillTile(128, 32, 8, 4), PrefillTile(128, 32, 8, 4))),
     (2047, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
