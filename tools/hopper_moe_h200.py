@@ -500,6 +500,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", action="store_true", help="the prefill path's numerics and tile sweep")
     p.add_argument("--prefill-tokens", default="512,4096,16384")
     p.add_argument("--prefill-only-numerics", action="store_true", help="stop after the prefill numerics")
+    p.add_argument("--skip-prefill-numerics", action="store_true", help="with --prefill: the sweep only")
+    p.add_argument("--prefill-tiles", help="the sweep's tiles, e.g. '128,64,8,4;128,128,8,2' (default: PREFILL_SWEEP)")
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -523,7 +525,10 @@ def main(argv=None) -> int:
     if not args.skip_numerics:
         result["numerics"] = numerics(log)
     gen = torch.Generator().manual_seed(1234)
-    if args.prefill:
+    if args.prefill_tiles:
+        global PREFILL_SWEEP
+        PREFILL_SWEEP = [tuple(int(v) for v in t.split(",")) for t in args.prefill_tiles.split(";")]
+    if args.prefill and not args.skip_prefill_numerics:
         try:
             result["prefill_stages"] = prefill_stages(log)
         except Exception as exc:

@@ -79,16 +79,19 @@ TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 PREFILL_MIN_TOKENS = 256
 
 #: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
-#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/prefill, calls 4 and 5, the
-#: ``moe_apply`` alone): 32 pairs a tile at 512 tokens (876-883 us; 64 pairs: 1147-1166), 64 at 1024
-#: (1151 us in call 4's layer bench; 128 pairs: 1782 in call 5's), 128 pairs with 2 stages from 4096
-#: (4096 / 16384 tokens: 2571-2621 / 7905-8396 us; 64 pairs: 2596-2607 / 9221-9297). Neither the
-#: overlapped decode nor the A operand through shared memory beat the plain loop at any of these
-#: sizes (call 5). At 2048 tokens the 128-pair tile took 1866 us (selection run); 64 pairs there
-#: were not measured.
+#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/prefill, calls 4, 5 and 9, the
+#: ``moe_apply`` alone, us):
+#:
+#: - 32 pairs a tile at 512 tokens: 876-883 (64 pairs: 1147-1166);
+#: - 64 pairs at 1024 and 2048 tokens: 1145 and 1659 (32 pairs: 1185, 1948; 128: 1745, 1862);
+#: - 128 pairs with 2 stages at 3072, 4096 and 16384 tokens: 1907, 2571-2621, 7905-8396 (64 pairs:
+#:   2185, 2596-2607, 9221-9297).
+#:
+#: The bounds lie between measured sizes (512 / 1024, 2048 / 3072). Neither the overlapped decode nor
+#: the A operand through shared memory beat the plain loop at 512, 4096 or 16384 tokens (call 5).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
     (767, (PrefillTile(128, 32, 8, 4), PrefillTile(128, 32, 8, 4))),
-    (2047, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
+    (2048, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
     (None, (PrefillTile(128, 128, 8, 2), PrefillTile(128, 128, 8, 2))),
 )
 
