@@ -23,7 +23,7 @@ import torch
 import tokenspeed_kernel as tk
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_hopper_moe import GPT_OSS, _reference, _weights
+from test_hopper_moe import GPT_OSS, _Recorder, _reference, _weights
 
 NAME = "hopper.moe_apply"
 
@@ -84,17 +84,6 @@ def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
             PrefillTile(*args)
     with pytest.raises(ValueError, match="overlap"):
         PrefillTile(128, 64, 8, 4, True, True)
-
-
-class _Recorder:
-    def __init__(self, fn, calls):
-        self.fn, self.calls = fn, calls
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append((self.fn, grid, args, kwargs))
-
-        return launch
 
 
 def _prefill_launches(monkeypatch, tokens, tiles=None, e=128, h=2880, i=2880, **wkw):

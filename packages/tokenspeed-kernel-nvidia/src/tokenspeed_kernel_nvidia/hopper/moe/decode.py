@@ -348,12 +348,7 @@ def moe_decode_gemm(
                 bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok & (ks == 0), other=0.0)
                 acc = acc + bias.to(gl.float32)[:, None]
             if GATE_UP and KSPLIT == 1:
-                # [M, T] -> [M / 16, 2 (h), 8, T] -> [M / 16, 8, T, 2] -> gate, up [M / 2, T]
-                v = gl.permute(gl.reshape(acc, [BLOCK_M // 16, 2, 8, TOKENS]), [0, 2, 3, 1])
-                gate, up = gl.split(v)
-                gate = gl.reshape(gate, [BLOCK_M // 2, TOKENS])
-                up = gl.reshape(up, [BLOCK_M // 2, TOKENS])
-                hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT)
+                hv = gate_up_swiglu(acc, BLOCK_M, TOKENS, alpha, limit, up_offset, HAS_LIMIT)
                 HL: gl.constexpr = hv.type.layout
                 jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
                 cols = gl.convert_layout(out_pairs, gl.SliceLayout(0, HL))
@@ -369,6 +364,18 @@ def moe_decode_gemm(
                     y_ptr + ks.to(gl.int64) * stride_ys + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
                 )
                 gl.store(ptrs, acc, mask=n_ok[:, None] & out_ok[None, :])
+
+
+@gluon.jit
+def gate_up_swiglu(acc, BLOCK_M: gl.constexpr, COLS: gl.constexpr, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):
+    """The SwiGLU of a gate/up accumulator ``[BLOCK_M, COLS]`` whose MMA rows ``m`` and ``m + 8`` (of
+    each 16) are the gate and up rows of one feature (:func:`_weight_rows`) -> ``[BLOCK_M / 2, COLS]``."""
+    # [M, T] -> [M / 16, 2 (h), 8, T] -> [M / 16, 8, T, 2] -> gate, up [M / 2, T]
+    v = gl.permute(gl.reshape(acc, [BLOCK_M // 16, 2, 8, COLS]), [0, 2, 3, 1])
+    gate, up = gl.split(v)
+    gate = gl.reshape(gate, [BLOCK_M // 2, COLS])
+    up = gl.reshape(up, [BLOCK_M // 2, COLS])
+    return _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT)
 
 
 @gluon.jit

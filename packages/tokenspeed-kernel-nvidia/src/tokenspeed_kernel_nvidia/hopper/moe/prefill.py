@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from tokenspeed_kernel.launch import cached
 
-from .decode import _add, _decode_a, _swiglu, _weight_rows, combine_slots
+from .decode import _add, _decode_a, _weight_rows, combine_slots, gate_up_swiglu
 
 __all__ = ["moe_prefill_gemm", "gather_rows", "kperm", "kperm_inverse"]
 
@@ -92,17 +92,13 @@ def _kperm_inverse(k):
 
 
 def kperm(c: int) -> int:
-    """Host twin of :func:`_kperm` (tests and docs)."""
-    b = c & 63
-    p0, p1, i, w, q = b & 1, (b >> 1) & 1, (b >> 2) & 1, (b >> 3) & 1, b >> 4
-    return (c & ~63) + (((w * 2 + p1) * 2 + p0) * 8 + q * 2 + i)
+    """Host twin of :func:`_kperm` (tests and docs): the same function body, on Python ints."""
+    return _kperm.fn(c)
 
 
 def kperm_inverse(k: int) -> int:
     """Host twin of :func:`_kperm_inverse`."""
-    b = k & 63
-    i, q, p0, p1, w = b & 1, (b >> 1) & 3, (b >> 3) & 1, (b >> 4) & 1, b >> 5
-    return (k & ~63) + (q * 16 + w * 8 + p0 + 2 * p1 + 4 * i)
+    return _kperm_inverse.fn(k)
 
 
 @triton.jit
@@ -293,12 +289,7 @@ def moe_prefill_gemm(
             bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok, other=0.0)
             acc = acc + bias.to(gl.float32)[:, None]
         if GATE_UP:
-            # [M, T] -> [M / 16, 2 (h), 8, T] -> [M / 16, 8, T, 2] -> gate, up [M / 2, T]
-            v = gl.permute(gl.reshape(acc, [BLOCK_M // 16, 2, 8, BLOCK_T]), [0, 2, 3, 1])
-            gate, up = gl.split(v)
-            gate = gl.reshape(gate, [BLOCK_M // 2, BLOCK_T])
-            up = gl.reshape(up, [BLOCK_M // 2, BLOCK_T])
-            hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT)
+            hv = gate_up_swiglu(acc, BLOCK_M, BLOCK_T, alpha, limit, up_offset, HAS_LIMIT)
             HL: gl.constexpr = hv.type.layout
             jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
             rows = gl.convert_layout(rows_t, gl.SliceLayout(0, HL))
