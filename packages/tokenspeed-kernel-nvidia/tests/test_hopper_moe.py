@@ -264,6 +264,19 @@ def _reference(x, tw, ids, w, act):
     return tk.moe_apply(x.float(), tw, ids, wf, act, solution="reference")
 
 
+def gpu_inputs(e, tokens, wkw, routing):
+    """GPT-OSS-sized weights (``e`` experts), bf16 tokens and their reference top-4 routing on the GPU
+    ("hot": every token's first expert is 3), and the generator for more inputs."""
+    w = _weights(e, 2880, 2880, device="cuda", seed=tokens, **wkw)
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2880, device="cuda", generator=g).to(torch.bfloat16)
+    logits = torch.randn(tokens, e, device="cuda", generator=g)
+    if routing == "hot":
+        logits[:, 3] += 100.0
+    topk_w, topk_ids = tk.moe_route(logits, 4, solution="reference")
+    return w, x, topk_w, topk_ids, g
+
+
 GPU_CASES = [
     ("120b_T1", 128, 1, {}, "random"),
     ("120b_T7", 128, 7, {}, "random"),
@@ -285,13 +298,7 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
 
     tk.load_plugins()
     tiles = _split_tiles(int(wkw.pop("tiles")[-1])) if "tiles" in wkw else None
-    w = _weights(e, 2880, 2880, device="cuda", seed=tokens, **wkw)
-    g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(tokens, 2880, device="cuda", generator=g).to(torch.bfloat16)
-    logits = torch.randn(tokens, e, device="cuda", generator=g)
-    if routing == "hot":
-        logits[:, 3] += 100.0
-    topk_w, topk_ids = tk.moe_route(logits, 4, solution="reference")
+    w, x, topk_w, topk_ids, g = gpu_inputs(e, tokens, wkw, routing)
     if tiles is None:
 
         def run(out=None):

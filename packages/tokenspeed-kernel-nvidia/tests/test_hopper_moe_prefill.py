@@ -23,7 +23,7 @@ import torch
 import tokenspeed_kernel as tk
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_hopper_moe import GPT_OSS, _Recorder, _reference, _weights
+from test_hopper_moe import GPT_OSS, _Recorder, _reference, _weights, gpu_inputs
 
 NAME = "hopper.moe_apply"
 
@@ -244,13 +244,7 @@ def test_gpu_prefill_matches_the_reference_and_replays_in_a_graph(label, e, toke
 
     tk.load_plugins()
     tiles = None if tile is None else (layer.PrefillTile(*tile), layer.PrefillTile(*tile))
-    w = _weights(e, 2880, 2880, device="cuda", seed=tokens, **wkw)
-    g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(tokens, 2880, device="cuda", generator=g).to(torch.bfloat16)
-    logits = torch.randn(tokens, e, device="cuda", generator=g)
-    if routing == "hot":
-        logits[:, 3] += 100.0
-    topk_w, topk_ids = tk.moe_route(logits, 4, solution="reference")
+    w, x, topk_w, topk_ids, _ = gpu_inputs(e, tokens, wkw, routing)
 
     def run(out=None):
         if tiles is None:
