@@ -357,8 +357,8 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
 
 def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles, two_step,
                 scratch=None):  # fmt: skip
-    """The prefill path of ``hopper.moe_apply`` into ``result``: sort, gather, two grouped GEMMs,
-    combine (six launches, no host sync). ``scratch`` (a dict; debugging) receives the
+    """The prefill path of ``hopper.moe_apply`` into ``result``: sort and offsets (torch), gather, two
+    grouped GEMMs, combine (no host sync). ``scratch`` (a dict; debugging) receives the
     intermediates: ``order``, ``offsets``, ``xs``, ``inter``, ``y``."""
     t, h = x.shape
     k = topk_ids.shape[1]
