@@ -144,27 +144,6 @@ PREFILL_CASES = [
     ("120b-T5-prefill-tiles-empty-experts", 128, 5, "random", {}, "gpt_oss", (128, 16, 8, 4)),
     ("120b-T300-bt32-4warps", 128, 300, "random", {}, "gpt_oss", (64, 32, 4, 3)),
     ("120b-T1000-2-stages", 128, 1000, "random", {}, "gpt_oss", (128, 64, 8, 2)),
-    ("120b-T600-a-smem", 128, 600, "random", {}, "gpt_oss", (128, 128, 8, 3, False, True)),
-    ("120b-T2048-a-smem-4warps", 128, 2048, "random", {}, "gpt_oss", (64, 128, 4, 3, False, True)),
-    (
-        "120b-T300-hot-a-smem-not-interleaved",
-        128,
-        300,
-        "hot",
-        {"interleaved": False},
-        "gpt_oss",
-        (128, 64, 8, 4, False, True),
-    ),
-    ("120b-T300-overlap", 128, 300, "random", {}, "gpt_oss", (128, 64, 8, 4, True)),
-    (
-        "120b-T300-scales-above-128-a-smem",
-        128,
-        300,
-        "random",
-        {"scale_lo": 120, "scale_hi": 136},
-        "gpt_oss",
-        (128, 64, 8, 4, False, True),
-    ),
 ]
 
 
@@ -208,7 +187,7 @@ def prefill_numerics(log):
 
 def prefill_stages(log, t=300, tile=(128, 64, 8, 4)):
     """Each launch of the prefill path against torch (debugging): the gathered activations, the
-    intermediate (un-permuted) and the down GEMM's rows, with one MMA in flight and with none."""
+    intermediate (un-permuted) and the down GEMM's rows."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.reference.moe import dequantize_expert_weights
     from tokenspeed_kernel_nvidia.hopper.moe import layer, prefill
@@ -220,54 +199,51 @@ def prefill_stages(log, t=300, tile=(128, 64, 8, 4)):
     perm_h = torch.tensor([prefill.kperm(c) for c in range(H)], device="cuda")
     perm_i = torch.tensor([prefill.kperm(c) for c in range(I)], device="cuda")
     rows = []
-    for _ in (0,):
-        sc = {}
-        got = torch.empty_like(x)
-        pt = layer.PrefillTile(*tile)
-        prefill.run_prefill(x, tw, ids, w, GPT_OSS, got, tiles=(pt, pt), two_step=layer._two_step(w),
-                            scratch=sc)  # fmt: skip
-        torch.cuda.synchronize()
-        order = sc["order"].long()
-        flat = ids.reshape(-1).long()
-        xs_ref = torch.empty_like(sc["xs"])
-        xs_ref[:, perm_h] = x[order // K_TOP]
-        inter = sc["inter"][:, perm_i].float()
-        inter_ref = torch.zeros_like(inter)
-        y_ref = torch.zeros_like(sc["y"])
-        ex = flat[order]
-        for e in range(E):
-            sel = (ex == e).nonzero().flatten()
-            if sel.numel() == 0:
-                continue
-            w13, w2 = dequantize_expert_weights(w, e)
-            h = x[order[sel] // K_TOP].float() @ w13.T + w.w13_bias[e].float()
-            gate, up = h[:, 0::2], h[:, 1::2]
-            gate = gate.clamp(max=GPT_OSS.limit)
-            up = up.clamp(-GPT_OSS.limit, GPT_OSS.limit)
-            hv = (up + GPT_OSS.up_offset) * gate * torch.sigmoid(GPT_OSS.alpha * gate)
-            inter_ref[sel] = hv
-            # The down GEMM from the kernel's own intermediate: isolates the second GEMM.
-            y_ref[order[sel]] = (inter[sel] @ w2.T + w.w2_bias[e].float()) * tw.reshape(-1)[order[sel], None]
+    sc = {}
+    got = torch.empty_like(x)
+    pt = layer.PrefillTile(*tile)
+    prefill.run_prefill(x, tw, ids, w, GPT_OSS, got, tiles=(pt, pt), two_step=layer._two_step(w),
+                        scratch=sc)  # fmt: skip
+    torch.cuda.synchronize()
+    order = sc["order"].long()
+    flat = ids.reshape(-1).long()
+    xs_ref = torch.empty_like(sc["xs"])
+    xs_ref[:, perm_h] = x[order // K_TOP]
+    inter = sc["inter"][:, perm_i].float()
+    inter_ref = torch.zeros_like(inter)
+    y_ref = torch.zeros_like(sc["y"])
+    ex = flat[order]
+    for e in range(E):
+        sel = (ex == e).nonzero().flatten()
+        if sel.numel() == 0:
+            continue
+        w13, w2 = dequantize_expert_weights(w, e)
+        h = x[order[sel] // K_TOP].float() @ w13.T + w.w13_bias[e].float()
+        gate, up = h[:, 0::2], h[:, 1::2]
+        gate = gate.clamp(max=GPT_OSS.limit)
+        up = up.clamp(-GPT_OSS.limit, GPT_OSS.limit)
+        hv = (up + GPT_OSS.up_offset) * gate * torch.sigmoid(GPT_OSS.alpha * gate)
+        inter_ref[sel] = hv
+        # The down GEMM from the kernel's own intermediate: isolates the second GEMM.
+        y_ref[order[sel]] = (inter[sel] @ w2.T + w.w2_bias[e].float()) * tw.reshape(-1)[order[sel], None]
 
-        def rel(a, b):
-            return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
-        ref = _ref(x, tw, ids, w, GPT_OSS)
-        rows.append({"xs_equal": bool(torch.equal(sc["xs"], xs_ref)),
-                     "inter_rel": rel(inter, inter_ref), "inter_nan": int(inter.isnan().sum()),
-                     "y_rel": rel(sc["y"], y_ref), "out_rel": rel(got, ref),
-                     "offsets_ok": bool(torch.equal(sc["offsets"].long(),
-                                                    torch.searchsorted(flat.sort().values, torch.arange(E + 1, device="cuda"))))})  # fmt: skip
-        log(f"  prefill stages {rows[-1]}")
+    ref = _ref(x, tw, ids, w, GPT_OSS)
+    rows.append({"xs_equal": bool(torch.equal(sc["xs"], xs_ref)),
+                 "inter_rel": rel(inter, inter_ref), "inter_nan": int(inter.isnan().sum()),
+                 "y_rel": rel(sc["y"], y_ref), "out_rel": rel(got, ref),
+                 "offsets_ok": bool(torch.equal(sc["offsets"].long(),
+                                                torch.searchsorted(flat.sort().values, torch.arange(E + 1, device="cuda"))))})  # fmt: skip
+    log(f"  prefill stages {rows[-1]}")
     return rows
 
 
 #: (gate/up tile, down tile); a single tile serves both GEMMs.
 PREFILL_SWEEP = [
-    (128, 32, 8, 4), (128, 32, 8, 4, False, True), (128, 64, 8, 4), (128, 64, 8, 4, False, True),
-    (128, 64, 8, 4, True), (128, 128, 8, 2), (128, 128, 8, 3, False, True), (128, 128, 8, 4, False, True),
-    (128, 128, 8, 3, True), (64, 128, 4, 3, False, True), (64, 64, 4, 4, False, True),
-    ((128, 128, 8, 3, False, True), (128, 64, 8, 4, False, True)),
+    (128, 32, 8, 4), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3),
+    ((128, 128, 8, 3), (128, 64, 8, 4)),
 ]  # fmt: skip
 
 

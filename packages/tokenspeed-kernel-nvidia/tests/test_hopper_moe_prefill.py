@@ -77,13 +77,11 @@ def test_gather_rows_matches_torch_under_the_interpreter():
 def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.prefill import PrefillTile
 
-    assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4, False, False)
+    assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4)
     for args, word in [((128, 64, 2), "warps"), ((64, 64, 8), "block_m"), ((128, 48, 8), "block_t"),
                        ((128, 64, 8, 1), "stages")]:  # fmt: skip
         with pytest.raises(ValueError, match=word):
             PrefillTile(*args)
-    with pytest.raises(ValueError, match="overlap"):
-        PrefillTile(128, 64, 8, 4, True, True)
 
 
 def _prefill_launches(monkeypatch, tokens, tiles=None, e=128, h=2880, i=2880, **wkw):
@@ -189,8 +187,7 @@ CROSS = [
     ("no_bias_not_interleaved_T300", 300, None, {"bias": False, "interleaved": False}),
     ("scales_above_128_T300", 300, None, {"scale_hi": 140}),
     ("four_warps_T300", 300, (64, 64, 4, 3), {}),
-    ("overlap_T300", 300, (128, 64, 8, 4, True), {}),
-    ("a_smem_T300", 300, (128, 128, 8, 3, False, True), {}),
+    ("two_stages_T300", 300, (128, 128, 8, 2), {}),
 ]
 
 
@@ -210,7 +207,7 @@ def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypa
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
         bt, stages = kwargs["BLOCK_T"], kwargs["STAGES"]
-        ring = stages * bt * 64 * 2 + (2 * kwargs["BLOCK_M"] * 64 * 2 if kwargs["A_SMEM"] else 0)
+        ring = stages * bt * 64 * 2
         assert ring <= ck.metadata.shared <= ring + 1024, (ck.metadata.shared, ring)
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bt}k16\.f32\.bf16\.bf16", ptx)
         assert "cp.async.bulk.tensor.2d" in ptx  # the activations by TMA
@@ -231,8 +228,7 @@ GPU_CASES = [
     ("scales_above_128_T300", 128, 300, {"scale_hi": 140}, "random", None),
     ("prefill_tiles_T5_empty_experts", 128, 5, {}, "random", (128, 16, 8, 4)),
     ("four_warps_T400", 128, 400, {}, "random", (64, 64, 4, 3)),
-    ("overlap_T300", 128, 300, {}, "random", (128, 64, 8, 4, True)),
-    ("a_smem_T600", 128, 600, {}, "random", (128, 128, 8, 3, False, True)),
+    ("two_stages_T600", 128, 600, {}, "random", (128, 128, 8, 2)),
 ]
 
 

@@ -73,9 +73,9 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 
 
-#: Calls of at least this many tokens take the prefill path. Measured on an H200 (GPT-OSS-120B layer,
-#: docs/benchmarks/h200-2026-12-01/hopper-moe/prefill): at 255 tokens the decode path took 1667 us
-#: (call 5 of the decode sweep), at 256 the prefill path 894-924 us.
+#: Calls of at least this many tokens take the prefill path. Measured on an H200 (GPT-OSS-120B layer
+#: with its route, docs/benchmarks/h200-2026-12-01/hopper-moe): at 255 tokens the decode path
+#: took 1667 us (session 1, call 5), at 256 tokens the prefill path 894-924 us (session 3, calls 4-5).
 PREFILL_MIN_TOKENS = 256
 
 #: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
@@ -87,8 +87,7 @@ PREFILL_MIN_TOKENS = 256
 #: - 128 pairs with 2 stages at 3072, 4096 and 16384 tokens: 1907, 2571-2621, 7905-8396 (64 pairs:
 #:   2185, 2596-2607, 9221-9297).
 #:
-#: The bounds lie between measured sizes (512 / 1024, 2048 / 3072). Neither the overlapped decode nor
-#: the A operand through shared memory beat the plain loop at 512, 4096 or 16384 tokens (call 5).
+#: The bounds lie between measured sizes (512 / 1024, 2048 / 3072).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
     (767, (PrefillTile(128, 32, 8, 4), PrefillTile(128, 32, 8, 4))),
     (2048, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),

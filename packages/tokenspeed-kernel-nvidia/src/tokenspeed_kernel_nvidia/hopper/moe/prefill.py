@@ -24,12 +24,15 @@ register-only weight decode (:mod:`.decode`) and feed it to the warpgroup MMA:
   order and permuted by :func:`gather_rows`; the down GEMM reads ``inter [pairs, I]``, which the
   gate/up epilogue writes permuted. Every 64-value K step is a power-of-two bit permutation of
   its columns, so both GEMMs need only ``K % 64 == 0`` (GPT-OSS: 2880 = 45 * 64).
-- **A step's decode overlaps the previous step's MMA** (``overlap``): the K loop runs three steps
-  an iteration, and each MMA retires (``warpgroup_mma_wait`` with its A operand among the
-  dependencies, so its registers stay live) before the next one starts. No MMA is in flight
-  across the loop's back edge: there the compiler reuses the A registers of the loop's single MMA
-  for the next step's values (a first version kept one in flight and computed NaNs on the H200).
-  A ring slot is refilled with the step ``STAGES`` ahead as soon as its MMA retired.
+- **Each step's MMA retires before the next step is decoded.** The MMA reads its A operand from
+  registers while it runs, and the loop's single MMA has fixed A registers: keeping it in flight
+  while the next step is decoded let that decode overwrite them (a first version did, and computed
+  NaNs on the H200; ``test_hopper_moe_prefill.wgmma_register_hazards`` finds such writes in the
+  SASS). The tensor cores instead overlap the other programs on the SM. Two ways of overlapping
+  within a program (three steps an iteration; the decoded weights through shared memory so that
+  an MMA can stay in flight) measured slower at every size and were removed (docs/benchmarks/
+  h200-2026-12-01/hopper-moe, session 3). A ring slot is refilled with the step ``STAGES``
+  ahead as soon as its MMA retired.
 - Epilogues: gate/up adds the bias and applies the SwiGLU (gate and up rows of a feature sit in
   one thread, as in the decode kernels) and stores ``inter`` in sorted order; down adds the bias,
   multiplies by the pair's routing weight and stores fp32 ``y [pairs, H]`` at the pair's original
@@ -38,18 +41,15 @@ register-only weight decode (:mod:`.decode`) and feed it to the warpgroup MMA:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tokenspeed_kernel.launch import cached
 
@@ -169,7 +169,7 @@ def _retire(acc, a, a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: g
     step ``step + STAGES``."""
     acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
     _issue(a_desc, ring, bars, start, step + STAGES, NK, STAGES)
-    return acc, a
+    return acc
 
 
 @gluon.jit
@@ -179,7 +179,7 @@ def moe_prefill_gemm(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    TWO_STEP: gl.constexpr, OVERLAP: gl.constexpr, A_SMEM: gl.constexpr,
+    TWO_STEP: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -211,72 +211,16 @@ def moe_prefill_gemm(
             mbarrier.init(bars.index(j), count=1)
         NK: gl.constexpr = K // 64
         acc = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
-        if A_SMEM:
-            # The decoded weights go through shared memory (two buffers): the MMA then reads no
-            # registers, so one stays in flight while the next step is decoded.
-            a_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 64],
-                                               gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16))  # fmt: skip
-            for j in gl.static_range(STAGES - 1):
-                _issue(a_desc, ring, bars, start, j, NK, STAGES)
-            wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
-            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
-            for kb in range(NK):
-                a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                wa, sa = wb, sb
-                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
-                buf = a_bufs.index(kb % 2)
-                buf.store(a)
-                fence_async_shared()
-                slot = kb % STAGES
-                mbarrier.wait(bars.index(slot), (kb // STAGES) & 1)
-                acc = warpgroup_mma(buf, ring.index(slot).permute((1, 0)), acc, is_async=True)
-                # Step kb - 1's MMA retired: its A buffer and activation slot are free.
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                _issue(a_desc, ring, bars, start, kb + STAGES - 1, NK, STAGES)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        elif OVERLAP:
-            for j in gl.static_range(STAGES):
-                _issue(a_desc, ring, bars, start, j, NK, STAGES)
-            # Three steps an iteration: step j + 1 is decoded while step j's MMA runs (its A operand
-            # stays live through the wait that retires it; no MMA crosses the loop's back edge,
-            # where the compiler would reuse its A registers).
-            w0, s0 = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
-            w1, s1 = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
-            w2, s2 = _load_codes(w_base, s_base, w_rows, w_ok, 2, 2 < NK, K, SROW, LW)
-            gl.static_assert(NK % 3 == 0, "OVERLAP needs K / 64 to be a multiple of 3")
-            # A use of each A operand after the wait that retires its MMA: without one, ptxas gives
-            # the next step's decode the same registers and so has to hold it until the MMA retired.
-            sink = gl.zeros([BLOCK_M, 64], gl.uint16, AL)
-            for kb in range(0, NK, 3):
-                a0 = _decode_a(w0, s0, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                w0, s0 = _load_codes(w_base, s_base, w_rows, w_ok, kb + 3, kb + 3 < NK, K, SROW, LW)
-                acc = _mma(a0, acc, ring, bars, kb, STAGES)
-                a1 = _decode_a(w1, s1, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                w1, s1 = _load_codes(w_base, s_base, w_rows, w_ok, kb + 4, kb + 4 < NK, K, SROW, LW)
-                acc, a0 = _retire(acc, a0, a_desc, ring, bars, start, kb, NK, STAGES)
-                sink = sink ^ a0.to(gl.uint16, bitcast=True)
-                acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
-                a2 = _decode_a(w2, s2, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                w2, s2 = _load_codes(w_base, s_base, w_rows, w_ok, kb + 5, kb + 5 < NK, K, SROW, LW)
-                acc, a1 = _retire(acc, a1, a_desc, ring, bars, start, kb + 1, NK, STAGES)
-                sink = sink ^ a1.to(gl.uint16, bitcast=True)
-                acc = _mma(a2, acc, ring, bars, kb + 2, STAGES)
-                acc, a2 = _retire(acc, a2, a_desc, ring, bars, start, kb + 2, NK, STAGES)
-            if start < 0:  # never: keeps the sink (and so the uses) from being optimised away
-                gl.store(off_ptr + gl.arange(0, 64, layout=gl.SliceLayout(0, AL)), gl.max(sink, axis=0).to(gl.int32))
-        else:
-            # One step an iteration: each MMA retires before the next decode (the tensor cores then
-            # overlap the decode of the other programs on the SM).
-            for j in gl.static_range(STAGES):
-                _issue(a_desc, ring, bars, start, j, NK, STAGES)
-            wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
-            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
-            for kb in range(NK):
-                a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                wa, sa = wb, sb
-                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
-                acc = _mma(a, acc, ring, bars, kb, STAGES)
-                acc, a = _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
+        for j in gl.static_range(STAGES):
+            _issue(a_desc, ring, bars, start, j, NK, STAGES)
+        wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
+        wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
+        for kb in range(NK):
+            a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+            wa, sa = wb, sb
+            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
+            acc = _mma(a, acc, ring, bars, kb, STAGES)
+            acc = _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -305,15 +249,12 @@ def moe_prefill_gemm(
 
 
 class PrefillTile(tuple):
-    """``(block_m, block_t, warps, stages, overlap)``: weight rows per program (16 a warp: the wgmma's
-    M side), sorted pairs per program (its N side), warps, activation tiles in flight (the TMA
-    ring), and whether a step's decode overlaps the previous step's MMA (three steps an iteration;
-    used where ``K / 64`` is a multiple of 3, as in GPT-OSS's 2880, else the GEMM runs without)."""
+    """``(block_m, block_t, warps, stages)``: weight rows per program (16 a warp: the wgmma's M side),
+    sorted pairs per program (its N side), warps, and activation tiles in flight (the TMA ring)."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4, overlap: bool = False,
-                a_smem: bool = False):  # fmt: skip
+    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4):
         if warps not in (4, 8):
             raise ValueError(f"warps: expected 4 or 8 (one or two warpgroups), got {warps}")
         if block_m != 16 * warps:
@@ -322,21 +263,21 @@ class PrefillTile(tuple):
             raise ValueError(f"block_t: expected 16, 32, 64, 128 or 256 (wgmma N), got {block_t}")
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
-        if overlap and a_smem:
-            raise ValueError("overlap: applies to the A operand in registers, not with a_smem")
-        return super().__new__(cls, (block_m, block_t, warps, stages, bool(overlap), bool(a_smem)))
+        return super().__new__(cls, (block_m, block_t, warps, stages))
 
 
-def _descriptor(t, block_t: int):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+@functools.cache
+def _smem_layout(block_t: int):
+    return gl.NVMMASharedLayout.get_default_for([block_t, BLOCK_K], gl.bfloat16)
 
-    layout = gl.NVMMASharedLayout.get_default_for([block_t, BLOCK_K], gl.bfloat16)
-    return TensorDescriptor.from_tensor(t, [block_t, BLOCK_K], layout)
+
+def _descriptor(t, block_t: int) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [block_t, BLOCK_K], _smem_layout(block_t))
 
 
 def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up, interleaved, activation, tile,
             two_step):  # fmt: skip
-    block_m, block_t, warps, stages, overlap, a_smem = tile
+    block_m, block_t, warps, stages = tile
     n = w.shape[1]
     k_dim = w.shape[2] * 2
     n_tiles = triton.cdiv(n // 2, block_m // 2) if gate_up else triton.cdiv(n, block_m)
@@ -350,7 +291,6 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         K=k_dim, N=n, SROW=s.stride(1), E=experts, E_P2=max(32 * warps, triton.next_power_of_2(experts)),
         GATE_UP=gate_up, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, TWO_STEP=two_step,
-        OVERLAP=overlap and (k_dim // BLOCK_K) % 3 == 0, A_SMEM=a_smem,
         num_warps=warps,
     )  # fmt: skip
 
