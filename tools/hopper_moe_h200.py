@@ -144,6 +144,7 @@ PREFILL_CASES = [
     ("120b-T5-prefill-tiles-empty-experts", 128, 5, "random", {}, "gpt_oss", (128, 16, 8, 4)),
     ("120b-T300-bt32-4warps", 128, 300, "random", {}, "gpt_oss", (64, 32, 4, 3)),
     ("120b-T1000-2-stages", 128, 1000, "random", {}, "gpt_oss", (128, 64, 8, 2)),
+    ("120b-T3000-bt128", 128, 3000, "random", {}, "gpt_oss", (128, 128, 8, 2)),
 ]
 
 
@@ -245,6 +246,58 @@ PREFILL_SWEEP = [
     (128, 32, 8, 4), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3),
     ((128, 128, 8, 3), (128, 64, 8, 4)),
 ]  # fmt: skip
+
+
+def _parse_tiles(text):
+    """``'128,64,8,4'`` (both GEMMs) or ``'128,128,8,2/128,64,8,4'`` (gate/up / down)."""
+    parts = [tuple(int(v) for v in half.split(",")) for half in text.split("/")]
+    if len(parts) > 2:
+        raise SystemExit(f"--prefill-tiles: expected one tile or 'gate_up/down', got {text!r}")
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def prefill_breakdown(w, gen, tokens_list, log):
+    """Each launch of the prefill path alone at the table's tiles (graph replay, L2 flushed), with
+    each GEMM's TFLOP/s (2 * pairs * N * K over its time)."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer, prefill
+
+    rows = []
+    for t in tokens_list:
+        x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
+        tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
+        gu, dn = layer._prefill_tiles(t)
+        out = torch.empty_like(x)
+        sc = {}
+        two_step = layer._two_step(w)
+        prefill.run_prefill(x, tw, ids, w, GPT_OSS, out, tiles=(gu, dn), two_step=two_step, scratch=sc)
+        pairs = ids.numel()
+        order, offsets, xs, inter, y = (sc[k] for k in ("order", "offsets", "xs", "inter", "y"))
+        twf = tw.reshape(-1).contiguous()
+        common = dict(pairs=pairs, experts=E, activation=GPT_OSS, two_step=two_step)
+        d_xs, d_in = prefill._descriptor(xs, gu[1]), prefill._descriptor(inter, dn[1])
+        y3 = y.unsqueeze(0)
+        parts = {
+            "sort": lambda: torch.sort(ids.reshape(-1), stable=True),
+            "gather": lambda: prefill.cached(prefill.gather_rows)[(pairs, 3)](x, x.stride(0), order, xs, H,
+                                                                              TOP_K=K_TOP, BLOCK=1024),
+            "gate_up": lambda: prefill._launch(d_xs, offsets, order, w.w13, w.w13_scale, w.w13_bias, twf, inter,
+                                               gate_up=True, interleaved=True, tile=gu, **common),
+            "down": lambda: prefill._launch(d_in, offsets, order, w.w2, w.w2_scale, w.w2_bias, twf, y,
+                                            gate_up=False, interleaved=True, tile=dn, **common),
+            "combine": lambda: decode.combine_slots[(t, 3)](y3, out, out.stride(0), y3.stride(0), H, TOP_K=K_TOP,
+                                                            KSPLIT=1, BLOCK=1024),
+            "apply": lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, out=out),
+        }  # fmt: skip
+        row = {"tokens": t, "tiles": [list(gu), list(dn)]}
+        for name, fn in parts.items():
+            row[name] = time_fn(fn, device="cuda", graph=True, warmup_ms=5, rep_ms=30).median_us
+        row["gate_up_tflops"] = 2 * pairs * 2 * I * H / row["gate_up"] / 1e6
+        row["down_tflops"] = 2 * pairs * H * I / row["down"] / 1e6
+        log(f"  prefill breakdown {row}")
+        rows.append(row)
+    return rows
 
 
 def prefill_sweep(w, gen, tokens_list, log, deadline):
@@ -477,7 +530,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tokens", default="512,4096,16384")
     p.add_argument("--prefill-only-numerics", action="store_true", help="stop after the prefill numerics")
     p.add_argument("--skip-prefill-numerics", action="store_true", help="with --prefill: the sweep only")
-    p.add_argument("--prefill-tiles", help="the sweep's tiles, e.g. '128,64,8,4;128,128,8,2' (default: PREFILL_SWEEP)")
+    p.add_argument("--prefill-tiles", help="the sweep's tiles, ';'-separated: 'block_m,block_t,warps,stages' "
+                   "for both GEMMs or 'gate_up/down' (default: PREFILL_SWEEP)")
+    p.add_argument("--prefill-breakdown", metavar="TOKENS", help="each prefill launch alone at these token counts")
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -503,7 +558,7 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(1234)
     if args.prefill_tiles:
         global PREFILL_SWEEP
-        PREFILL_SWEEP = [tuple(int(v) for v in t.split(",")) for t in args.prefill_tiles.split(";")]
+        PREFILL_SWEEP = [_parse_tiles(t) for t in args.prefill_tiles.split(";")]
     if args.prefill and not args.skip_prefill_numerics:
         try:
             result["prefill_stages"] = prefill_stages(log)
@@ -520,6 +575,10 @@ def main(argv=None) -> int:
         result["prefill_sweep"] = prefill_sweep(w, gen, [int(v) for v in args.prefill_tokens.split(",")], log,
                                                 t0 + args.budget_s)  # fmt: skip
         result["prefill_tiles_used"] = _apply_best_prefill(result["prefill_sweep"], log)
+        save()
+    if args.prefill_breakdown:
+        result["prefill_breakdown"] = prefill_breakdown(w, gen, [int(v) for v in args.prefill_breakdown.split(",")],
+                                                        log)  # fmt: skip
         save()
     if args.sweep:
         result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,

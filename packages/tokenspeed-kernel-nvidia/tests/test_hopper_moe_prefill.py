@@ -208,7 +208,9 @@ def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypa
         ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
         bt, stages = kwargs["BLOCK_T"], kwargs["STAGES"]
         ring = stages * bt * 64 * 2
-        assert ring <= ck.metadata.shared <= ring + 1024, (ck.metadata.shared, ring)
+        # The down epilogue converts the fp32 accumulator's layout through shared memory.
+        scratch = 0 if kwargs["GATE_UP"] else kwargs["BLOCK_M"] * bt * 4
+        assert ring <= ck.metadata.shared <= max(ring, scratch) + 1024, (ck.metadata.shared, ring, scratch)
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bt}k16\.f32\.bf16\.bf16", ptx)
         assert "cp.async.bulk.tensor.2d" in ptx  # the activations by TMA
         assert "mul.rn.bf16x2" in ptx  # the E8M0 scale on decoded pairs

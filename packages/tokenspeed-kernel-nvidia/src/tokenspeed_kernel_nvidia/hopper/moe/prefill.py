@@ -37,6 +37,9 @@ register-only weight decode (:mod:`.decode`) and feed it to the warpgroup MMA:
   one thread, as in the decode kernels) and stores ``inter`` in sorted order; down adds the bias,
   multiplies by the pair's routing weight and stores fp32 ``y [pairs, H]`` at the pair's original
   index, and :func:`.decode.combine_slots` sums the k slots in order (deterministic: no atomics).
+  The down epilogue first moves the accumulator through shared memory into a layout where a lane
+  stores 16 contiguous bytes: in the MMA layout the 64-bit pointers of every value took the kernel
+  to 178 registers at 128 pairs (one program an SM); now 125 (two; 4096 tokens: 2.70 -> 2.29 ms).
 """
 
 from __future__ import annotations
@@ -242,10 +245,17 @@ def moe_prefill_gemm(
             ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj)[:, None]
             gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
         else:
-            pair = gl.load(order_ptr + rows_t, mask=live, other=0)
-            acc = acc * gl.load(tw_ptr + pair, mask=live, other=0.0)[None, :]
-            ptrs = y_ptr + pair[None, :].to(gl.int64) * stride_y + n_rows[:, None]
-            gl.store(ptrs, acc, mask=n_ok[:, None] & live[None, :])
+            # Through shared memory into a layout whose lanes store 16 contiguous bytes of a pair's
+            # row: a quarter of the pointers the MMA layout needs (those set the register peak).
+            OUT: gl.constexpr = gl.BlockedLayout([4, 1], [8, 4], [1, WARPS], [0, 1])
+            acc = gl.convert_layout(acc, OUT)
+            rows_o = start + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT))
+            live_o = rows_o < end
+            pair = gl.load(order_ptr + rows_o, mask=live_o, other=0)
+            acc = acc * gl.load(tw_ptr + pair, mask=live_o, other=0.0)[None, :]
+            o_rows = pid_n * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, OUT))
+            ptrs = y_ptr + pair[None, :].to(gl.int64) * stride_y + o_rows[:, None]
+            gl.store(ptrs, acc, mask=(o_rows < N)[:, None] & live_o[None, :])
 
 
 class PrefillTile(tuple):
