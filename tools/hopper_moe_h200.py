@@ -530,8 +530,11 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tokens", default="512,4096,16384")
     p.add_argument("--prefill-only-numerics", action="store_true", help="stop after the prefill numerics")
     p.add_argument("--skip-prefill-numerics", action="store_true", help="with --prefill: the sweep only")
-    p.add_argument("--prefill-tiles", help="the sweep's tiles, ';'-separated: 'block_m,block_t,warps,stages' "
-                   "for both GEMMs or 'gate_up/down' (default: PREFILL_SWEEP)")
+    p.add_argument(
+        "--prefill-tiles",
+        help="the sweep's tiles, ';'-separated: 'block_m,block_t,warps,stages' "
+        "for both GEMMs or 'gate_up/down' (default: PREFILL_SWEEP)",
+    )
     p.add_argument("--prefill-breakdown", metavar="TOKENS", help="each prefill launch alone at these token counts")
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     args = p.parse_args(argv)
