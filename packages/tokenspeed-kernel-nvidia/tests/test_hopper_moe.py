@@ -63,7 +63,7 @@ def test_registered_for_bf16_mxfp4_on_sm90_at_every_token_count():
     assert spec.hardware_validated  # GPU tests + numerics on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe
     assert "deterministic" in spec.tags and "cuda_graph_safe" in spec.tags
     assert spec.weight_preprocessor is None  # the canonical layout
-    for tokens in (1, 8, 255, 256, 16384):  # the decode path, then the prefill path
+    for tokens in (1, 7, 8, 255, 256, 16384):  # the decode path, then the prefill path
         ok = _candidates(GPT_OSS_TRAITS, sizes={"tokens": tokens})[NAME]
         assert ok.eligible, (tokens, ok.reason)
     fp16 = _candidates(GPT_OSS_TRAITS, sig=("fp16", "mxfp4"), sizes={"tokens": 8})[NAME]
@@ -212,7 +212,7 @@ def _split_tiles(ksplit):
 
 CASES = [
     ("gpt_oss_120b_T1", 1, {}),  # the table's 4 K splits
-    ("gpt_oss_120b_T64", 64, {}),
+    ("gpt_oss_120b_T64_decode_tiles", 64, {"tiles": "split1"}),  # above PREFILL_MIN_TOKENS: forced
     ("no_bias_not_interleaved_T3", 3, {"bias": False, "interleaved": False}),
     ("scales_above_128_T2", 2, {"scale_hi": 140}),
     ("k_split_4_T1", 1, {"tiles": "split4"}),
@@ -266,10 +266,13 @@ def _reference(x, tw, ids, w, act):
 
 def gpu_inputs(e, tokens, wkw, routing):
     """GPT-OSS-sized weights (``e`` experts), bf16 tokens and their reference top-4 routing on the GPU
-    ("hot": every token's first expert is 3), and the generator for more inputs."""
-    w = _weights(e, 2880, 2880, device="cuda", seed=tokens, **wkw)
+    ("hot": every token's first expert is 3), and the generator for more inputs. ``wkw["hidden"]``:
+    H = I other than GPT-OSS's 2880."""
+    wkw = dict(wkw)
+    h = wkw.pop("hidden", 2880)
+    w = _weights(e, h, h, device="cuda", seed=tokens, **wkw)
     g = torch.Generator(device="cuda").manual_seed(tokens)
-    x = torch.randn(tokens, 2880, device="cuda", generator=g).to(torch.bfloat16)
+    x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
     logits = torch.randn(tokens, e, device="cuda", generator=g)
     if routing == "hot":
         logits[:, 3] += 100.0
@@ -280,7 +283,7 @@ def gpu_inputs(e, tokens, wkw, routing):
 GPU_CASES = [
     ("120b_T1", 128, 1, {}, "random"),
     ("120b_T7", 128, 7, {}, "random"),
-    ("120b_T64", 128, 64, {}, "random"),
+    ("120b_T64_decode_tiles", 128, 64, {"tiles": "split1"}, "random"),
     ("20b_T33", 32, 33, {}, "random"),
     ("120b_T40_one_hot_expert", 128, 40, {}, "hot"),
     ("no_bias_not_interleaved_T5", 128, 5, {"bias": False, "interleaved": False}, "random"),

@@ -77,9 +77,9 @@ def test_gather_rows_matches_torch_under_the_interpreter():
 def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.prefill import PrefillTile
 
-    assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4)
+    assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4, 1)
     for args, word in [((128, 64, 2), "warps"), ((64, 64, 8), "block_m"), ((128, 48, 8), "block_t"),
-                       ((128, 64, 8, 1), "stages")]:  # fmt: skip
+                       ((128, 64, 8, 1), "stages"), ((128, 64, 8, 4, 3), "unroll")]:  # fmt: skip
         with pytest.raises(ValueError, match=word):
             PrefillTile(*args)
 
@@ -188,6 +188,9 @@ CROSS = [
     ("scales_above_128_T300", 300, None, {"scale_hi": 140}),
     ("four_warps_T300", 300, (64, 64, 4, 3), {}),
     ("two_stages_T300", 300, (128, 128, 8, 2), {}),
+    ("unroll_2_T300", 300, (128, 32, 8, 4, 2), {}),
+    ("unroll_2_bt128_T300", 300, (128, 128, 8, 4, 2), {}),
+    ("unroll_2_even_steps_T300", 300, (64, 16, 4, 2, 2), {"h": 1024, "i": 1024}),
 ]
 
 
@@ -231,6 +234,10 @@ GPU_CASES = [
     ("prefill_tiles_T5_empty_experts", 128, 5, {}, "random", (128, 16, 8, 4)),
     ("four_warps_T400", 128, 400, {}, "random", (64, 64, 4, 3)),
     ("two_stages_T600", 128, 600, {}, "random", (128, 128, 8, 2)),
+    # Two K steps a round: 45 steps (a tail step) at 2880, 16 (none) at 1024.
+    ("unroll_2_T600", 128, 600, {}, "random", (128, 32, 8, 4, 2)),
+    ("unroll_2_bt128_T3000", 128, 3000, {}, "random", (128, 128, 8, 4, 2)),
+    ("unroll_2_h1024_T500", 32, 500, {"hidden": 1024}, "random", (128, 16, 8, 2, 2)),
 ]
 
 

@@ -73,24 +73,29 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 
 
-#: Calls of at least this many tokens take the prefill path. Measured on an H200 (GPT-OSS-120B layer
-#: with its route, docs/benchmarks/h200-2026-12-01/hopper-moe): at 255 tokens the decode path
-#: took 1667 us (session 1, call 5), at 256 tokens the prefill path 894-924 us (session 3, calls 4-5).
-PREFILL_MIN_TOKENS = 256
+#: Calls of at least this many tokens take the prefill path. Measured on an H200 (GPT-OSS-120B layer,
+#: docs/benchmarks/h200-2026-12-01/hopper-moe/session4, call 4, us): the decode path (with the
+#: route) took 55.2 / 79.8 / 129.4 / 195.1 at 1 / 2 / 4 / 6 tokens, the prefill path (``moe_apply``
+#: alone, its best tile) 70.4 / 86.4 / 127.6 / 170.7; from 8 tokens on every prefill tile measured
+#: was faster (8: 199.6 against 227.1 in call 3).
+PREFILL_MIN_TOKENS = 5
 
 #: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
-#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/prefill, calls 4, 5 and 9, the
-#: ``moe_apply`` alone, us):
+#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4, the
+#: ``moe_apply`` alone, us; the raw sweeps are there):
 #:
-#: - 32 pairs a tile at 512 tokens: 876-883 (64 pairs: 1147-1166);
-#: - 64 pairs at 1024 and 2048 tokens: 1145 and 1659 (32 pairs: 1185, 1948; 128: 1745, 1862);
-#: - 128 pairs with 2 stages at 3072, 4096 and 16384 tokens: 1907, 2571-2621, 7905-8396 (64 pairs:
-#:   2185, 2596-2607, 9221-9297).
+#: - 16 pairs, 4 warps, two K steps a round, 8-256 tokens: 198-200 (8), 334 (16), 442 (32), 677 (64),
+#:   731 (128), 711-749 (256); one step a round (4 stages) 8-13 % slower, 8 warps 0-7 % slower;
+#: - 32 pairs, 4 warps, two steps, at 512 tokens: 769 (8 warps: 797-833; one step: 884-913);
+#: - 64 pairs, 4 warps, two steps, at 1024 and 2048: 996 and 1548 (8 warps: 1070-1129, 1600-1625);
+#: - 128 pairs, 8 warps, 2 stages, one step at 4096 and 16384: 2286-2311, 6761-7332 (two steps with
+#:   4 stages: 2355, 6963; 4 warps: 2559, 7423; 256 pairs: 2996, 7543).
 #:
-#: The bounds lie between measured sizes (512 / 1024, 2048 / 3072).
+#: The bounds lie between measured sizes (256 / 512, 512 / 1024, 2048 / 4096).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
-    (767, (PrefillTile(128, 32, 8, 4), PrefillTile(128, 32, 8, 4))),
-    (2048, (PrefillTile(128, 64, 8, 4), PrefillTile(128, 64, 8, 4))),
+    (383, (PrefillTile(64, 16, 4, 2, 2), PrefillTile(64, 16, 4, 2, 2))),
+    (767, (PrefillTile(64, 32, 4, 2, 2), PrefillTile(64, 32, 4, 2, 2))),
+    (3071, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
     (None, (PrefillTile(128, 128, 8, 2), PrefillTile(128, 128, 8, 2))),
 )
 

@@ -182,7 +182,7 @@ def moe_prefill_gemm(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    TWO_STEP: gl.constexpr,
+    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -218,12 +218,31 @@ def moe_prefill_gemm(
             _issue(a_desc, ring, bars, start, j, NK, STAGES)
         wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
         wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
-        for kb in range(NK):
-            a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-            wa, sa = wb, sb
-            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
-            acc = _mma(a, acc, ring, bars, kb, STAGES)
-            acc = _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
+        if UNROLL == 1:
+            for kb in range(NK):
+                a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                wa, sa = wb, sb
+                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
+                acc = _mma(a, acc, ring, bars, kb, STAGES)
+                acc = _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
+        else:
+            # Two steps a round: both decoded into their own registers, both MMAs in flight, one
+            # wait and one round of barriers for the two (the per-step overhead halves).
+            for r in range(NK // 2):
+                kb = 2 * r
+                a0 = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a1 = _decode_a(wb, sb, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
+                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 3, kb + 3 < NK, K, SROW, LW)
+                acc = _mma(a0, acc, ring, bars, kb, STAGES)
+                acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
+                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+                _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES)
+                _issue(a_desc, ring, bars, start, kb + 1 + STAGES, NK, STAGES)
+            if NK % 2 == 1:
+                a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                acc = _mma(a, acc, ring, bars, NK - 1, STAGES)
+                acc = _retire(acc, a, a_desc, ring, bars, start, NK - 1, NK, STAGES)
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -259,12 +278,13 @@ def moe_prefill_gemm(
 
 
 class PrefillTile(tuple):
-    """``(block_m, block_t, warps, stages)``: weight rows per program (16 a warp: the wgmma's M side),
-    sorted pairs per program (its N side), warps, and activation tiles in flight (the TMA ring)."""
+    """``(block_m, block_t, warps, stages, unroll)``: weight rows per program (16 a warp: the wgmma's M
+    side), sorted pairs per program (its N side), warps, activation tiles in flight (the TMA ring),
+    and K steps a round (1, or 2: two steps decoded, in flight and retired together)."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4):
+    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4, unroll: int = 1):
         if warps not in (4, 8):
             raise ValueError(f"warps: expected 4 or 8 (one or two warpgroups), got {warps}")
         if block_m != 16 * warps:
@@ -273,7 +293,9 @@ class PrefillTile(tuple):
             raise ValueError(f"block_t: expected 16, 32, 64, 128 or 256 (wgmma N), got {block_t}")
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
-        return super().__new__(cls, (block_m, block_t, warps, stages))
+        if unroll not in (1, 2):
+            raise ValueError(f"unroll: expected 1 or 2, got {unroll}")
+        return super().__new__(cls, (block_m, block_t, warps, stages, unroll))
 
 
 @functools.cache
@@ -287,7 +309,7 @@ def _descriptor(t, block_t: int) -> TensorDescriptor:
 
 def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up, interleaved, activation, tile,
             two_step):  # fmt: skip
-    block_m, block_t, warps, stages = tile
+    block_m, block_t, warps, stages, unroll = tile
     n = w.shape[1]
     k_dim = w.shape[2] * 2
     n_tiles = triton.cdiv(n // 2, block_m // 2) if gate_up else triton.cdiv(n, block_m)
@@ -300,7 +322,7 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=k_dim, N=n, SROW=s.stride(1), E=experts, E_P2=max(32 * warps, triton.next_power_of_2(experts)),
         GATE_UP=gate_up, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
-        BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, TWO_STEP=two_step,
+        BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, UNROLL=unroll, TWO_STEP=two_step,
         num_warps=warps,
     )  # fmt: skip
 
