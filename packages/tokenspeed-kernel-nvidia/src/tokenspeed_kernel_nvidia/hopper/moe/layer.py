@@ -74,21 +74,21 @@ TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 
 
 #: Calls of at least this many tokens take the prefill path. Measured on an H200 (GPT-OSS-120B layer,
-#: docs/benchmarks/h200-2026-12-01/hopper-moe/session4, call 4, us): the decode path (with the
+#: docs/benchmarks/h200-2026-12-01/hopper-moe/session4, us): in call 4 the decode path (with the
 #: route) took 55.2 / 79.8 / 129.4 / 195.1 at 1 / 2 / 4 / 6 tokens, the prefill path (``moe_apply``
-#: alone, its best tile) 70.4 / 86.4 / 127.6 / 170.7; from 8 tokens on every prefill tile measured
-#: was faster (8: 199.6 against 227.1 in call 3).
+#: alone, its best tile) 70.4 / 86.4 / 127.6 / 170.7; in call 3 at 8 tokens 227.1 against 199.8.
 PREFILL_MIN_TOKENS = 5
 
 #: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
 #: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4, the
 #: ``moe_apply`` alone, us; the raw sweeps are there):
 #:
-#: - 16 pairs, 4 warps, two K steps a round, 8-256 tokens: 198-200 (8), 334 (16), 442 (32), 677 (64),
-#:   731 (128), 711-749 (256); one step a round (4 stages) 8-13 % slower, 8 warps 0-7 % slower;
+#: - 16 pairs, 4 warps, two K steps a round, at 8-256 tokens (call 3): 199.8 (8), 334.4 (16),
+#:   441.6 (32), 676.9 (64), 731.1 (128), 749.3 (256); within 3 % of the fastest tile measured at
+#:   each of these sizes, one step a round 8-13 % slower;
 #: - 32 pairs, 4 warps, two steps, at 512 tokens: 769 (8 warps: 797-833; one step: 884-913);
 #: - 64 pairs, 4 warps, two steps, at 1024 and 2048: 996 and 1548 (8 warps: 1070-1129, 1600-1625);
-#: - 128 pairs, 8 warps, 2 stages, one step at 4096 and 16384: 2286-2311, 6761-7332 (two steps with
+#: - 128 pairs, 8 warps, 2 stages, one step at 4096 and 16384: 2286-2539, 6761-7332 (two steps with
 #:   4 stages: 2355, 6963; 4 warps: 2559, 7423; 256 pairs: 2996, 7543).
 #:
 #: The bounds lie between measured sizes (256 / 512, 512 / 1024, 2048 / 4096).
