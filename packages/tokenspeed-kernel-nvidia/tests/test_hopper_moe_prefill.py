@@ -79,7 +79,8 @@ def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
 
     assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4, 1)
     for args, word in [((128, 64, 2), "warps"), ((64, 64, 8), "block_m"), ((128, 48, 8), "block_t"),
-                       ((128, 64, 8, 1), "stages"), ((128, 64, 8, 4, 3), "unroll")]:  # fmt: skip
+                       ((128, 64, 8, 1), "stages"), ((128, 64, 8, 4, 3), "unroll"),
+                       ((64, 16, 4, 2, 4), "stages")]:  # fmt: skip
         with pytest.raises(ValueError, match=word):
             PrefillTile(*args)
 
@@ -191,6 +192,8 @@ CROSS = [
     ("unroll_2_T300", 300, (128, 32, 8, 4, 2), {}),
     ("unroll_2_bt128_T300", 300, (128, 128, 8, 4, 2), {}),
     ("unroll_2_even_steps_T300", 300, (64, 16, 4, 2, 2), {"h": 1024, "i": 1024}),
+    ("unroll_4_T300", 300, (64, 16, 4, 4, 4), {}),  # 45 steps: one left after the rounds
+    ("unroll_4_three_left_T300", 300, (64, 32, 4, 8, 4), {"h": 448, "i": 448}),
 ]
 
 
@@ -238,6 +241,8 @@ GPU_CASES = [
     ("unroll_2_T600", 128, 600, {}, "random", (128, 32, 8, 4, 2)),
     ("unroll_2_bt128_T3000", 128, 3000, {}, "random", (128, 128, 8, 4, 2)),
     ("unroll_2_h1024_T500", 32, 500, {"hidden": 1024}, "random", (128, 16, 8, 2, 2)),
+    ("unroll_4_T600", 128, 600, {}, "random", (64, 16, 4, 4, 4)),
+    ("unroll_4_h448_T300", 32, 300, {"hidden": 448}, "random", (64, 32, 4, 8, 4)),
 ]
 
 

@@ -179,6 +179,15 @@ def _retire(acc, a, a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: g
 
 
 @gluon.jit
+def _one_step(acc, words, sc, a_desc, ring, bars, start, kb, NK: gl.constexpr, STAGES: gl.constexpr,
+              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+    """K step ``kb`` alone (the tail of the unrolled loops): decode, MMA, retire."""
+    a = _decode_a(words, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+    acc = _mma(a, acc, ring, bars, kb, STAGES)
+    return _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
+
+
+@gluon.jit
 def moe_prefill_gemm(
     a_desc, off_ptr, order_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y,
     alpha, limit, up_offset,
@@ -228,7 +237,7 @@ def moe_prefill_gemm(
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
                 acc = _mma(a, acc, ring, bars, kb, STAGES)
                 acc = _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
-        else:
+        elif UNROLL == 2:
             # Two steps a round: both decoded into their own registers, both MMAs in flight, one
             # wait and one round of barriers for the two (the per-step overhead halves).
             for r in range(NK // 2):
@@ -243,9 +252,39 @@ def moe_prefill_gemm(
                 _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES)
                 _issue(a_desc, ring, bars, start, kb + 1 + STAGES, NK, STAGES)
             if NK % 2 == 1:
-                a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                acc = _mma(a, acc, ring, bars, NK - 1, STAGES)
-                acc = _retire(acc, a, a_desc, ring, bars, start, NK - 1, NK, STAGES)
+                acc = _one_step(acc, wa, sa, a_desc, ring, bars, start, NK - 1, NK, STAGES, BLOCK_M, WARPS, AL,
+                                TWO_STEP)  # fmt: skip
+        else:
+            # Four steps a round, as two (STAGES >= 4: the round's four activation tiles are in the
+            # ring together); the last NK % 4 steps one at a time.
+            wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, 2, 2 < NK, K, SROW, LW)
+            wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, 3, 3 < NK, K, SROW, LW)
+            for r in range(NK // 4):
+                kb = 4 * r
+                a0 = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a1 = _decode_a(wb, sb, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a2 = _decode_a(wc, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a3 = _decode_a(wd, sd, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 4, kb + 4 < NK, K, SROW, LW)
+                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 5, kb + 5 < NK, K, SROW, LW)
+                wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, kb + 6, kb + 6 < NK, K, SROW, LW)
+                wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, kb + 7, kb + 7 < NK, K, SROW, LW)
+                acc = _mma(a0, acc, ring, bars, kb, STAGES)
+                acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
+                acc = _mma(a2, acc, ring, bars, kb + 2, STAGES)
+                acc = _mma(a3, acc, ring, bars, kb + 3, STAGES)
+                acc, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1, a2, a3))
+                for j in gl.static_range(4):
+                    _issue(a_desc, ring, bars, start, kb + j + STAGES, NK, STAGES)
+            T0: gl.constexpr = NK - NK % 4
+            if NK % 4 >= 1:
+                acc = _one_step(acc, wa, sa, a_desc, ring, bars, start, T0, NK, STAGES, BLOCK_M, WARPS, AL, TWO_STEP)
+            if NK % 4 >= 2:
+                acc = _one_step(acc, wb, sb, a_desc, ring, bars, start, T0 + 1, NK, STAGES, BLOCK_M, WARPS, AL,
+                                TWO_STEP)  # fmt: skip
+            if NK % 4 >= 3:
+                acc = _one_step(acc, wc, sc, a_desc, ring, bars, start, T0 + 2, NK, STAGES, BLOCK_M, WARPS, AL,
+                                TWO_STEP)  # fmt: skip
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -283,7 +322,7 @@ def moe_prefill_gemm(
 class PrefillTile(tuple):
     """``(block_m, block_t, warps, stages, unroll)``: weight rows per program (16 a warp: the wgmma's M
     side), sorted pairs per program (its N side), warps, activation tiles in flight (the TMA ring),
-    and K steps a round (1, or 2: two steps decoded, in flight and retired together)."""
+    and K steps a round (1, 2 or 4: the round's steps decoded, in flight and retired together)."""
 
     __slots__ = ()
 
@@ -296,8 +335,12 @@ class PrefillTile(tuple):
             raise ValueError(f"block_t: expected 16, 32, 64, 128 or 256 (wgmma N), got {block_t}")
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
-        if unroll not in (1, 2):
-            raise ValueError(f"unroll: expected 1 or 2, got {unroll}")
+        if unroll not in (1, 2, 4):
+            raise ValueError(f"unroll: expected 1, 2 or 4, got {unroll}")
+        if stages < unroll:
+            raise ValueError(
+                f"stages: expected at least unroll = {unroll} (a round's tiles share the ring), got {stages}"
+            )
         return super().__new__(cls, (block_m, block_t, warps, stages, unroll))
 
 
