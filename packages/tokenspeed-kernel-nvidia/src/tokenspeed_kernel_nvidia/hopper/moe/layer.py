@@ -80,20 +80,22 @@ TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 PREFILL_MIN_TOKENS = 5
 
 #: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
-#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4, the
+#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4 and 7, the
 #: ``moe_apply`` alone, us; the raw sweeps are there):
 #:
-#: - 16 pairs, 4 warps, two K steps a round, at 8-256 tokens (call 3): 199.8 (8), 334.4 (16),
-#:   441.6 (32), 676.9 (64), 731.1 (128), 749.3 (256); within 3 % of the fastest tile measured at
-#:   each of these sizes, one step a round 8-13 % slower;
-#: - 32 pairs, 4 warps, two steps, at 512 tokens: 769 (8 warps: 797-833; one step: 884-913);
-#: - 64 pairs, 4 warps, two steps, at 1024 and 2048: 996 and 1548 (8 warps: 1070-1129, 1600-1625);
+#: - 16 pairs, 4 warps, 4 stages, four K steps a round, at 8 / 64 / 256 tokens (call 7): 197.5 /
+#:   614.0 / 701.0, against 217.1 / 629.8 / 730.6 with two steps and 2 stages (call 3, 8-256
+#:   tokens: two steps within 3 % of the fastest tile measured at each size, one step 8-13 % slower);
+#: - 32 pairs, 4 warps, two steps, at 512 tokens: 769 (8 warps: 797-833; one step: 884-913; four
+#:   steps: 852 against 807 in call 7);
+#: - 64 pairs, 4 warps, two steps, at 1024 and 2048: 996 and 1548 (8 warps: 1070-1129, 1600-1625;
+#:   four steps: 1174 and 1695 against 1003 and 1492 in call 7);
 #: - 128 pairs, 8 warps, 2 stages, one step at 4096 and 16384: 2286-2539, 6761-7332 (two steps with
 #:   4 stages: 2355, 6963; 4 warps: 2559, 7423; 256 pairs: 2996, 7543).
 #:
 #: The bounds lie between measured sizes (256 / 512, 512 / 1024, 2048 / 4096).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
-    (383, (PrefillTile(64, 16, 4, 2, 2), PrefillTile(64, 16, 4, 2, 2))),
+    (383, (PrefillTile(64, 16, 4, 4, 4), PrefillTile(64, 16, 4, 4, 4))),
     (767, (PrefillTile(64, 32, 4, 2, 2), PrefillTile(64, 32, 4, 2, 2))),
     (3071, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
     (None, (PrefillTile(128, 128, 8, 2), PrefillTile(128, 128, 8, 2))),

@@ -35,7 +35,8 @@ register-only weight decode (:mod:`.decode`) and feed it to the warpgroup MMA:
   ahead as soon as its MMA retired. With two steps a round (``UNROLL = 2``), both steps are
   decoded into their own registers before either MMA starts, and both retire at one wait: the
   waits, CTA barriers and refills are paid once per two steps (session 4: 4-14 % faster where the
-  kernel is bound by instruction issue, 8-2048 tokens).
+  kernel is bound by instruction issue, 8-2048 tokens). ``UNROLL = 4`` does the same for four
+  steps (faster with 16-pair tiles, slower with 32 and 64: more registers, fewer programs an SM).
 - Epilogues: gate/up adds the bias and applies the SwiGLU (gate and up rows of a feature sit in
   one thread, as in the decode kernels) and stores ``inter`` in sorted order; down adds the bias,
   multiplies by the pair's routing weight and stores fp32 ``y [pairs, H]`` at the pair's original
