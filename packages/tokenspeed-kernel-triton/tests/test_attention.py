@@ -463,18 +463,24 @@ def test_gpu_decode_gptoss(page: int, window_left: int) -> None:
         torch.testing.assert_close(lse, exp_lse, atol=1e-3, rtol=1e-3)
 
 
+def _gpu_decode_inputs(seed: int, capacity: int):
+    """Four sequences of 100-4000 tokens in paged caches of ``capacity`` tokens each, on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [100, 2000, 513, 4000]
+    k_cache, v_cache, page_table = _paged_cache([capacity] * 4, 16, _HKV, _D, torch.bfloat16, "cuda", gen)
+    q = torch.randn(len(lens), _HQ, _D, generator=gen).cuda().bfloat16()
+    sinks = torch.randn(_HQ, generator=gen).cuda()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kw = {"window_left": -1, "sinks": sinks, "softmax_scale": _D**-0.5, "logit_cap": 0.0, "return_lse": False}
+    return lens, k_cache, v_cache, page_table, q, seqlens, kw
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_decode_cuda_graph_replay() -> None:
     """Captured once, replayed with longer sequences: no host sync, shapes-only split count."""
-    gen = torch.Generator().manual_seed(10)
-    lens = [100, 2000, 513, 4000]
-    k_cache, v_cache, page_table = _paged_cache([4096] * 4, 16, _HKV, _D, torch.bfloat16, "cuda", gen)
-    q = torch.randn(len(lens), _HQ, _D, generator=gen).cuda().bfloat16()
-    sinks = torch.randn(_HQ, generator=gen).cuda()
-    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    _lens, k_cache, v_cache, page_table, q, seqlens, kw = _gpu_decode_inputs(10, 4096)
     out = torch.empty_like(q)
-    kw = {"window_left": -1, "sinks": sinks, "softmax_scale": _D**-0.5, "logit_cap": 0.0, "return_lse": False}
     decode.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, out=out, **kw)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -491,14 +497,8 @@ def test_gpu_decode_cuda_graph_replay() -> None:
 def test_gpu_decode_plan_cuda_graph_replay() -> None:
     """With a plan: captured and replayed like the call without one (the partials kept with the
     plan are the graph's), equal to the eager call's bits, and no allocation in the eager call."""
-    gen = torch.Generator().manual_seed(12)
-    lens = [100, 2000, 513, 4000]
-    k_cache, v_cache, page_table = _paged_cache([65536] * 4, 16, _HKV, _D, torch.bfloat16, "cuda", gen)
-    q = torch.randn(len(lens), _HQ, _D, generator=gen).cuda().bfloat16()
-    sinks = torch.randn(_HQ, generator=gen).cuda()
-    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    lens, k_cache, v_cache, page_table, q, seqlens, kw = _gpu_decode_inputs(12, 65536)
     plan = tokenspeed_kernel.mha_plan(cache_seqlens=lens)
-    kw = {"window_left": -1, "sinks": sinks, "softmax_scale": _D**-0.5, "logit_cap": 0.0, "return_lse": False}
     out = torch.empty_like(q)
     eager = decode.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, plan=plan, **kw).clone()
     torch.cuda.synchronize()

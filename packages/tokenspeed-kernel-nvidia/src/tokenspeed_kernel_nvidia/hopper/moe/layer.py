@@ -61,7 +61,9 @@ class DecodeTile(tuple):
 #: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe, call 5 sweep, GPT-OSS-120B
 #: layer): at 1 and 4 tokens one-warp programs with 4 K splits were fastest for both GEMMs
 #: (54.2 / 136.3 us layer vs 61.1 / 142.5 us for the default tile); above, the sweeps of calls
-#: 2-4 found no tile more than ~3 % faster than (64, 8, 4 warps, 6 stages, no split).
+#: 2-4 found no tile more than ~3 % faster than (64, 8, 4 warps, 6 stages, no split). Since calls of
+#: ``PREFILL_MIN_TOKENS`` tokens or more take the prefill path, that last entry serves only decode
+#: tiles forced with ``tiles=`` (and ``layer._tiles`` in tests and the harness).
 DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
     (4, (DecodeTile(32, 8, 1, 4, 4), DecodeTile(32, 8, 1, 4, 4))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),

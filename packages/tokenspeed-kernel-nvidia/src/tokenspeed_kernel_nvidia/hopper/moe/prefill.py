@@ -43,7 +43,8 @@ register-only weight decode (:mod:`.decode`) and feed it to the warpgroup MMA:
   index, and :func:`.decode.combine_slots` sums the k slots in order (deterministic: no atomics).
   The down epilogue first moves the accumulator through shared memory into a layout where a lane
   stores 16 contiguous bytes: in the MMA layout the 64-bit pointers of every value took the kernel
-  to 178 registers at 128 pairs (one program an SM); now 125 (two; 4096 tokens: 2.70 -> 2.29 ms).
+  to 178 registers at 128 pairs (one program an SM); now 125 (two). The selection bench, same
+  tile at both: 4096 tokens 2.70 -> 2.57 ms, 16384 tokens 7.97 -> 7.28 ms (sessions 3 and 4).
 """
 
 from __future__ import annotations
