@@ -391,3 +391,53 @@ def test_moe_kernels_with_their_own_layout_get_converted_weights(temp_kernels):
     report = verify(name, cases=[case], device="cpu", stream=None)
     [r] = report.results
     assert r.status == "PASS", (r.reason, [c.summary() for c in r.checks])
+
+
+def _moe_w4a8(x, topk_weights, topk_ids, weights, activation, *, out=None):
+    from tokenspeed_kernel.reference.moe import moe_apply_w4a8
+
+    return moe_apply_w4a8(x, topk_weights, topk_ids, weights, activation).to(x.dtype)
+
+
+def _moe_w4a8_without_x_rounding(x, topk_weights, topk_ids, weights, activation, *, out=None):
+    """A wrong W4A8 kernel: it forgets to round the activations (its intermediate is rounded)."""
+    from tokenspeed_kernel.reference import moe as ref
+
+    real = ref.quantize_rows_e4m3
+    try:
+        ref.quantize_rows_e4m3 = lambda rows: rows.to(torch.float32)
+        return ref.moe_apply_w4a8(x, topk_weights, topk_ids, weights, activation).to(x.dtype)
+    finally:
+        ref.quantize_rows_e4m3 = real
+
+
+def test_fp8_matmul_allows_a_few_one_step_outliers_only():
+    tol = tolerance("fp8_matmul", "bf16")
+    want = torch.linspace(-1, 1, 10000)
+    flips = want.clone()
+    flips[:5] += 5 * tol.atol(float(want.square().mean().sqrt()))  # 5 outliers within 16 x
+    assert check_close("out", flips, want, tol).passed
+    many = want.clone()
+    many[:50] += 5 * tol.atol(float(want.square().mean().sqrt()))  # 0.5 % of the elements
+    assert not check_close("out", many, want, tol).passed
+    far = want.clone()
+    far[5000] += 20 * tol.atol(float(want.square().mean().sqrt()))  # one element (want ~0) beyond 16 x
+    assert not check_close("out", far, want, tol).passed
+
+
+def test_w4a8_kernels_are_verified_against_the_w4a8_reference(temp_kernels):
+    """A kernel declaring fp8 activations (only) is compared with the W4A8 reference, on cases that
+    allow them; one that skips a rounding fails there, and neither runs on cases that do not."""
+    traits = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY, "fp8_activations": (True,)}
+    good = temp_kernels("moe_apply", "test.moe_w4a8", _moe_w4a8, formats=[{"x": FLOATS, "w": FLOATS}], traits=traits)
+    bad = temp_kernels("moe_apply", "test.moe_w4a8_bad", _moe_w4a8_without_x_rounding,
+                       formats=[{"x": FLOATS, "w": FLOATS}], traits=traits)  # fmt: skip
+    case = custom_case("moe_apply", {"fp8_activations": True, "tokens": 16, "hidden": 128, "inter": 64},
+                       dtypes=["bf16"])[0]  # fmt: skip
+    results = {r.kernel: r for r in verify("moe_apply", cases=[case], device="cpu", stream=None).results}
+    assert results[good].status == "PASS", [c.summary() for c in results[good].checks]
+    assert results[bad].status == "FAIL"
+    assert results["reference.moe_apply"].status == "PASS"  # the exact kernels: against the exact reference
+    plain = standard_cases("moe_apply", "cpu", dtypes=["bf16"])[0]
+    [r] = [r for r in verify(good, cases=[plain], device="cpu", stream=None).results]
+    assert r.status == "SKIP" and "fp8_activations" in r.reason

@@ -85,7 +85,7 @@ def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
             PrefillTile(*args)
 
 
-def _prefill_launches(monkeypatch, tokens, tiles=None, e=128, h=2880, i=2880, **wkw):
+def _prefill_launches(monkeypatch, tokens, tiles=None, e=128, h=2880, i=2880, fp8=False, **wkw):
     from tokenspeed_kernel_nvidia.hopper.moe import layer, prefill
 
     calls = []
@@ -95,7 +95,7 @@ def _prefill_launches(monkeypatch, tokens, tiles=None, e=128, h=2880, i=2880, **
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
     tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), 4, solution="reference")
-    layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, graphs=False)
+    layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, graphs=False, fp8=fp8)
     return calls, ids
 
 
@@ -197,21 +197,36 @@ CROSS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("label,tokens,tile,wkw", CROSS, ids=[c[0] for c in CROSS])
-def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypatch, label, tokens, tile, wkw):
+def compiled_gemms(monkeypatch, tokens, tiles, **kw):
+    """The two prefill GEMMs of a ``tokens`` call, cross-compiled for sm_90 as the host launches them:
+    ``(launch kwargs, compiled kernel, ptx, sass)`` each."""
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
     from tokenspeed_kernel_nvidia.hopper.moe import prefill
 
-    tiles = None if tile is None else (prefill.PrefillTile(*tile), prefill.PrefillTile(*tile))
-    calls, _ = _prefill_launches(monkeypatch, tokens, tiles=tiles, **wkw)
+    calls, _ = _prefill_launches(monkeypatch, tokens, tiles=tiles, **kw)
     gemms = [c for c in calls if c[0] is prefill.moe_prefill_gemm]
     assert len(gemms) == 2
+    out = []
     for fn, _grid, args, kwargs in gemms:
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
-        ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
+        out.append((kwargs, ck, ck.asm["ptx"], get_sass(ck.asm["cubin"])))
+    return out
+
+
+def assert_no_spills_or_hazards(sass: str) -> None:
+    assert not re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass), "register spills"
+    assert wgmma_register_hazards(sass) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,tokens,tile,wkw", CROSS, ids=[c[0] for c in CROSS])
+def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypatch, label, tokens, tile, wkw):
+    from tokenspeed_kernel_nvidia.hopper.moe import prefill
+
+    tiles = None if tile is None else (prefill.PrefillTile(*tile), prefill.PrefillTile(*tile))
+    for kwargs, ck, ptx, sass in compiled_gemms(monkeypatch, tokens, tiles, **wkw):
         bt, stages = kwargs["BLOCK_T"], kwargs["STAGES"]
         ring = stages * bt * 64 * 2
         # The down epilogue converts the fp32 accumulator's layout through shared memory.
@@ -221,8 +236,7 @@ def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypa
         assert "cp.async.bulk.tensor.2d" in ptx  # the activations by TMA
         assert "mul.rn.bf16x2" in ptx  # the E8M0 scale on decoded pairs
         assert "HGMMA.64x" in sass
-        assert not re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass), "register spills"
-        assert wgmma_register_hazards(sass) == []
+        assert_no_spills_or_hazards(sass)
 
 
 # -- on the H200 ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ GPT_OSS = {"head_dim": 64, "gqa_group": 8, "sinks": True}
 SIG = ("bf16", "bf16")
 _KERNELS = ("triton.mha_decode_with_kvcache", "fa3.mha_decode_with_kvcache", "triton.mha_prefill", "fa3.mha_prefill")
 _MM = ("cublas.mm_bf16", "triton.mm")
-_MOE = ("hopper.moe_apply", "triton.moe_apply", "triton_kernels.moe_apply")
+_MOE = ("hopper.moe_apply", "hopper.moe_apply_w4a8", "triton.moe_apply", "triton_kernels.moe_apply")
 _GDN = ("triton.gdn_chunk_prefill", "fla.gdn_chunk_prefill")
 
 
@@ -97,17 +97,23 @@ def test_it_ranks_triton_for_decode_and_windowed_prefill_and_fa3_for_full_causal
 
 
 def test_moe_plan_by_token_count_and_mm_follow_the_table(env, measured_kernels):
-    """Measured 2026-12-01 (docs/benchmarks/h200-2026-12-01/hopper-moe/session4/sel): the Hopper MoE wins
-    at every measured token count; behind it the portable kernel at 1-7 tokens, triton_kernels from 8
-    on. cuBLAS wins mm."""
+    """Measured 2026-12-01 (docs/benchmarks/h200-2026-12-01/hopper-moe/session5/sel): the Hopper MoE wins
+    at every measured token count; behind it the portable kernel at 1-3 tokens, triton_kernels from 4
+    on. Where the caller allows fp8 activations, the W4A8 kernel wins from 1024 tokens (where it is
+    offered), ahead of the bf16 one. cuBLAS wins mm."""
     h200 = tk.make_platform("sm90", device_name="NVIDIA H200")
     moe = {"activation": "swiglu", "clamp": True, "bias": True, "gate_up_interleaved": True, "layout": tk.ANY}
-    ranked = {}
-    for tokens in (1, 4, 8, 64, 256, 512, 2048, 4096, 16384):
-        cands = tk.explain_selection("moe_apply", ("bf16", "mxfp4"), moe, sizes={"tokens": tokens}, platform=h200)
-        ranked[tokens] = [c.name for c in cands if c.eligible][:2]
-    hopper, peer, portable = "hopper.moe_apply", "triton_kernels.moe_apply", "triton.moe_apply"
-    assert ranked == {t: [hopper, portable if t < 8 else peer] for t in ranked}, ranked
+    hopper, w4a8, peer, portable = ("hopper.moe_apply", "hopper.moe_apply_w4a8", "triton_kernels.moe_apply",
+                                    "triton.moe_apply")  # fmt: skip
+    for fp8 in (False, True):
+        traits = {**moe, "fp8_activations": tk.ANY} if fp8 else moe
+        ranked = {}
+        for tokens in (1, 2, 4, 8, 64, 256, 512, 1024, 2048, 4096, 16384):
+            cands = tk.explain_selection("moe_apply", ("bf16", "mxfp4"), traits, sizes={"tokens": tokens},
+                                         platform=h200)  # fmt: skip
+            ranked[tokens] = [c.name for c in cands if c.eligible][:2]
+        want = {t: [w4a8, hopper] if fp8 and t >= 1024 else [hopper, portable if t < 4 else peer] for t in ranked}
+        assert ranked == want, (fp8, ranked)
     for m in (1, 64, 4096):
         assert _ranked("mm", {"bias": True}, h200, m=m)[0] == "cublas.mm_bf16"
 

@@ -165,6 +165,34 @@ def register_hopper() -> None:
         doc="Hopper MXFP4 MoE (Gluon): weights decoded in registers into mma.sync (decode) or wgmma (prefill), "
         "canonical layout",
     )
+    register_kernel(
+        "moe_apply",
+        name="hopper.moe_apply_w4a8",
+        solution="hopper",
+        formats=[{"x": "bf16", "w": "mxfp4"}],
+        traits={
+            "activation": ("swiglu",),
+            # The clamp bounds the SwiGLU output, which sets the intermediate's fp8 scale.
+            "clamp": (True,),
+            "bias": (False, True),
+            "gate_up_interleaved": (False, True),
+            "up_offset": ANY,
+            # Only where the caller allows fp8 activations (moe_apply(fp8_activations=True)).
+            "fp8_activations": (True,),
+        },
+        # The token counts where it runs fp8 MMAs (layer.FP8_MIN_TOKENS = 1024 and up): below, the
+        # same layer keeps bf16 activations, which is hopper.moe_apply itself.
+        sizes={"tokens": Range(1024, 2**31 - 1)},
+        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
+        priority=Priority.PERFORMANT,
+        tags=("cuda_graph_safe", "deterministic"),
+        impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply_w4a8",
+        # GPU tests, numerics against the W4A8 reference and bench on an H200:
+        # docs/benchmarks/h200-2026-12-01/hopper-moe (session 5).
+        hardware_validated=True,
+        doc="Hopper MXFP4 MoE, W4A8 (Gluon): e4m3 activations (a scale a token; the clamped SwiGLU's bound for "
+        "the intermediate), weights decoded to e4m3 by a per-block byte table, fp8 wgmma",
+    )
 
 
 def register_measurements() -> None:

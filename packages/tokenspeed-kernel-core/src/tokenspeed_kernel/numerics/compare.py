@@ -125,7 +125,10 @@ def check_close(name: str, got: object, want: torch.Tensor, tol: Tolerance) -> C
         top = ratio_t.flatten().topk(k).indices.tolist()
         gf, wf = g.flatten(), w.flatten()
         worst = [(_unravel(i, g.shape), float(gf[i]), float(wf[i])) for i in top]
-    return Check(name, mismatches == 0, tol.describe(), max_abs, max_rel, ratio, mismatches, g.numel(), worst)
+    passed = mismatches == 0
+    if tol.outlier_scale:
+        passed = mismatches <= math.floor(tol.mismatch_fraction * g.numel()) and ratio <= tol.outlier_scale
+    return Check(name, passed, tol.describe(), max_abs, max_rel, ratio, mismatches, g.numel(), worst)
 
 
 def check_exact(name: str, got: object, want: torch.Tensor) -> Check:

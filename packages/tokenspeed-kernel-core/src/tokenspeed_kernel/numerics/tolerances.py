@@ -40,6 +40,13 @@ kind                    rtol / atol_rms           why
                                                   decayed keys to the operand dtype before the state and output
                                                   dots (tensor cores), which then propagate through the state
                                                   from chunk to chunk (damped by the decay): twice matmul's.
+``fp8_matmul``          ``matmul``, and up to     W4A8 (a kernel rounding activations to E4M3) against the
+                        0.1 % of the elements     float32 W4A8 reference, which rounds the same values: the
+                        within 16 x it            two compute the values before each rounding in different
+                                                  orders, so a value on a code boundary can round to the
+                                                  neighbouring code (one E4M3 step, 16 x bf16's), which moves
+                                                  the outputs of its token. A broken kernel misses on most
+                                                  elements, or by more than a step.
 ``exact``               0 / 0                     integers, copies, permutations, and dequantisation (every
                                                   E2M1 x E8M0 value is exact in bf16/fp16/fp32 in range).
 ``quantized``           one code step, 0.1 %      FP8/E2M1 codes: ``x / scale`` and ``x * (1 / scale)``
@@ -85,8 +92,10 @@ class Tolerance:
     rtol: float
     atol_rms: float
     atol_floor: float = 0.0
-    #: Fraction of elements (codes, rows) allowed to differ at all (``quantized`` / ``tokens``).
+    #: Fraction of elements (codes, rows) allowed to differ at all (``quantized`` / ``tokens``), or
+    #: to exceed the tolerance by up to ``outlier_scale`` times (``fp8_matmul``).
     mismatch_fraction: float = 0.0
+    outlier_scale: float = 0.0
 
     def atol(self, rms: float) -> float:
         return self.atol_rms * rms + self.atol_floor
@@ -99,7 +108,10 @@ class Tolerance:
         if self.kind == "quantized":
             return f"codes: <= {self.mismatch_fraction:.1%} differ by one step"
         floor = f" + {self.atol_floor:.2g}" if self.atol_floor else ""
-        return f"rtol {self.rtol:.2g}, atol {self.atol_rms:.2g} x rms{floor}"
+        text = f"rtol {self.rtol:.2g}, atol {self.atol_rms:.2g} x rms{floor}"
+        if self.outlier_scale:
+            text += f"; <= {self.mismatch_fraction:.1%} within {self.outlier_scale:g} x"
+        return text
 
 
 def dtype_eps(dtype: str | torch.dtype) -> float:
@@ -118,7 +130,7 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
     """The tolerance of ``kind`` (see the module table) for outputs of ``dtype``.
 
     Args:
-        kind: ``elementwise``, ``matmul``, ``recurrence``, ``lse``, ``softmax``,
+        kind: ``elementwise``, ``matmul``, ``fp8_matmul``, ``recurrence``, ``lse``, ``softmax``,
             ``exact``, ``quantized`` or ``tokens``.
         dtype: the dtype the kernel computes in (its activation dtype; for
             ``lse`` the dtype of ``q``), a ``torch.dtype`` or a short name.
@@ -136,6 +148,9 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
         return Tolerance(kind, rtol=2 * out_eps, atol_rms=8 * eps32)
     if kind == "matmul":
         return Tolerance(kind, rtol=2 * out_eps, atol_rms=4 * op_eps)
+    if kind == "fp8_matmul":
+        return Tolerance(kind, rtol=2 * out_eps, atol_rms=4 * op_eps, mismatch_fraction=CODE_MISMATCH_FRACTION,
+                         outlier_scale=EPS["fp8_e4m3"] / EPS["bf16"])  # fmt: skip
     if kind == "lse":
         lse_eps = EPS["tf32"] if name == "fp32" else eps32
         return Tolerance(kind, rtol=16 * eps32, atol_rms=8 * lse_eps, atol_floor=1e-4)
@@ -150,6 +165,6 @@ def tolerance(kind: str, dtype: str | torch.dtype = "fp32") -> Tolerance:
     if kind == "tokens":
         return Tolerance(kind, rtol=0.0, atol_rms=0.0, mismatch_fraction=TOKEN_MISMATCH_FRACTION)
     raise ValueError(
-        f"kind: unknown tolerance kind {kind!r}; expected elementwise, matmul, recurrence, lse, softmax, exact, "
+        f"kind: unknown tolerance kind {kind!r}; expected elementwise, matmul, fp8_matmul, recurrence, lse, softmax, exact, "
         "quantized or tokens"
     )

@@ -28,6 +28,7 @@ Expert math for one token and expert ``e`` (GPT-OSS, ``kind="swiglu"``)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -87,6 +88,19 @@ class MoEActivation:
     @classmethod
     def silu(cls) -> MoEActivation:
         return cls(kind="silu", alpha=1.0, limit=None, up_offset=0.0)
+
+
+def w4a8_inter_scale(activation: MoEActivation) -> float:
+    """W4A8 (fp8 activations): the power of two the SwiGLU output is multiplied by before its E4M3
+    rounding. The clamped SwiGLU bounds that output: ``|gate * sigmoid(alpha * gate)| <=
+    max(limit, 0.279 / alpha)`` for ``gate <= limit`` (its minimum is about ``-0.2785 / alpha``) and
+    ``|up + up_offset| <= limit + |up_offset|``; the scale is the largest power of two keeping the
+    bound within E4M3's 448 (GPT-OSS: ``7 * 8 = 56`` -> 8), so no value saturates and no per-token
+    reduction is needed. Needs ``activation.limit``."""
+    if activation.limit is None:
+        raise ValueError("activation: W4A8 needs a clamped SwiGLU (limit): it bounds the intermediate's fp8 range")
+    bound = max(activation.limit, 0.279 / activation.alpha) * (activation.limit + abs(activation.up_offset))
+    return 2.0 ** math.floor(math.log2(448.0 / bound))
 
 
 def interleave_gate_up(rows: torch.Tensor, inter: int) -> torch.Tensor:
@@ -257,6 +271,12 @@ _MOE_TRAITS = {
     # (set by the registry for such kernels). It belongs to the kernel, not to the call,
     # so measured tables compare kernels of every layout with each other.
     "layout": TraitSpec(str, default="canonical", doc="weight layout (moe_process_weights)", measured=False),
+    # The caller's permission, not a property of the data: moe_apply(fp8_activations=True) binds ANY,
+    # so every kernel competes, W4A8 ones (declaring True) included; the default admits only kernels
+    # that keep the activations in x's dtype. Kernels of both kinds are compared in one measured table.
+    "fp8_activations": TraitSpec(
+        bool, default=False, doc="the caller allows activations rounded to fp8 e4m3 (W4A8)", measured=False
+    ),
 }
 _FLOAT = ("fp32", "bf16", "fp16")
 _REFERENCE = "tokenspeed_kernel.reference.moe"
@@ -506,6 +526,7 @@ def _bind_moe_apply(
     *,
     plan: MoEPlan | None = None,
     out: torch.Tensor | None = None,
+    fp8_activations: bool = False,
 ) -> KernelCall:
     """The fused MoE layer: ``sum_s w[t,s] * expert_{ids[t,s]}(x[t])``.
 
@@ -521,8 +542,14 @@ def _bind_moe_apply(
             the weights and the activation (each call selects among the kernels
             of the plan's layout, by token count).
         out: optional ``[T, H]`` of ``x``'s dtype.
+        fp8_activations: allow kernels that round the activations to fp8 e4m3 inside the layer
+            (W4A8: ``x`` per token and the SwiGLU output, see
+            :func:`tokenspeed_kernel.reference.moe.moe_apply_w4a8`); selection then ranks them with
+            the others by measurement. Off by default: every eligible kernel keeps ``x``'s dtype.
     """
     check_tensor("x", x, dtypes=_X_DTYPES, dim=2)
+    if not isinstance(fp8_activations, bool):
+        raise TypeError(f"fp8_activations: expected a bool, got {type(fp8_activations).__name__}")
     _check_weights(x, weights, activation)
     _check_topk(topk_ids, x.shape[0], weights.num_experts)
     check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), shape=tuple(topk_ids.shape))
@@ -540,13 +567,16 @@ def _bind_moe_apply(
                 "convert them with moe_process_weights(plan, weights)"
             )
     sig = (DTYPE_NAMES[x.dtype], weights.format)
+    traits = _weight_traits(weights, activation)
+    if fp8_activations:
+        traits["fp8_activations"] = ANY
     return kernel_call(
-        x.device, sig, _weight_traits(weights, activation), (x.shape[0],),
+        x.device, sig, traits, (x.shape[0],),
         x, topk_weights, topk_ids, weights, activation, out=out,
     )  # fmt: skip
 
 
-def _fake_moe_apply(x, topk_weights, topk_ids, weights, activation, *, plan=None, out=None):
+def _fake_moe_apply(x, topk_weights, topk_ids, weights, activation, *, plan=None, out=None, fp8_activations=False):
     return x.new_empty(x.shape)
 
 
@@ -576,6 +606,7 @@ def moe_plan(
     tokens: int | None = None,
     solution: Target | None = None,
     override: Target | None = None,
+    fp8_activations: bool = False,
 ) -> MoEPlan:
     """Pick this layer's weight layout once: the layout of the ``moe_apply`` kernel
     ranked first (host-side work only).
@@ -588,6 +619,8 @@ def moe_plan(
         device: where the layer runs (default: the weights' device).
         tokens: the typical tokens per call, if known (ranks kernels for that
             bucket); None ranks by the measurements of every token count.
+        fp8_activations: the calls will allow W4A8 kernels (``moe_apply(fp8_activations=True)``):
+            their layouts compete too.
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected MoEWeights, got {type(weights).__name__}")
@@ -598,6 +631,8 @@ def moe_plan(
     sig = (DTYPE_NAMES[dtype], weights.format)
     # layout=ANY: kernels of every layout compete; the winner's layout is the plan's.
     traits = {**_weight_traits(weights, activation), "layout": ANY}
+    if fp8_activations:
+        traits["fp8_activations"] = ANY
     sizes = None if tokens is None else {"tokens": tokens}
     sel = select_spec(
         "moe_apply", sig, traits, sizes=sizes, platform=platform_for_device(dev), solution=solution, override=override

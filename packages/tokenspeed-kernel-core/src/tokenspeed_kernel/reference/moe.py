@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.moe import MoEActivation, MoEDispatchResult, MoEWeights
+from ..ops.moe import MoEActivation, MoEDispatchResult, MoEWeights, w4a8_inter_scale
 from .quantization import fp8_to_float, mxfp4_to_float
 
 __all__ = [
@@ -95,9 +95,24 @@ def dequantize_expert_weights(weights: MoEWeights, expert: int) -> tuple[torch.T
     return weights.w13[expert].to(torch.float32), weights.w2[expert].to(torch.float32)
 
 
-def expert_mlp(rows: torch.Tensor, weights: MoEWeights, expert: int, activation: MoEActivation) -> torch.Tensor:
-    """One expert's MLP on ``rows [n, H]`` in float32 -> ``float32 [n, H]`` (no routing weight)."""
+def quantize_rows_e4m3(rows: torch.Tensor) -> torch.Tensor:
+    """W4A8's activations: each row rounded to E4M3 with the scale ``max |row| / 448``, back in float32."""
+    rows = rows.to(torch.float32)
+    amax = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    q = (rows * (448.0 / amax)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.to(torch.float32) * (amax / 448.0)
+
+
+def expert_mlp(
+    rows: torch.Tensor, weights: MoEWeights, expert: int, activation: MoEActivation, *, fp8: bool = False
+) -> torch.Tensor:
+    """One expert's MLP on ``rows [n, H]`` in float32 -> ``float32 [n, H]`` (no routing weight).
+
+    ``fp8``: W4A8 semantics (what a kernel allowed fp8 activations computes): ``rows`` rounded per row
+    to E4M3 (:func:`quantize_rows_e4m3`) and the SwiGLU output to E4M3 times
+    :func:`tokenspeed_kernel.ops.moe.w4a8_inter_scale`."""
     w13, w2 = dequantize_expert_weights(weights, expert)
+    rows = quantize_rows_e4m3(rows) if fp8 else rows
     h = rows.to(torch.float32) @ w13.T
     if weights.w13_bias is not None:
         h = h + weights.w13_bias[expert].to(torch.float32)
@@ -110,6 +125,9 @@ def expert_mlp(rows: torch.Tensor, weights: MoEWeights, expert: int, activation:
         up = up.clamp(-activation.limit, activation.limit)
     # kind="silu" is this formula with alpha 1, no limit, no offset (MoEActivation enforces those).
     y = (up + activation.up_offset) * gate * torch.sigmoid(activation.alpha * gate)
+    if fp8:
+        q = w4a8_inter_scale(activation)
+        y = (y * q).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32) / q
     out = y @ w2.T
     if weights.w2_bias is not None:
         out = out + weights.w2_bias[expert].to(torch.float32)
@@ -117,14 +135,15 @@ def expert_mlp(rows: torch.Tensor, weights: MoEWeights, expert: int, activation:
 
 
 def _experts_fp32(
-    hidden: torch.Tensor, expert_offsets: torch.Tensor, weights: MoEWeights, activation: MoEActivation
-) -> torch.Tensor:
+    hidden: torch.Tensor, expert_offsets: torch.Tensor, weights: MoEWeights, activation: MoEActivation,
+    fp8: bool = False,
+) -> torch.Tensor:  # fmt: skip
     result = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     bounds = expert_offsets.tolist()
     for e in range(weights.num_experts):
         lo, hi = bounds[e], bounds[e + 1]
         if hi > lo:
-            result[lo:hi] = expert_mlp(hidden[lo:hi], weights, e, activation)
+            result[lo:hi] = expert_mlp(hidden[lo:hi], weights, e, activation, fp8=fp8)
     return result
 
 
@@ -205,3 +224,17 @@ def moe_apply(
     d = moe_dispatch(x, topk_ids, weights.num_experts)
     expert_out = _experts_fp32(d.hidden, d.expert_offsets, weights, activation)
     return _finish(_combine_fp32(expert_out, d.permutation, topk_weights), x.dtype, out)
+
+
+def moe_apply_w4a8(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weights: MoEWeights,
+    activation: MoEActivation,
+) -> torch.Tensor:
+    """:func:`moe_apply` with W4A8 semantics (``expert_mlp(fp8=True)``), in float32: the reference
+    of kernels that quantize activations to E4M3 (``moe_apply(..., fp8_activations=True)``)."""
+    d = moe_dispatch(x, topk_ids, weights.num_experts)
+    expert_out = _experts_fp32(d.hidden, d.expert_offsets, weights, activation, fp8=True)
+    return _combine_fp32(expert_out, d.permutation, topk_weights)

@@ -273,6 +273,12 @@ class OpCases:
     always_show: tuple[str, ...] = ()
     #: adapt a call to a given kernel (e.g. convert MoE weights to its layout).
     for_kernel: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    #: for a kernel whose declared semantics differ from the op reference's: ``(case, call, spec) ->
+    #: (expected outputs, compare)``, or None for the op reference and ``compare`` (e.g. W4A8 MoE
+    #: kernels, against the float32 W4A8 reference within ``fp8_matmul``).
+    kernel_reference: Callable[[Case, dict[str, Any], Any], tuple[dict[str, torch.Tensor], Callable] | None] | None = (
+        None
+    )
     #: parameters holding tuples of ints (a bare int given for one becomes a 1-tuple).
     tuple_params: tuple[str, ...] = ()
     #: the FLOP/byte model of a call (see the module doc).

@@ -149,6 +149,8 @@ _MOE_DEFAULTS = {
     "interleaved": True,
     "activation": "swiglu",
     "limit": 7.0,
+    # moe_apply only: the call allows W4A8 kernels (moe_apply(fp8_activations=True)).
+    "fp8_activations": False,
 }
 _OSS20 = {"experts": 32, "top_k": 4, "hidden": 2880, "inter": 2880}
 _OSS120 = {"experts": 128, "top_k": 4, "hidden": 2880, "inter": 2880}
@@ -167,6 +169,8 @@ _MOE_GPU = [
     {"tokens": 64, "weight_format": "dense", **_OSS20},
     {"tokens": 64, "weight_format": "fp8_e4m3:per_channel", **_OSS20},
     {"tokens": 64, "weight_format": "mxfp4", **_OSS120},
+    # fp8 activations allowed: W4A8 kernels run (against the W4A8 reference), the others as usual.
+    {"tokens": 2048, "weight_format": "mxfp4", **_OSS120, "fp8_activations": True},
 ]
 
 
@@ -482,13 +486,30 @@ MOE_COMBINE = OpCases(
 
 def _make_apply(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
     t, k, e = case["tokens"], case["top_k"], case["experts"]
-    return {
+    call = {
         "x": randn((t, case["hidden"]), torch_dtype(case.dtype), gen),
         "topk_weights": random_topk_weights(t, k, gen),
         "topk_ids": random_topk_ids(t, e, k, gen),
         "weights": moe_weights(case, device, gen),
         "activation": _activation(case),
     }
+    if case["fp8_activations"]:
+        call["fp8_activations"] = True
+    return call
+
+
+def _w4a8_expected(case: Case, call: dict[str, Any], spec: Any):
+    """Kernels that always round activations to fp8 (``fp8_activations`` declared True only) are
+    compared with the float32 W4A8 reference within ``fp8_matmul``; every other kernel with the op
+    reference."""
+    m = spec.traits.get("fp8_activations")
+    if m is None or False in m:
+        return None
+    from ...reference.moe import moe_apply_w4a8
+
+    up = _upcast_moe("x")(case, call)
+    out = moe_apply_w4a8(up["x"], up["topk_weights"], up["topk_ids"], up["weights"], up["activation"])
+    return {"out": out}, compare_by({"out": close("fp8_matmul")})
 
 
 def _apply_from_capture(c: CapturedCall) -> Case | None:
@@ -523,5 +544,6 @@ MOE_APPLY = OpCases(
     shrink=_moe_shrink(),
     from_capture=_apply_from_capture,
     for_kernel=_for_kernel("x", "moe_apply"),
+    kernel_reference=_w4a8_expected,
     always_show=("tokens", "top_k", "experts", "hidden", "inter", "weight_format"),
 )

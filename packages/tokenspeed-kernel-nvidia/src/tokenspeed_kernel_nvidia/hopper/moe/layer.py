@@ -30,7 +30,17 @@ from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, swiglu_splits
 from .prefill import PrefillTile, run_prefill
 
-__all__ = ["moe_apply", "DecodeTile", "DECODE_TILES", "PrefillTile", "PREFILL_TILES", "check_shapes"]
+__all__ = [
+    "moe_apply",
+    "moe_apply_w4a8",
+    "FP8_MIN_TOKENS",
+    "FP8_TILES",
+    "DecodeTile",
+    "DECODE_TILES",
+    "PrefillTile",
+    "PREFILL_TILES",
+    "check_shapes",
+]
 
 #: E8M0 scale bytes up to this value have a bf16 ``2**(s - 1)``: one multiply decodes a block.
 ONE_STEP_MAX_SCALE = 128
@@ -102,6 +112,33 @@ PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = 
     (3071, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
     (None, (PrefillTile(128, 128, 8, 2), PrefillTile(128, 128, 8, 2))),
 )
+
+
+#: W4A8 (``fp8=True``): calls of at least this many tokens run fp8 MMAs; fewer keep the bf16 path
+#: (H200, docs/benchmarks/h200-2026-12-01/hopper-moe/session5, call 3: at 1024 tokens 978 us
+#: against 1054 for the bf16 path; call 2: 968 against 972).
+FP8_MIN_TOKENS = 1024
+
+#: The W4A8 prefill tiles by tokens per call (as :data:`PREFILL_TILES`). Measured on an H200
+#: (session5, calls 2 and 3, ``moe_apply`` alone, us): 64 pairs, 4 warps, two steps a round at 1024 /
+#: 2048 tokens: 978 / 1392 (128 pairs, 8 warps: 2038 / 2116); 128 pairs with 4 warps, one step at
+#: 4096 / 8192 / 16384: 2251 / 3501 / 6189 (64 pairs: 2244 / 3839 / 7282; 128 x 128 with 8 warps and
+#: two steps: 2272 / 3589 / 6295).
+FP8_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
+    (3071, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
+    (None, (PrefillTile(64, 128, 4, 2), PrefillTile(64, 128, 4, 2))),
+)
+
+
+def _fp8_tiles(tokens: int) -> tuple[PrefillTile, PrefillTile]:
+    return _pick(FP8_TILES, tokens)
+
+
+def _pick(table, tokens: int):
+    for bound, tiles in table:
+        if bound is None or tokens <= bound:
+            return tiles
+    return table[-1][1]
 
 
 def _prefill_tiles(tokens: int) -> tuple[PrefillTile, PrefillTile]:
@@ -183,6 +220,7 @@ def moe_apply(
     out: torch.Tensor | None = None,
     tiles: tuple[DecodeTile, DecodeTile] | tuple[PrefillTile, PrefillTile] | None = None,
     graphs: bool = True,
+    fp8: bool = False,
 ) -> torch.Tensor:
     """``out[t] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t])`` (bf16 x, MXFP4 weights).
 
@@ -192,9 +230,16 @@ def moe_apply(
     eager call of at most ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
     shape and weights, at the shape's second call (``tokenspeed_kernel.graphs``;
     ``graphs=False``: launch directly).
+
+    ``fp8`` (W4A8, :func:`moe_apply_w4a8`): from :data:`FP8_MIN_TOKENS` tokens on (or with prefill
+    ``tiles``), the prefill GEMMs quantize the activations to e4m3 and run fp8 MMAs
+    (:mod:`.prefill`); fewer tokens keep bf16 activations (their calls are bound by the weight bytes,
+    not by the MMAs). Needs a clamped SwiGLU (``activation.limit``), which bounds ``inter``.
     """
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: hopper.moe_apply takes bf16 activations (its MMAs are bf16), got {x.dtype}")
+    if fp8 and activation.limit is None:
+        raise ValueError("activation: the W4A8 path needs a clamped SwiGLU (limit): it bounds inter's fp8 range")
     if topk_ids.dtype != torch.int32:
         raise TypeError(f"topk_ids: expected int32, got {topk_ids.dtype}")
     t, h = x.shape
@@ -217,12 +262,14 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
             _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            weights.gate_up_interleaved, activation,
+            weights.gate_up_interleaved, activation, fp8,
             in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
                          weights.w2_bias),
         )  # fmt: skip
         return _GRAPHS.run(
-            key, (x, topk_weights, topk_ids), lambda a, w, i: moe_apply(a, w, i, weights, activation, graphs=False)
+            key,
+            (x, topk_weights, topk_ids),
+            lambda a, w, i: moe_apply(a, w, i, weights, activation, graphs=False, fp8=fp8),
         )
     result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
     if t == 0 or h == 0:
@@ -230,8 +277,10 @@ def moe_apply(
     prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
     if prefill:
         x = x if x.stride(-1) == 1 else x.contiguous()
-        run_prefill(x, topk_weights, topk_ids, weights, activation, result, tiles=tiles or _prefill_tiles(t),
-                    two_step=_two_step(weights))  # fmt: skip
+        w4a8 = fp8 and (tiles is not None or t >= FP8_MIN_TOKENS)
+        run_prefill(x, topk_weights, topk_ids, weights, activation, result,
+                    tiles=tiles or (_fp8_tiles(t) if w4a8 else _prefill_tiles(t)), two_step=_two_step(weights),
+                    fp8=w4a8)  # fmt: skip
         if out is not None and result is not out:
             out.copy_(result)
             return out
@@ -278,3 +327,17 @@ def moe_apply(
         out.copy_(result)
         return out
     return result
+
+
+def moe_apply_w4a8(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weights: MoEWeights,
+    activation: MoEActivation,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``hopper.moe_apply_w4a8``: :func:`moe_apply` with ``fp8=True`` (W4A8 from
+    :data:`FP8_MIN_TOKENS` tokens on; selection offers it there, to callers allowing fp8 activations)."""
+    return moe_apply(x, topk_weights, topk_ids, weights, activation, out=out, fp8=True)

@@ -60,10 +60,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.ops.moe import w4a8_inter_scale
 
 from .decode import _add, _decode_a, _weight_rows, combine_slots, gate_up_swiglu
 
-__all__ = ["moe_prefill_gemm", "gather_rows", "kperm", "kperm_inverse"]
+__all__ = ["moe_prefill_gemm", "gather_rows", "gather_rows_fp8", "kperm", "kperm_inverse", "kperm8"]
 
 #: Values a K step of the prefill kernels (one TMA box of activations, 8 code bytes a lane).
 BLOCK_K = 64
@@ -121,6 +122,42 @@ def gather_rows(x_ptr, stride_x, order_ptr, xs_ptr, K, TOP_K: tl.constexpr, BLOC
     tl.store(xs_ptr + i.to(tl.int64) * K + cols, v, mask=ok)
 
 
+@triton.jit
+def _kperm8(c):
+    """W4A8: canonical column ``c`` of a 64-value K step -> its fp8 MMA K position. Lane ``q`` holds
+    canonical ``16 q + 4 j + i`` in byte ``i`` of its register ``j`` (:func:`_decode_a_fp8`); the
+    wgmma's k32 fragment puts that register at K ``16 j + 4 q + i``: ``q`` and ``j`` swap, so the
+    permutation is its own inverse."""
+    base = c & ~63
+    b = c & 63
+    return base + ((b >> 2) & 3) * 16 + (b >> 4) * 4 + (b & 3)
+
+
+def kperm8(c: int) -> int:
+    """Host twin of :func:`_kperm8`."""
+    return _kperm8.fn(c)
+
+
+#: E4M3's largest finite value.
+FP8_MAX = 448.0
+
+
+@triton.jit
+def gather_rows_fp8(x_ptr, stride_x, order_ptr, xs_ptr, xscale_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """W4A8: ``xs[i, kperm8(c)] = e4m3(x[t, c] / xscale[i])`` with ``t = order[i] // TOP_K`` and
+    ``xscale[i] = max_c |x[t, c]| / 448`` (one scale a pair; ``BLOCK >= K``)."""
+    i = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < K
+    src = tl.load(order_ptr + i) // TOP_K
+    v = tl.load(x_ptr + src.to(tl.int64) * stride_x + _kperm8(cols), mask=ok, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-30)
+    scale = amax / 448.0
+    q = tl.minimum(tl.maximum(v * (448.0 / amax), -448.0), 448.0)
+    tl.store(xs_ptr + i.to(tl.int64) * K + cols, q.to(xs_ptr.dtype.element_ty), mask=ok)
+    tl.store(xscale_ptr + i, scale)
+
+
 @gluon.jit
 def _tile_of(off_ptr, pid_m, E: gl.constexpr, E_P2: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr):
     """M tile ``pid_m`` of the ragged grid -> (expert, first sorted row, end of the expert's rows);
@@ -155,6 +192,107 @@ def _load_codes(w_base, s_base, w_rows, w_ok, kb, live, K: gl.constexpr, SROW: g
     return words, sc
 
 
+#: The body of :func:`_e4m3_words` (PTX; ``$0``/``$1`` out, ``$2`` the codes, ``$3``/``$4`` the table).
+#: A module constant so that the CPU tests can run it through a PTX emulator.
+E4M3_WORDS_ASM: gl.constexpr = gl.constexpr("""{
+    .reg .b32 m, mh, w4, p, s;
+    and.b32 m, $2, 0x77777777;
+    shr.u32 mh, m, 16;
+    shl.b32 w4, $2, 4;
+    prmt.b32 p, $3, $4, m;
+    prmt.b32 s, w4, $2, 0xD9C8;
+    lop3.b32 $0, p, s, 0x80808080, 0xF8;
+    prmt.b32 p, $3, $4, mh;
+    prmt.b32 s, w4, $2, 0xFBEA;
+    lop3.b32 $1, p, s, 0x80808080, 0xF8;
+}""")
+#: :func:`_e4m3_table`: E4M3 bits of magnitudes 0, 0.5, 1, 1.5 (``l0``) and 2, 3, 4, 6 (``l1``), the
+#: per-unit-of-``d`` step of their exponent fields, and the smallest ``d`` keeping them all normal.
+E4M3_TABLE: gl.constexpr = gl.constexpr((0x3C383000, 0x4C484440))
+E4M3_STEP: gl.constexpr = gl.constexpr((0x08080800, 0x08080808))
+E4M3_MIN_D: gl.constexpr = gl.constexpr(-5)
+
+
+@gluon.jit
+def _e4m3_words(words, l0, l1):
+    """E2M1 codes -> E4M3 bytes through a per-block table: ``uint32`` words of 8 codes -> two words of
+    4 E4M3 bytes (codes 0-3, codes 4-7). ``l0``/``l1``: the table, byte ``c`` = E4M3 of magnitude ``c``;
+    ``prmt`` picks a byte per code by its 3 magnitude bits. The signs: a code's sign is bit 7 of its
+    byte (odd codes) or of its byte in ``words << 4`` (even codes), and a ``prmt`` in sign mode
+    replicates a picked byte's bit 7 over a whole byte, so one ``prmt`` of (``words << 4``,
+    ``words``) gathers 4 signs as ``0xFF`` / ``0x00`` bytes and one ``lop3`` ORs their bit 7 in. Nine
+    instructions for 8 values."""
+    return gl.inline_asm_elementwise(E4M3_WORDS_ASM, "=r,=r,r,r,r", [words, l0, l1], dtype=(gl.uint32, gl.uint32),
+                                     is_pure=True, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _e4m3_table(sc, rmax):
+    """The per-block E4M3 table of :func:`_e4m3_words` for E8M0 scale bytes ``sc`` in rows whose
+    largest scale byte is ``rmax``: magnitudes ``m * 2**d``, ``d = sc - rmax + 6 <= 6`` (so ``6 * 2**6
+    = 384 <= 448``); exact while ``d >= -5`` (every nonzero entry a normal E4M3: the exponent field
+    is ``d`` plus the entry's own). Blocks below that (scales under ``2**-11`` of the row's largest)
+    read as zero. Returns ``(l0, l1)``; :func:`_w4a8_row_factor` restores ``2**(rmax - 133)``."""
+    d = sc.to(gl.int32) - rmax + 6
+    keep = d >= E4M3_MIN_D
+    l0 = gl.where(keep, E4M3_TABLE[0] + d * E4M3_STEP[0], 0).to(gl.uint32, bitcast=True)
+    l1 = gl.where(keep, E4M3_TABLE[1] + d * E4M3_STEP[1], 0).to(gl.uint32, bitcast=True)
+    return l0, l1
+
+
+@gluon.jit
+def _w4a8_row_factor(rmax):
+    """fp32 ``2**(rmax - 133)``: the E8M0 bias (127) and the table's offset (6) of :func:`_e4m3_table`."""
+    return gl.exp2((rmax - 133).to(gl.float32))
+
+
+@gluon.jit
+def _row_scale_max(s_base, rows, ok, K: gl.constexpr, SROW: gl.constexpr, WARPS: gl.constexpr, OUT: gl.constexpr):
+    """The largest E8M0 scale byte of each weight row ``rows`` (0 for masked rows), in ``OUT``."""
+    G: gl.constexpr = K // 32
+    GP2: gl.constexpr = triton.next_power_of_2(G)
+    RL: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [WARPS, 1], [1, 0])
+    r = gl.convert_layout(rows, gl.SliceLayout(1, RL))
+    r_ok = gl.convert_layout(ok, gl.SliceLayout(1, RL))
+    g = gl.arange(0, GP2, layout=gl.SliceLayout(0, RL))
+    sc = gl.load(s_base + r[:, None] * SROW + g[None, :], mask=r_ok[:, None] & (g < G)[None, :], other=0)
+    return gl.convert_layout(gl.max(sc.to(gl.int32), axis=1), OUT)
+
+
+@gluon.jit
+def _decode_a_fp8(words, sc, rmax, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr):
+    """W4A8: code words ``uint32 [BLOCK_M, 4, 2]`` (as :func:`_load_codes`), scale bytes ``[BLOCK_M, 4]``
+    and the rows' largest scale bytes ``[BLOCK_M, 1]`` -> the fp8 MMA's A operand ``e4m3 [BLOCK_M, 64]``
+    in ``AL``: canonical ``16 q + 4 j + i`` (lane q, register j = 2 w + h, byte i) at MMA K
+    ``16 j + 4 q + i`` (:func:`_kperm8`); the values are ``E2M1 * 2**(s - rmax + 6)``."""
+    l0, l1 = _e4m3_table(sc, rmax)
+    l0 = gl.broadcast(l0[:, :, None], words)[0]
+    l1 = gl.broadcast(l1[:, :, None], words)[0]
+    lo, hi = _e4m3_words(words, l0, l1)
+    r = gl.join(lo, hi)  # [M, q, w, h]
+    b0 = r.to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    b1 = (r >> 8).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    b2 = (r >> 16).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    b3 = (r >> 24).to(gl.uint8).to(gl.float8e4nv, bitcast=True)
+    # join stacks on a new last axis: [.., i1, i0] holds byte 2 i1 + i0 (the register's own order).
+    v = gl.reshape(gl.join(gl.join(b0, b2), gl.join(b1, b3)), [BLOCK_M, 4, 2, 2, 4])  # [M, q, w, h, i]
+    v = gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BLOCK_M, 64])
+    # Rows from the load order to the MMA's (as :func:`.decode._decode_a`).
+    v = gl.reshape(v, [BLOCK_M // (16 * WARPS), 2, WARPS, 8, 64])
+    v = gl.reshape(gl.permute(v, [0, 2, 1, 3, 4]), [BLOCK_M, 64])
+    return gl.convert_layout(v, AL)
+
+
+@gluon.jit
+def _decode(words, sc, rmax, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr,
+            FP8: gl.constexpr):  # fmt: skip
+    """One K step's A operand: bf16 (:func:`.decode._decode_a`) or, with ``FP8``, e4m3."""
+    if FP8:
+        return _decode_a_fp8(words, sc, rmax, BLOCK_M, WARPS, AL)
+    else:
+        return _decode_a(words, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+
+
 @gluon.jit
 def _issue(a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: gl.constexpr):
     """TMA of K step ``step``'s activation tile into its ring slot (nothing past the last step)."""
@@ -172,19 +310,52 @@ def _mma(a, acc, ring, bars, step, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _wait(acc, a):
+    """Wait for the MMAs in flight. Their bf16 A operands are the wait's dependencies (live until
+    then); Triton 3.6 takes no 8-bit dependencies, and the fp8 loops decode nothing between an MMA
+    and its wait, so there the accumulator alone is the dependency."""
+    if a.dtype.primitive_bitwidth == 8:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    else:
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    return acc
+
+
+@gluon.jit
+def _wait2(acc, a0, a1):
+    """:func:`_wait` for a round of two steps."""
+    if a0.dtype.primitive_bitwidth == 8:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    else:
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+    return acc
+
+
+@gluon.jit
+def _wait4(acc, a0, a1, a2, a3):
+    """:func:`_wait` for a round of four steps."""
+    if a0.dtype.primitive_bitwidth == 8:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    else:
+        acc, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1, a2, a3))
+    return acc
+
+
+@gluon.jit
 def _retire(acc, a, a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: gl.constexpr):
     """Wait for step ``step``'s MMA (``a``, its A operand, live until then); its slot then takes
     step ``step + STAGES``."""
-    acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+    acc = _wait(acc, a)
     _issue(a_desc, ring, bars, start, step + STAGES, NK, STAGES)
     return acc
 
 
 @gluon.jit
-def _one_step(acc, words, sc, a_desc, ring, bars, start, kb, NK: gl.constexpr, STAGES: gl.constexpr,
-              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+def _one_step(acc, words, sc, rmax, a_desc, ring, bars, start, kb, NK: gl.constexpr, STAGES: gl.constexpr,
+              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr,
+              FP8: gl.constexpr):  # fmt: skip
     """K step ``kb`` alone (the tail of the unrolled loops): decode, MMA, retire."""
-    a = _decode_a(words, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+    a = _decode(words, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
     acc = _mma(a, acc, ring, bars, kb, STAGES)
     return _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
 
@@ -192,11 +363,11 @@ def _one_step(acc, words, sc, a_desc, ring, bars, start, kb, NK: gl.constexpr, S
 @gluon.jit
 def moe_prefill_gemm(
     a_desc, off_ptr, order_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y,
-    alpha, limit, up_offset,
+    alpha, limit, up_offset, cs_ptr, out_scale,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr,
+    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -206,14 +377,20 @@ def moe_prefill_gemm(
     pair of each sorted row. ``w``/``s``/``b``: canonical MXFP4 codes, scales and bias of every
     expert. ``y``: gate/up: ``inter [pairs, N / 2]`` bf16 in sorted order, K-permuted; down: fp32
     ``[pairs, N]`` at the original pair index, times ``tw[pair]``.
+
+    ``FP8`` (W4A8): the activations are e4m3 (``kperm8`` order), the weights are decoded to e4m3 and
+    the MMAs are fp8. ``cs``: gate/up: fp32 ``[pairs]`` the sorted pairs' activation scales
+    (:func:`gather_rows_fp8`); ``out_scale``: gate/up: the multiplier of ``inter`` before its e4m3
+    store; down: the inverse, applied to the accumulator.
     """
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     e, start, end = _tile_of(off_ptr, pid_m, E, E_P2, BLOCK_T, WARPS)
     if e < E:
+        MMA_K: gl.constexpr = 32 if FP8 else 16
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                      instr_shape=[16, BLOCK_T, 16])  # fmt: skip
-        AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+                                                      instr_shape=[16, BLOCK_T, MMA_K])  # fmt: skip
+        AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4 if FP8 else 2)
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 2], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
         w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
         s_base = s_ptr + e.to(gl.int64) * stride_se
@@ -222,7 +399,12 @@ def moe_prefill_gemm(
         m_of_t = ((t // (16 * WARPS) * WARPS + (t // 8) % WARPS) * 2 + (t // (8 * WARPS)) % 2) * 8 + t % 8
         w_rows, w_ok = _weight_rows(m_of_t, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
 
-        ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_T, 64], a_desc.layout)
+        if FP8:
+            rmax = _row_scale_max(s_base, w_rows, w_ok, K, SROW, WARPS, gl.SliceLayout(1, gl.SliceLayout(2, LW)))
+            rmax = rmax[:, None]
+        else:
+            rmax = 0
+        ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_T, 64], a_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(STAGES):
             mbarrier.init(bars.index(j), count=1)
@@ -234,7 +416,7 @@ def moe_prefill_gemm(
         wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
         if UNROLL == 1:
             for kb in range(NK):
-                a = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
                 wa, sa = wb, sb
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
                 acc = _mma(a, acc, ring, bars, kb, STAGES)
@@ -244,18 +426,18 @@ def moe_prefill_gemm(
             # wait and one round of barriers for the two (the per-step overhead halves).
             for r in range(NK // 2):
                 kb = 2 * r
-                a0 = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                a1 = _decode_a(wb, sb, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
                 wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 3, kb + 3 < NK, K, SROW, LW)
                 acc = _mma(a0, acc, ring, bars, kb, STAGES)
                 acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
-                acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+                acc = _wait2(acc, a0, a1)
                 _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES)
                 _issue(a_desc, ring, bars, start, kb + 1 + STAGES, NK, STAGES)
             if NK % 2 == 1:
-                acc = _one_step(acc, wa, sa, a_desc, ring, bars, start, NK - 1, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP)  # fmt: skip
+                acc = _one_step(acc, wa, sa, rmax, a_desc, ring, bars, start, NK - 1, NK, STAGES, BLOCK_M, WARPS, AL,
+                                TWO_STEP, FP8)  # fmt: skip
         else:
             # Four steps a round, as two (STAGES >= 4: the round's four activation tiles are in the
             # ring together); the last NK % 4 steps one at a time.
@@ -263,10 +445,10 @@ def moe_prefill_gemm(
             wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, 3, 3 < NK, K, SROW, LW)
             for r in range(NK // 4):
                 kb = 4 * r
-                a0 = _decode_a(wa, sa, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                a1 = _decode_a(wb, sb, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                a2 = _decode_a(wc, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP)
-                a3 = _decode_a(wd, sd, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a2 = _decode(wc, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a3 = _decode(wd, sd, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
                 wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 4, kb + 4 < NK, K, SROW, LW)
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 5, kb + 5 < NK, K, SROW, LW)
                 wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, kb + 6, kb + 6 < NK, K, SROW, LW)
@@ -275,18 +457,19 @@ def moe_prefill_gemm(
                 acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
                 acc = _mma(a2, acc, ring, bars, kb + 2, STAGES)
                 acc = _mma(a3, acc, ring, bars, kb + 3, STAGES)
-                acc, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1, a2, a3))
+                acc = _wait4(acc, a0, a1, a2, a3)
                 for j in gl.static_range(4):
                     _issue(a_desc, ring, bars, start, kb + j + STAGES, NK, STAGES)
             T0: gl.constexpr = NK - NK % 4
             if NK % 4 >= 1:
-                acc = _one_step(acc, wa, sa, a_desc, ring, bars, start, T0, NK, STAGES, BLOCK_M, WARPS, AL, TWO_STEP)
+                acc = _one_step(acc, wa, sa, rmax, a_desc, ring, bars, start, T0, NK, STAGES, BLOCK_M, WARPS, AL, TWO_STEP,
+                                FP8)  # fmt: skip
             if NK % 4 >= 2:
-                acc = _one_step(acc, wb, sb, a_desc, ring, bars, start, T0 + 1, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP)  # fmt: skip
+                acc = _one_step(acc, wb, sb, rmax, a_desc, ring, bars, start, T0 + 1, NK, STAGES, BLOCK_M, WARPS, AL,
+                                TWO_STEP, FP8)  # fmt: skip
             if NK % 4 >= 3:
-                acc = _one_step(acc, wc, sc, a_desc, ring, bars, start, T0 + 2, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP)  # fmt: skip
+                acc = _one_step(acc, wc, sc, rmax, a_desc, ring, bars, start, T0 + 2, NK, STAGES, BLOCK_M, WARPS, AL,
+                                TWO_STEP, FP8)  # fmt: skip
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -295,6 +478,14 @@ def moe_prefill_gemm(
         live = rows_t < end
         m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
         n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
+        if FP8:
+            # The weights' row factors (the table's offsets) and the activations' scales.
+            rf = _w4a8_row_factor(_row_scale_max(s_base, n_rows, n_ok, K, SROW, WARPS, gl.SliceLayout(1, MMA)))
+            if GATE_UP:
+                cs = gl.load(cs_ptr + rows_t, mask=live, other=0.0)
+                acc = acc * rf[:, None] * cs[None, :]
+            else:
+                acc = acc * (rf * out_scale)[:, None]
         if HAS_BIAS:
             bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok, other=0.0)
             acc = acc + bias.to(gl.float32)[:, None]
@@ -305,7 +496,11 @@ def moe_prefill_gemm(
             rows = gl.convert_layout(rows_t, gl.SliceLayout(0, HL))
             ok = gl.convert_layout(live, gl.SliceLayout(0, HL))
             # The down GEMM's B operand: stored with its K (the intermediate features) permuted.
-            ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj)[:, None]
+            if FP8:
+                ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm8(jj)[:, None]
+                hv = hv * out_scale
+            else:
+                ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj)[:, None]
             gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
         else:
             # Through shared memory into a layout whose lanes store 16 contiguous bytes of a pair's
@@ -347,16 +542,16 @@ class PrefillTile(tuple):
 
 
 @functools.cache
-def _smem_layout(block_t: int):
-    return gl.NVMMASharedLayout.get_default_for([block_t, BLOCK_K], gl.bfloat16)
+def _smem_layout(block_t: int, fp8: bool = False):
+    return gl.NVMMASharedLayout.get_default_for([block_t, BLOCK_K], gl.float8e4nv if fp8 else gl.bfloat16)
 
 
 def _descriptor(t, block_t: int) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, [block_t, BLOCK_K], _smem_layout(block_t))
+    return TensorDescriptor.from_tensor(t, [block_t, BLOCK_K], _smem_layout(block_t, t.dtype == torch.float8_e4m3fn))
 
 
 def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up, interleaved, activation, tile,
-            two_step):  # fmt: skip
+            two_step, cs=None, out_scale=1.0):  # fmt: skip
     block_m, block_t, warps, stages, unroll = tile
     n = w.shape[1]
     k_dim = w.shape[2] * 2
@@ -368,18 +563,20 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         desc, offsets, order, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
         bias.stride(0) if bias is not None else 0, tw, y, y.stride(0),
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
+        cs if cs is not None else tw, float(out_scale),
         K=k_dim, N=n, SROW=s.stride(1), E=experts, E_P2=max(32 * warps, triton.next_power_of_2(experts)),
         GATE_UP=gate_up, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, UNROLL=unroll, TWO_STEP=two_step,
-        num_warps=warps,
+        FP8=desc.base.dtype == torch.float8_e4m3fn, num_warps=warps,
     )  # fmt: skip
 
 
 def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles, two_step,
-                scratch=None):  # fmt: skip
+                scratch=None, fp8=False):  # fmt: skip
     """The prefill path of ``hopper.moe_apply`` into ``result``: sort and offsets (torch), gather, two
     grouped GEMMs, combine (no host sync). ``scratch`` (a dict; debugging) receives the
-    intermediates: ``order``, ``offsets``, ``xs``, ``inter``, ``y``."""
+    intermediates: ``order``, ``offsets``, ``xs``, ``inter``, ``y``. ``fp8``: W4A8 (e4m3 activations
+    with a scale a pair for the gate/up GEMM; ``w4a8_inter_scale`` for the down GEMM's)."""
     t, h = x.shape
     k = topk_ids.shape[1]
     pairs = t * k
@@ -391,18 +588,27 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     bounds = torch.arange(experts + 1, dtype=torch.int32, device=x.device)
     offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
     tw = topk_weights.reshape(-1).contiguous()
-    xs = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
     block = 1024
-    cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block)
-    inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
+    act = torch.float8_e4m3fn if fp8 else x.dtype
+    xs = torch.empty((pairs, h), dtype=act, device=x.device)
+    if fp8:
+        xscale = torch.empty(pairs, dtype=torch.float32, device=x.device)
+        cached(gather_rows_fp8)[(pairs,)](x, x.stride(0), order, xs, xscale, h, TOP_K=k,
+                                          BLOCK=triton.next_power_of_2(h))  # fmt: skip
+        q = w4a8_inter_scale(activation)
+    else:
+        xscale, q = None, 1.0
+        cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block)
+    inter = torch.empty((pairs, i), dtype=act, device=x.device)
     common = dict(pairs=pairs, experts=experts, activation=activation, two_step=two_step)
     _launch(_descriptor(xs, gu_tile[1]), offsets, order, weights.w13, weights.w13_scale, weights.w13_bias, tw, inter,
-            gate_up=True, interleaved=weights.gate_up_interleaved, tile=gu_tile, **common)  # fmt: skip
+            gate_up=True, interleaved=weights.gate_up_interleaved, tile=gu_tile, cs=xscale, out_scale=q,
+            **common)  # fmt: skip
     y = torch.empty((1, pairs, h), dtype=torch.float32, device=x.device)
     _launch(_descriptor(inter, down_tile[1]), offsets, order, weights.w2, weights.w2_scale, weights.w2_bias, tw,
-            y[0], gate_up=False, interleaved=True, tile=down_tile, **common)  # fmt: skip
+            y[0], gate_up=False, interleaved=True, tile=down_tile, out_scale=1.0 / q, **common)  # fmt: skip
     cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k, KSPLIT=1,
                                                       BLOCK=block)  # fmt: skip
     if scratch is not None:
-        scratch.update(order=order, offsets=offsets, xs=xs, inter=inter, y=y[0])
+        scratch.update(order=order, offsets=offsets, xs=xs, inter=inter, y=y[0], xscale=xscale)
     return result
