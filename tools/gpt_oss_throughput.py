@@ -59,7 +59,8 @@ import tokenspeed_kernel as tk
 from tokenspeed_kernel.benchmark.timer import time_calls
 from tokenspeed_kernel.models import gpt_oss as m
 
-CONFIGS = ("full", "triton", "reference")
+#: full_fp8: full selection with the MoE calls allowing fp8 activations (W4A8 kernels compete).
+CONFIGS = ("full", "full_fp8", "triton", "reference")
 TARGETS = {("decode", 64, 2048): 2.0, ("prefill", 8, 2048): 1.6}  # full / Triton-only, PERFORMANCE.md
 
 
@@ -211,13 +212,13 @@ def decode_op_times(model: m.GptOssModel, batch: int, context: int, page_size: i
 def run_config(name: str, cfg: m.GptOssConfig, weights: m.GptOssWeights, args: argparse.Namespace) -> dict[str, Any]:
     device = weights.device
     reference = name == "reference"
-    override = contextlib.nullcontext() if name == "full" else tk.kernel_override(name)
+    override = contextlib.nullcontext() if name.startswith("full") else tk.kernel_override(name)
     res: dict[str, Any] = {"prefill": [], "decode": [], "errors": []}
     max_len = max([length for _, length in args.prefill] + [args.context + args.decode_steps + 8])
     with override:
         t0 = time.perf_counter()
         try:
-            model = m.GptOssModel(cfg, weights, max_positions=max(max_len, 64) + 8)
+            model = m.GptOssModel(cfg, weights, max_positions=max(max_len, 64) + 8, fp8_activations=name == "full_fp8")
         except Exception as exc:
             res["errors"].append({"stage": "build", "error": _error_text(exc, full=True)})
             _log(f"{name}: model build failed: {_error_text(exc)}")
@@ -451,7 +452,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output directory (results.json, results.md)")
     p.add_argument("--config", choices=("20b", "tiny"), default="20b", help="model shapes (tiny: CPU smoke test)")
     p.add_argument("--layers", type=int, default=None, help="layers (default: all of the config)")
-    p.add_argument("--configs", default="full,triton,reference", help="comma-separated subset of full,triton,reference")
+    p.add_argument("--configs", default="full,triton,reference", help="comma-separated subset of " + ",".join(CONFIGS))
     p.add_argument("--device", default=None, help="default: cuda when available")
     p.add_argument("--prefill", default="1x2048,8x2048", help="prefill shapes BxL")
     p.add_argument("--decode-batches", default="1,16,64")

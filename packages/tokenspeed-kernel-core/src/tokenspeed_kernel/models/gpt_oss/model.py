@@ -49,17 +49,21 @@ def _qkv(
 def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any) -> torch.Tensor:
     logits = ops.mm(h, layer.router_weight, layer.router_bias)
     topk_weights, topk_ids = ops.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
-    return ops.moe_apply(h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan)
+    fp8 = {"fp8_activations": True} if layer.moe_fp8 else {}
+    return ops.moe_apply(h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan, **fp8)
 
 
-def plan_layer(cfg: GptOssConfig, layer: GptOssLayer, dtype: torch.dtype, device: torch.device) -> GptOssLayer:
+def plan_layer(
+    cfg: GptOssConfig, layer: GptOssLayer, dtype: torch.dtype, device: torch.device, *, fp8_activations: bool = False
+) -> GptOssLayer:
     """A copy of ``layer`` whose experts are converted for the ``moe_apply`` kernel selected now.
 
     An override active at the call (context, environment, config file) applies to the plan.
+    ``fp8_activations``: the layer's calls allow W4A8 kernels (plan and calls).
     The input layer is not modified.
     """
-    plan = tk.moe_plan(layer.experts, cfg.activation, dtype=dtype, device=device)
-    return replace(layer, moe_plan=plan, experts=tk.moe_process_weights(plan, layer.experts))
+    plan = tk.moe_plan(layer.experts, cfg.activation, dtype=dtype, device=device, fp8_activations=fp8_activations)
+    return replace(layer, moe_plan=plan, moe_fp8=fp8_activations, experts=tk.moe_process_weights(plan, layer.experts))
 
 
 def layer_prefill(
@@ -156,6 +160,8 @@ class GptOssModel:
         max_positions: rows of the YaRN table (the longest sequence supported).
         ops: what the forward calls the ops through (see :func:`layer_prefill`); pass
             ``tokenspeed_kernel.compile.ops`` to compile :meth:`prefill` / :meth:`decode`.
+        fp8_activations: the MoE layers allow kernels that round activations to fp8 e4m3 (W4A8,
+            ``moe_apply(fp8_activations=True)``); off by default.
     """
 
     def __init__(
@@ -166,6 +172,7 @@ class GptOssModel:
         dtype: torch.dtype = torch.bfloat16,
         max_positions: int = 4096,
         ops: Any = tk,
+        fp8_activations: bool = False,
     ) -> None:
         self.ops = ops
         self.device = weights.device
@@ -190,7 +197,7 @@ class GptOssModel:
                 router_weight=cast(layer.router_weight),
                 router_bias=cast(layer.router_bias),
             )
-            layers.append(plan_layer(self.cfg, dense, dtype, self.device))
+            layers.append(plan_layer(self.cfg, dense, dtype, self.device, fp8_activations=fp8_activations))
         self.layers = layers
         self.embed_tokens = cast(weights.embed_tokens)
         self.norm = cast(weights.norm)

@@ -66,6 +66,8 @@ class GptOssLayer:
     router_bias: torch.Tensor  # [E]
     experts: tk.MoEWeights
     moe_plan: tk.MoEPlan | None = None
+    #: the layer's moe_apply calls allow fp8 activations (W4A8 kernels): ``GptOssModel(fp8_activations=)``.
+    moe_fp8: bool = False
 
 
 @dataclass
