@@ -350,9 +350,12 @@ def _apply_best_prefill(rows, log):
 def _layer_fn(kernel, x, logits, w, act, out):
     import tokenspeed_kernel as tk
 
+    # The W4A8 kernel runs only for callers that allow fp8 activations.
+    fp8 = {"fp8_activations": True} if kernel.endswith("_w4a8") else {}
+
     def fn():
         tw, ids = tk.moe_route(logits, K_TOP)
-        return tk.moe_apply(x, tw, ids, w, act, out=out, override=kernel)
+        return tk.moe_apply(x, tw, ids, w, act, out=out, override=kernel, **fp8)
 
     return fn
 
@@ -483,7 +486,8 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None):
     from tokenspeed_kernel.benchmark.timer import time_fn
 
     names = [s.name for s in tk.registry.for_op("moe_apply")]
-    kernels = [n for n in ("hopper.moe_apply", "triton.moe_apply", "triton_kernels.moe_apply") if n in names]
+    kernels = [n for n in ("hopper.moe_apply", "hopper.moe_apply_w4a8", "triton.moe_apply", "triton_kernels.moe_apply")
+               if n in names]  # fmt: skip
     rows = []
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
@@ -493,6 +497,8 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None):
         row = {"tokens": t, "touched_experts": touched}
         out = torch.empty_like(x)
         for kernel in kernels:
+            if kernel.endswith("_w4a8") and t < 1024:
+                continue  # offered from 1024 tokens (_register)
             weights = wtk if kernel == "triton_kernels.moe_apply" else w
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,

@@ -441,3 +441,18 @@ def test_w4a8_kernels_are_verified_against_the_w4a8_reference(temp_kernels):
     plain = standard_cases("moe_apply", "cpu", dtypes=["bf16"])[0]
     [r] = [r for r in verify(good, cases=[plain], device="cpu", stream=None).results]
     assert r.status == "SKIP" and "fp8_activations" in r.reason
+
+
+def test_a_preprocessed_moe_kernel_is_skipped_not_run_on_formats_it_does_not_take(temp_kernels):
+    """Its weight preprocessor is not run on weights outside its formats (it may raise there)."""
+
+    def refuse(weights):
+        raise ValueError("this preprocessor takes mxfp4 only")
+
+    traits = {"activation": ANY, "clamp": ANY, "bias": ANY, "gate_up_interleaved": ANY}
+    name = temp_kernels("moe_apply", "test.moe_apply_mxfp4_only", _moe_apply_transposed,
+                        formats=[{"x": FLOATS, "w": "mxfp4"}], traits=traits, weight_preprocessor=refuse)  # fmt: skip
+    case = standard_cases("moe_apply", "cpu", dtypes=["bf16"])[0]
+    assert case["weight_format"] == "dense"
+    [r] = verify(name, cases=[case], device="cpu", stream=None).results
+    assert r.status == "SKIP" and "formats" in r.reason, (r.status, r.reason)

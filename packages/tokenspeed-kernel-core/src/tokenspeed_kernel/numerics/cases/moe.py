@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ... import ops
+from ...core.formats import DTYPE_NAMES
 from ...ops.moe import MoEActivation, MoEPlan, MoEWeights, moe_process_weights
 from ..inputs import randn, random_topk_ids, random_topk_weights, torch_dtype
 from . import CapturedCall, Case, Cost, OpCases, Peer, PeerCall, PeerSkip, nbytes
@@ -108,6 +109,8 @@ def _for_kernel(x_name: str, op: str):
         if spec.weight_preprocessor is None:
             return None
         w, act = call["weights"], call["activation"]
+        if spec.format_reject_reason((DTYPE_NAMES[call[x_name].dtype], w.format), ("x", "w")):
+            return None  # not this kernel's formats: the call is left as it is and selection rejects it
         plan = MoEPlan(kernel=spec.name, layout=spec.weight_layout, format=w.format, activation=act)
         extra = {"plan": plan} if op == "moe_apply" else {}
         return {**call, "weights": moe_process_weights(plan, w), "override": spec.name, **extra}
