@@ -152,8 +152,6 @@ _MOE_DEFAULTS = {
     "interleaved": True,
     "activation": "swiglu",
     "limit": 7.0,
-    # moe_apply only: the call allows W4A8 kernels (moe_apply(fp8_activations=True)).
-    "fp8_activations": False,
 }
 _OSS20 = {"experts": 32, "top_k": 4, "hidden": 2880, "inter": 2880}
 _OSS120 = {"experts": 128, "top_k": 4, "hidden": 2880, "inter": 2880}
@@ -172,8 +170,6 @@ _MOE_GPU = [
     {"tokens": 64, "weight_format": "dense", **_OSS20},
     {"tokens": 64, "weight_format": "fp8_e4m3:per_channel", **_OSS20},
     {"tokens": 64, "weight_format": "mxfp4", **_OSS120},
-    # fp8 activations allowed: W4A8 kernels run (against the W4A8 reference), the others as usual.
-    {"tokens": 2048, "weight_format": "mxfp4", **_OSS120, "fp8_activations": True},
 ]
 
 
@@ -528,11 +524,13 @@ MOE_APPLY = OpCases(
     cost=_apply_cost,
     metric="tflops",
     peers=[Peer("torch._grouped_mm", _grouped_apply, doc="sort + bf16 grouped GEMMs + index_add")],
-    defaults=dict(_MOE_DEFAULTS),
+    # fp8_activations: the call allows W4A8 kernels (moe_apply(fp8_activations=True)).
+    defaults=dict(_MOE_DEFAULTS, fp8_activations=False),
     dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
     sets={
         "cpu": _MOE_CPU,
-        "gpu": _MOE_GPU,
+        # fp8 activations allowed: W4A8 kernels run (against the W4A8 reference), the others as usual.
+        "gpu": [*_MOE_GPU, {"tokens": 2048, "weight_format": "mxfp4", **_OSS120, "fp8_activations": True}],
         "bench-cpu": [{"tokens": 32, "top_k": 2, "experts": 8, "hidden": 128, "inter": 128}],
         "bench-gpu": [
             {"tokens": t, "weight_format": f, **_OSS120, "dtype": "bf16"}
