@@ -23,7 +23,7 @@ import tokenspeed_kernel as tk
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_hopper_moe import GPT_OSS, gpu_inputs
-from test_hopper_moe_prefill import _prefill_launches, assert_no_spills_or_hazards, compiled_gemms
+from test_hopper_moe_prefill import _prefill_launches, assert_no_spills_or_hazards, check_on_gpu, compiled_gemms
 
 # -- a PTX emulator for the decode's instructions --------------------------------------------
 
@@ -268,16 +268,4 @@ def test_gpu_w4a8_matches_the_w4a8_reference_and_replays_in_a_graph(label, e, to
     def run(out=None):
         return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, tiles=tiles, fp8=True)
 
-    got = run()
-    ref = _w4a8_reference(x, topk_w, topk_ids, w)
-    err = ((got.float() - ref).norm() / ref.norm()).item()
-    assert err < 1e-2, err
-    assert torch.equal(run(), got)  # deterministic: no atomics
-    graph = torch.cuda.CUDAGraph()
-    out = torch.empty_like(got)
-    with torch.cuda.graph(graph):
-        run(out)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, got)
+    check_on_gpu(run, _w4a8_reference(x, topk_w, topk_ids, w))
