@@ -484,6 +484,7 @@ def _bf16_experts(w):
 def bench(w, wtk, gen, tokens_list, log, grouped=None):
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import FP8_MIN_TOKENS
 
     names = [s.name for s in tk.registry.for_op("moe_apply")]
     kernels = [n for n in ("hopper.moe_apply", "hopper.moe_apply_w4a8", "triton.moe_apply", "triton_kernels.moe_apply")
@@ -497,8 +498,8 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None):
         row = {"tokens": t, "touched_experts": touched}
         out = torch.empty_like(x)
         for kernel in kernels:
-            if kernel.endswith("_w4a8") and t < 1024:
-                continue  # offered from 1024 tokens (_register)
+            if kernel.endswith("_w4a8") and t < FP8_MIN_TOKENS:
+                continue  # offered from FP8_MIN_TOKENS tokens (_register)
             weights = wtk if kernel == "triton_kernels.moe_apply" else w
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,

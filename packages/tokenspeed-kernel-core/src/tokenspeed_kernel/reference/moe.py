@@ -221,9 +221,13 @@ def moe_apply(
         activation: :class:`MoEActivation`.
         out: optional ``[T, H]`` of ``x``'s dtype.
     """
+    return _finish(_apply_fp32(x, topk_weights, topk_ids, weights, activation), x.dtype, out)
+
+
+def _apply_fp32(x, topk_weights, topk_ids, weights, activation, fp8: bool = False) -> torch.Tensor:
     d = moe_dispatch(x, topk_ids, weights.num_experts)
-    expert_out = _experts_fp32(d.hidden, d.expert_offsets, weights, activation)
-    return _finish(_combine_fp32(expert_out, d.permutation, topk_weights), x.dtype, out)
+    expert_out = _experts_fp32(d.hidden, d.expert_offsets, weights, activation, fp8=fp8)
+    return _combine_fp32(expert_out, d.permutation, topk_weights)
 
 
 def moe_apply_w4a8(
@@ -235,6 +239,4 @@ def moe_apply_w4a8(
 ) -> torch.Tensor:
     """:func:`moe_apply` with W4A8 semantics (``expert_mlp(fp8=True)``), in float32: the reference
     of kernels that quantize activations to E4M3 (``moe_apply(..., fp8_activations=True)``)."""
-    d = moe_dispatch(x, topk_ids, weights.num_experts)
-    expert_out = _experts_fp32(d.hidden, d.expert_offsets, weights, activation, fp8=True)
-    return _combine_fp32(expert_out, d.permutation, topk_weights)
+    return _apply_fp32(x, topk_weights, topk_ids, weights, activation, fp8=True)

@@ -49,8 +49,9 @@ def _qkv(
 def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any) -> torch.Tensor:
     logits = ops.mm(h, layer.router_weight, layer.router_bias)
     topk_weights, topk_ids = ops.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
-    fp8 = {"fp8_activations": True} if layer.moe_fp8 else {}
-    return ops.moe_apply(h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan, **fp8)
+    return ops.moe_apply(
+        h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan, fp8_activations=layer.moe_fp8
+    )
 
 
 def plan_layer(

@@ -142,19 +142,11 @@ def _pick(table, tokens: int):
 
 
 def _prefill_tiles(tokens: int) -> tuple[PrefillTile, PrefillTile]:
-    for bound, tiles in PREFILL_TILES:
-        if bound is None or tokens <= bound:
-            return tiles
-    return PREFILL_TILES[-1][1]
+    return _pick(PREFILL_TILES, tokens)
 
 
 def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]:
-    if two_step:
-        return TWO_STEP_TILES
-    for bound, tiles in DECODE_TILES:
-        if bound is None or tokens <= bound:
-            return tiles
-    return DECODE_TILES[-1][1]
+    return TWO_STEP_TILES if two_step else _pick(DECODE_TILES, tokens)
 
 
 def check_shapes(weights: MoEWeights) -> None:
