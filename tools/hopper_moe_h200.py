@@ -360,13 +360,15 @@ def _layer_fn(kernel, x, logits, w, act, out):
     return fn
 
 
-def sweep(w, gen, tokens_list, log, deadline):
+def sweep(w, gen, tokens_list, log, deadline, tiles_list=None):
+    """The decode tiles at each token count: each GEMM's tile with the other at the default, or, with
+    ``tiles_list`` (``--sweep-tiles``), the given tiles for both GEMMs (rows ``gemm: "both"``)."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     grid = []
-    for cfg in (
+    for cfg in tiles_list or (
         (64, 8, 4, 6, 1),
         (64, 8, 4, 6, 2),
         (64, 8, 4, 6, 3),
@@ -379,13 +381,13 @@ def sweep(w, gen, tokens_list, log, deadline):
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
-        for which in ("gate_up", "down"):
+        for which in ("both",) if tiles_list else ("gate_up", "down"):
             for tile in grid:
                 if time.time() > deadline:
                     log("  sweep: budget spent")
                     return res
                 base = layer.DecodeTile(64, 8, 4, 6, 1)
-                tiles = (tile, base) if which == "gate_up" else (base, tile)
+                tiles = {"both": (tile, tile), "gate_up": (tile, base), "down": (base, tile)}[which]
                 try:
                     tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles), device="cuda",
                                  graph=True, warmup_ms=5, rep_ms=30)  # fmt: skip
@@ -446,6 +448,9 @@ def _apply_best(rows, log):
     default = layer.DECODE_TILES[-1][1]
     table = []
     for t in sorted({k[0] for k in best}):
+        if (t, "both") in best:
+            table.append((t, (layer.DecodeTile(*best[(t, "both")][1]),) * 2))
+            continue
         gu = layer.DecodeTile(*best[(t, "gate_up")][1]) if (t, "gate_up") in best else default[0]
         dn = layer.DecodeTile(*best[(t, "down")][1]) if (t, "down") in best else default[1]
         table.append((t, (gu, dn)))
@@ -530,6 +535,9 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-tokens", default="1,4,16,64")
+    p.add_argument(
+        "--sweep-tiles", help="decode tiles for both GEMMs, ';'-separated 'block_m,tokens,warps,stages,ksplit'"
+    )
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--skip-numerics", action="store_true")
     p.add_argument("--skip-breakdown", action="store_true")
@@ -591,8 +599,11 @@ def main(argv=None) -> int:
                                                         log)  # fmt: skip
         save()
     if args.sweep:
+        tiles_list = (
+            [tuple(int(v) for v in c.split(",")) for c in args.sweep_tiles.split(";")] if args.sweep_tiles else None
+        )
         result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,
-                                t0 + args.budget_s * 0.5)  # fmt: skip
+                                t0 + args.budget_s * 0.5, tiles_list)  # fmt: skip
         result["tiles_used"] = _apply_best(result["sweep"], log)
     if not args.skip_breakdown:
         result["breakdown"] = breakdown(w, gen, [1, 8, 64], log)
