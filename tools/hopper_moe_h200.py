@@ -460,6 +460,31 @@ def _apply_best(rows, log):
     return used
 
 
+def sort_bench(pairs_list, log):
+    """The prefill path's sort by expert at each pair count: ``sort_pairs`` (one launch) against the torch
+    path (``torch.sort`` + ``searchsorted``), each alone in a CUDA graph (L2 flushed), us."""
+    from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import prefill
+
+    rows = []
+    bound = prefill.SORT_MAX_PAIRS
+    for pairs in pairs_list:
+        ids = torch.randint(0, E, (pairs,), dtype=torch.int32, device="cuda")
+        row = {"pairs": pairs}
+        for name, limit in (("sort_pairs", 1 << 30), ("torch", -1)):
+            prefill.SORT_MAX_PAIRS = limit
+            order, off = prefill.sort_by_expert(ids, E)
+            row[f"{name}_ok"] = (
+                bool(torch.equal(order.long(), torch.sort(ids.long(), stable=True)[1])) and int(off[-1]) == pairs
+            )
+            row[name] = time_fn(lambda: prefill.sort_by_expert(ids, E), device="cuda", graph=True, warmup_ms=5,
+                                rep_ms=30).median_us  # fmt: skip
+        prefill.SORT_MAX_PAIRS = bound
+        log(f"  sort {row}")
+        rows.append(row)
+    return rows
+
+
 def _grouped_mm_fn(x, ids, w13b, w2b):
     """The two bf16 grouped GEMMs of one routing (x gathered by expert; no route/SwiGLU/combine)."""
     flat = ids.reshape(-1)
@@ -551,6 +576,7 @@ def main(argv=None) -> int:
         "for both GEMMs or 'gate_up/down' (default: PREFILL_SWEEP)",
     )
     p.add_argument("--prefill-breakdown", metavar="TOKENS", help="each prefill launch alone at these token counts")
+    p.add_argument("--sort-bench", metavar="PAIRS", help="the prefill path's sort alone at these pair counts")
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -597,6 +623,9 @@ def main(argv=None) -> int:
     if args.prefill_breakdown:
         result["prefill_breakdown"] = prefill_breakdown(w, gen, [int(v) for v in args.prefill_breakdown.split(",")],
                                                         log)  # fmt: skip
+        save()
+    if args.sort_bench:
+        result["sort"] = sort_bench([int(v) for v in args.sort_bench.split(",")], log)
         save()
     if args.sweep:
         tiles_list = (

@@ -1,6 +1,6 @@
 """The prefill path of ``hopper.moe_apply`` (:mod:`tokenspeed_kernel_nvidia.hopper.moe.prefill`).
 
-On a CPU: the K permutation, the row gather under the Triton interpreter, the host's choice of
+On a CPU: the K permutation, the sort by expert and the row gather under the Triton interpreter, the host's choice of
 path and tiles, and the Gluon GEMMs cross-compiled for sm_90 exactly as the host launches them
 (CPU tensors stand in for device tensors). The SASS must show the warpgroup MMA (``HGMMA``) fed
 by the TMA ring, the decode's ``mul.rn.bf16x2`` in the K loop, no register spills, and no
@@ -74,6 +74,57 @@ def test_gather_rows_matches_torch_under_the_interpreter():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"equal": True}
 
 
+_SORT = r"""
+import json, torch
+from tokenspeed_kernel_nvidia.hopper.moe import prefill
+g = torch.Generator().manual_seed(0)
+cases = []
+bound = prefill.SORT_MAX_PAIRS
+for experts, pairs, kind in [(128, 1200, "random"), (128, 5, "random"), (32, 1, "random"), (20, 300, "random"),
+                             (128, 64, "one hot expert"), (8, bound, "random"), (8, 333, "last expert empty")]:
+    hi = experts - 1 if kind == "last expert empty" else experts
+    ids = torch.randint(0, hi, (pairs,), generator=g).to(torch.int32)
+    if kind == "one hot expert":
+        ids[:] = 77
+    # The reference: torch's stable sort, and each expert's first row by counting (not by searchsorted,
+    # which the fallback path uses).
+    want_order = torch.sort(ids.long(), stable=True)[1]
+    counts = torch.bincount(ids.long(), minlength=experts)
+    want_off = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+    for limit in (bound, 0):  # one launch, then the torch fallback
+        prefill.SORT_MAX_PAIRS = limit
+        order, off = prefill.sort_by_expert(ids, experts)
+        cases.append(order.dtype == off.dtype == torch.int32 and torch.equal(order.long(), want_order)
+                     and torch.equal(off.long(), want_off))
+    prefill.SORT_MAX_PAIRS = bound
+print(json.dumps({"equal": cases}))
+"""
+
+
+def test_sort_by_expert_is_torchs_stable_sort_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _SORT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"equal": [True] * 14}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pairs", [20, 1200, 2048])
+def test_sort_pairs_cross_compiles_for_sm90_without_spills(monkeypatch, pairs):
+    from triton.tools.disasm import get_sass
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import prefill
+
+    calls = []
+    monkeypatch.setattr(prefill, "cached", lambda fn: _Recorder(fn, calls))
+    prefill.sort_by_expert(torch.zeros(pairs, dtype=torch.int32), 128)
+    ((fn, grid, args, kwargs),) = calls
+    assert fn is prefill.sort_pairs and grid == (1,) and kwargs["BLOCK"] >= pairs
+    sass = get_sass(compile_launch(fn, args, dict(kwargs), "sm90").asm["cubin"])
+    assert not re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass), "register spills"
+
+
 def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.prefill import PrefillTile
 
@@ -106,9 +157,9 @@ def test_the_path_follows_the_token_count_and_the_tiles(monkeypatch):
     assert prefill.moe_prefill_gemm not in [c[0] for c in calls]
     assert [c[0] for c in calls].count(decode.moe_decode_gemm) == 2
     calls, ids = _prefill_launches(monkeypatch, layer.PREFILL_MIN_TOKENS, e=8, h=128, i=128)
-    assert [c[0] for c in calls] == [prefill.gather_rows, prefill.moe_prefill_gemm, prefill.moe_prefill_gemm,
-                                     decode.combine_slots], [c[0] for c in calls]  # fmt: skip
-    gu, down = calls[1], calls[2]
+    assert [c[0] for c in calls] == [prefill.sort_pairs, prefill.gather_rows, prefill.moe_prefill_gemm,
+                                     prefill.moe_prefill_gemm, decode.combine_slots], [c[0] for c in calls]  # fmt: skip
+    gu, down = calls[2], calls[3]
     assert gu[3]["GATE_UP"] and not down[3]["GATE_UP"]
     # The table's tiles for 256 tokens; N tiles first, then the ragged M bound (every expert adds at
     # most one partial tile).

@@ -5,7 +5,8 @@ grouped GEMM beat the decode kernels' per-pair expert scan there (measured: ``la
 kernels keep the decode kernels' register-only weight decode (:mod:`.decode`) and feed it to the
 warpgroup MMA:
 
-- **Pairs sorted by expert** (a stable sort on the device, no host sync): expert ``e`` owns
+- **Pairs sorted by expert** (a stable sort on the device, no host sync; one launch up to
+  ``SORT_MAX_PAIRS`` pairs: :func:`sort_pairs`): expert ``e`` owns
   sorted rows ``offsets[e] .. offsets[e + 1]``. One program computes one (N tile, M tile) of one
   expert: ``BLOCK_M`` weight rows (the wgmma's M side, 16 a warp) by ``BLOCK_T`` sorted pairs
   (its N side: 16 to 256 tokens, so a small expert does not pay for a 64-row token tile).
@@ -70,10 +71,50 @@ from tokenspeed_kernel.ops.moe import w4a8_inter_scale
 
 from .decode import _add, _decode_a, _weight_rows, combine_slots, gate_up_swiglu
 
-__all__ = ["moe_prefill_gemm", "gather_rows", "gather_rows_fp8", "kperm", "kperm_inverse", "kperm8"]
+__all__ = ["moe_prefill_gemm", "sort_pairs", "gather_rows", "gather_rows_fp8", "kperm", "kperm_inverse", "kperm8"]
 
 #: Values a K step of the prefill kernels (one TMA box of activations, 8 code bytes a lane).
 BLOCK_K = 64
+
+#: Calls of at most this many (token, slot) pairs sort them by expert in one launch (:func:`sort_pairs`);
+#: larger ones with ``torch.sort`` and ``torch.searchsorted`` (six launches). Measured on an H200, each
+#: alone in a CUDA graph (docs/benchmarks/h200-2026-12-01/hopper-moe/session6, call 3), us:
+#: ``sort_pairs`` 5.1 / 7.5 / 12.3 / 21.0 / 46.5 at 32 / 256 / 1024 / 2048 / 4096 pairs, torch 17.3 /
+#: 32.0 / 33.0 / 32.8 / 36.1.
+SORT_MAX_PAIRS = 2048
+
+
+@triton.jit
+def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr):
+    """The (token, slot) pairs sorted by expert, stably, in one program: ``order[i]`` the pair of sorted
+    row ``i`` and ``off[e]`` the first sorted row of expert ``e`` (``off[E] = n``). ``BLOCK`` is a power
+    of two >= ``n``, ``E_P2`` one > ``E``. The sort key ``expert * BLOCK + pair`` keeps equal experts in
+    pair order; the padding sorts last (expert ``E``) and lands in bin ``E`` of the histogram, past the
+    offsets' prefix sums."""
+    i = tl.arange(0, BLOCK)
+    ok = i < n
+    e = tl.load(ids_ptr + i, mask=ok, other=E)
+    s = tl.sort(e * BLOCK + i)
+    tl.store(order_ptr + i, s % BLOCK, mask=ok)
+    counts = tl.histogram(e, E_P2)
+    ex = tl.arange(0, E_P2)
+    tl.store(off_ptr + ex, tl.cumsum(counts, 0) - counts, mask=ex <= E)
+
+
+def sort_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, offsets)`` of the flat expert ids ``ids [pairs]`` (int32): the pairs in expert order (a
+    stable sort) and each expert's first sorted row, ``offsets [experts + 1]``; no host sync."""
+    pairs = ids.numel()
+    if pairs <= SORT_MAX_PAIRS:
+        order = torch.empty(pairs, dtype=torch.int32, device=ids.device)
+        offsets = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
+        block = max(16, triton.next_power_of_2(pairs))
+        cached(sort_pairs)[(1,)](ids, pairs, order, offsets, experts, BLOCK=block,
+                                 E_P2=triton.next_power_of_2(experts + 1), num_warps=max(1, min(16, block // 256)))  # fmt: skip
+        return order, offsets
+    sorted_ids, order = torch.sort(ids, stable=True)
+    bounds = torch.arange(experts + 1, dtype=torch.int32, device=ids.device)
+    return order.to(torch.int32), torch.searchsorted(sorted_ids, bounds, out_int32=True)
 
 
 @triton.jit
@@ -579,8 +620,8 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
 
 def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles, two_step,
                 scratch=None, fp8=False):  # fmt: skip
-    """The prefill path of ``hopper.moe_apply`` into ``result``: sort and offsets (torch), gather, two
-    grouped GEMMs, combine (no host sync). ``scratch`` (a dict; debugging) receives the
+    """The prefill path of ``hopper.moe_apply`` into ``result``: sort and offsets (:func:`sort_by_expert`),
+    gather, two grouped GEMMs, combine (no host sync). ``scratch`` (a dict; debugging) receives the
     intermediates: ``order``, ``offsets``, ``xs``, ``inter``, ``y``. ``fp8``: W4A8 (e4m3 activations
     with a scale a pair for the gate/up GEMM; ``w4a8_inter_scale`` for the down GEMM's)."""
     t, h = x.shape
@@ -588,11 +629,7 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     pairs = t * k
     experts, i = weights.num_experts, weights.intermediate
     gu_tile, down_tile = tiles
-    ids = topk_ids.reshape(-1)
-    sorted_ids, order = torch.sort(ids, stable=True)
-    order = order.to(torch.int32)
-    bounds = torch.arange(experts + 1, dtype=torch.int32, device=x.device)
-    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    order, offsets = sort_by_expert(topk_ids.reshape(-1).contiguous(), experts)
     tw = topk_weights.reshape(-1).contiguous()
     block = 1024
     act = torch.float8_e4m3fn if fp8 else x.dtype
