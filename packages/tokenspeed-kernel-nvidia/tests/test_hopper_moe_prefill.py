@@ -295,6 +295,7 @@ def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypa
 GPU_CASES = [
     ("120b_T600", 128, 600, {}, "random", None),
     ("120b_T3000", 128, 3000, {}, "random", None),
+    ("120b_T4096_table_two_steps_two_stages", 128, 4096, {}, "random", None),
     ("20b_T700", 32, 700, {}, "random", None),
     ("120b_T300_one_hot_expert", 128, 300, {}, "hot", None),
     ("no_bias_not_interleaved_T300", 128, 300, {"bias": False, "interleaved": False}, "random", None),

@@ -102,15 +102,17 @@ PREFILL_MIN_TOKENS = 5
 #:   steps: 852 against 807 in call 7);
 #: - 64 pairs, 4 warps, two steps, at 1024 and 2048: 996 and 1548 (8 warps: 1070-1129, 1600-1625;
 #:   four steps: 1174 and 1695 against 1003 and 1492 in call 7);
-#: - 128 pairs, 8 warps, 2 stages, one step at 4096 and 16384: 2286-2539, 6761-7332 (two steps with
-#:   4 stages: 2355, 6963; 4 warps: 2559, 7423; 256 pairs: 2996, 7543).
+#: - 128 pairs, 8 warps, 2 stages, two steps a round from 4096 tokens (session 6, calls 4-5): 2212 /
+#:   3606 / 6341 at 4096 / 8192 / 16384, against 2490 / 3919 / 7000 with one step (the table's tile
+#:   before) and 2205 / 3896 / 8028 for 64 pairs with 4 warps. Session 4 had the two-step tile with 4
+#:   stages at 2355 / 6963 (4096 / 16384).
 #:
 #: The bounds lie between measured sizes (256 / 512, 512 / 1024, 2048 / 4096).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
     (383, (PrefillTile(64, 16, 4, 4, 4), PrefillTile(64, 16, 4, 4, 4))),
     (767, (PrefillTile(64, 32, 4, 2, 2), PrefillTile(64, 32, 4, 2, 2))),
     (3071, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
-    (None, (PrefillTile(128, 128, 8, 2), PrefillTile(128, 128, 8, 2))),
+    (None, (PrefillTile(128, 128, 8, 2, 2), PrefillTile(128, 128, 8, 2, 2))),
 )
 
 
