@@ -204,14 +204,20 @@ def test_gather_rows_fp8_matches_the_reference_quantization_under_the_interprete
 def test_fp8_takes_the_w4a8_launches_from_its_token_count(monkeypatch):
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer, prefill
 
+    # The sort is one launch up to SORT_MAX_PAIRS pairs (torch's sort above: no launch recorded).
+    def sort(tokens):
+        return [prefill.sort_pairs] if 4 * tokens <= prefill.SORT_MAX_PAIRS else []
+
     calls, _ = _prefill_launches(monkeypatch, layer.FP8_MIN_TOKENS - 1, e=8, h=128, i=128, fp8=True)
-    assert [c[0] for c in calls][:2] == [prefill.sort_pairs, prefill.gather_rows]  # bf16 below the bound
+    head = [*sort(layer.FP8_MIN_TOKENS - 1), prefill.gather_rows]
+    assert [c[0] for c in calls][: len(head)] == head  # bf16 below the bound
     assert not any(c[3].get("FP8") for c in calls)
     calls, ids = _prefill_launches(monkeypatch, layer.FP8_MIN_TOKENS, e=8, h=128, i=128, fp8=True)
-    assert [c[0] for c in calls] == [prefill.sort_pairs, prefill.gather_rows_fp8, prefill.moe_prefill_gemm,
+    s = len(sort(layer.FP8_MIN_TOKENS))
+    assert [c[0] for c in calls] == [*sort(layer.FP8_MIN_TOKENS), prefill.gather_rows_fp8, prefill.moe_prefill_gemm,
                                      prefill.moe_prefill_gemm, decode.combine_slots]  # fmt: skip
-    assert all(c[3]["FP8"] for c in calls[2:4])
-    gu, down = calls[2][2], calls[3][2]
+    assert all(c[3]["FP8"] for c in calls[s + 1 : s + 3])
+    gu, down = calls[s + 1][2], calls[s + 2][2]
     assert gu[0].base.dtype == down[0].base.dtype == torch.float8_e4m3fn  # both B operands e4m3
     assert gu[-2].dtype == torch.float32 and gu[-2].numel() == ids.numel()  # a scale per pair
     assert gu[-1] == 8.0 and down[-1] == 1.0 / 8.0  # inter's scale, and its inverse
