@@ -90,10 +90,12 @@ def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.
     row ``i`` and ``off[e]`` the first sorted row of expert ``e`` (``off[E] = n``). ``BLOCK`` is a power
     of two >= ``n``, ``E_P2`` one > ``E``. The sort key ``expert * BLOCK + pair`` keeps equal experts in
     pair order; the padding sorts last (expert ``E``) and lands in bin ``E`` of the histogram, past the
-    offsets' prefix sums."""
+    offsets' prefix sums. An id outside ``[0, E)`` is counted as ``E`` too (no histogram bin out of
+    range): like the torch path, it then belongs to no expert's rows."""
     i = tl.arange(0, BLOCK)
     ok = i < n
     e = tl.load(ids_ptr + i, mask=ok, other=E)
+    e = tl.where((e >= 0) & (e < E), e, E)
     s = tl.sort(e * BLOCK + i)
     tl.store(order_ptr + i, s % BLOCK, mask=ok)
     counts = tl.histogram(e, E_P2)
