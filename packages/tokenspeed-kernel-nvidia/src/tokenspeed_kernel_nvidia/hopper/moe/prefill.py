@@ -77,8 +77,9 @@ __all__ = ["moe_prefill_gemm", "sort_pairs", "gather_rows", "gather_rows_fp8", "
 BLOCK_K = 64
 
 #: Calls of at most this many (token, slot) pairs sort them by expert in one launch (:func:`sort_pairs`);
-#: larger ones with ``torch.sort`` and ``torch.searchsorted`` (six launches). Measured on an H200, each
-#: alone in a CUDA graph (docs/benchmarks/h200-2026-12-01/hopper-moe/session6, call 3), us:
+#: larger ones with ``torch.sort`` and ``torch.searchsorted`` (eight launches: three device copies, two
+#: ``arange``, the radix sort, a cast, the search). Measured on an H200, each alone in a CUDA graph
+#: (docs/benchmarks/h200-2026-12-01/hopper-moe/session6, call 3), us:
 #: ``sort_pairs`` 5.1 / 7.5 / 12.3 / 21.0 / 46.5 at 32 / 256 / 1024 / 2048 / 4096 pairs, torch 17.3 /
 #: 32.0 / 33.0 / 32.8 / 36.1.
 SORT_MAX_PAIRS = 2048
