@@ -511,15 +511,19 @@ def _bf16_experts(w):
     return dense(w.w13, w.w13_scale), dense(w.w2, w.w2_scale)
 
 
-def bench(w, wtk, gen, tokens_list, log, grouped=None):
+def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False):
+    """The layer (route + apply) per kernel at each token count; ``pdl_ab``: ``hopper.moe_apply`` also with
+    programmatic dependent launch off (column ``hopper.moe_apply_no_pdl``), in the same process."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import decode
     from tokenspeed_kernel_nvidia.hopper.moe.layer import FP8_MIN_TOKENS
 
     names = [s.name for s in tk.registry.for_op("moe_apply")]
     kernels = [n for n in ("hopper.moe_apply", "hopper.moe_apply_w4a8", "triton.moe_apply", "triton_kernels.moe_apply")
                if n in names]  # fmt: skip
     rows = []
+    pdl_default = decode.PDL_ENABLED
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         logits = torch.randn(t, E, generator=gen).cuda()
@@ -527,17 +531,23 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None):
         touched = int(torch.unique(ids).numel())
         row = {"tokens": t, "touched_experts": touched}
         out = torch.empty_like(x)
-        for kernel in kernels:
+        runs = [(k, k, pdl_default) for k in kernels]
+        if pdl_ab and "hopper.moe_apply" in kernels:
+            runs.insert(1, ("hopper.moe_apply_no_pdl", "hopper.moe_apply", False))
+        for column, kernel, pdl in runs:
             if kernel.endswith("_w4a8") and t < FP8_MIN_TOKENS:
                 continue  # offered from FP8_MIN_TOKENS tokens (_register)
             weights = wtk if kernel == "triton_kernels.moe_apply" else w
+            decode.PDL_ENABLED = pdl
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,
                              warmup_ms=10, rep_ms=60)  # fmt: skip
-                row[kernel] = tm.median_us
+                row[column] = tm.median_us
             except Exception as exc:
-                row[kernel] = None
-                row[f"{kernel}_error"] = str(exc)[:300]
+                row[column] = None
+                row[f"{column}_error"] = str(exc)[:300]
+            finally:
+                decode.PDL_ENABLED = pdl_default
         if grouped is not None:
             try:
                 row["grouped_mm_bf16"] = time_fn(_grouped_mm_fn(x, ids, *grouped), device="cuda", graph=True,
@@ -578,6 +588,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-breakdown", metavar="TOKENS", help="each prefill launch alone at these token counts")
     p.add_argument("--sort-bench", metavar="PAIRS", help="the prefill path's sort alone at these pair counts")
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
+    p.add_argument(
+        "--pdl-ab", action="store_true", help="also time hopper.moe_apply with programmatic dependent launch off"
+    )
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import tokenspeed_kernel as tk
@@ -641,7 +654,7 @@ def main(argv=None) -> int:
         plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="triton_kernels.moe_apply")
         wtk = tk.moe_process_weights(plan, w)
     grouped = _bf16_experts(w) if args.grouped_mm else None
-    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log, grouped)
+    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab)
     result["wall_s"] = time.time() - t0
     with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
         json.dump(result, f, indent=1)

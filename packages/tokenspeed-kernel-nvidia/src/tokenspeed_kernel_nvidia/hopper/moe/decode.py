@@ -44,9 +44,20 @@ pair of ``e`` (``TOKENS`` at a time) and computes
 
 Every weight byte of a touched expert is loaded once per N tile; pairs of one expert
 share the decode.
+
+**Programmatic dependent launch** (``PDL``, sm90's ``griddepcontrol``; :func:`pdl_kwargs`): every
+kernel of ``hopper.moe_apply`` is launched with ``launch_pdl``, so it may start while the kernel
+before it in the stream finishes, and waits (:func:`_grid_wait`) before it reads anything that
+kernel may write, or writes anything at all. Each kernel lets its successor launch
+(:func:`_grid_release`) only after its own wait, so when a kernel starts, every kernel two or more
+launches before it has completed: the down GEMM reads the expert ids (written by the route, before
+the gate/up GEMM) and starts streaming its weights (never written) before its wait, while the
+SwiGLU of the split sums still runs.
 """
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -54,7 +65,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-__all__ = ["moe_decode_gemm", "swiglu_splits", "combine_slots", "MAX_PAIRS"]
+__all__ = ["moe_decode_gemm", "swiglu_splits", "combine_slots", "MAX_PAIRS", "pdl_kwargs"]
 
 #: The expert scan holds every pair's expert id in registers: the decode path's limit.
 MAX_PAIRS = 1024
@@ -63,6 +74,47 @@ MAX_PAIRS = 1024
 # 6..8 and the sign at 15 (and 22..24, 31).
 _BITS: gl.constexpr = gl.constexpr(0x81C081C0)
 _TWO_126_X2: gl.constexpr = gl.constexpr(0x7E807E80)  # bf16x2 (2**126, 2**126)
+
+
+#: Programmatic dependent launch for the MoE kernels (module doc); ``TOKENSPEED_KERNEL_PDL=0`` turns it off.
+PDL_ENABLED = os.environ.get("TOKENSPEED_KERNEL_PDL", "1").strip() != "0"
+
+
+def pdl_kwargs() -> dict[str, bool]:
+    """The launch keywords of a kernel with a ``PDL`` constexpr: ``PDL`` and Triton's ``launch_pdl`` option.
+    Off under the interpreter (it has no grid dependencies to control) and when :data:`PDL_ENABLED` is false."""
+    if PDL_ENABLED and not triton.knobs.runtime.interpret:
+        return _PDL_ON
+    return _PDL_OFF
+
+
+_PDL_ON = {"PDL": True, "launch_pdl": True}
+_PDL_OFF = {"PDL": False}
+
+
+@gluon.jit
+def _grid_wait(PDL: gl.constexpr):
+    """``griddepcontrol.wait``: block until the stream's previous grid completed and its writes are
+    visible (returns at once without a programmatic launch)."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _grid_release(PDL: gl.constexpr):
+    """``griddepcontrol.launch_dependents``: the stream's next grid may launch once every program of this
+    one has called it or exited. Called only after :func:`_grid_wait` (module doc)."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _tl_grid_sync(PDL: tl.constexpr):
+    """:func:`_grid_wait` then :func:`_grid_release`, for the Triton kernels (which read their inputs first)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @gluon.jit
@@ -207,10 +259,13 @@ def _ring_step(ring, acc, sc, xv, i, b0, nloc, w_base, w_rows, w_ok, K: gl.const
 @gluon.jit
 def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks,
                  K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
-                 WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+                 WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr, TWO_STEP: gl.constexpr,
+                 WAIT: gl.constexpr):  # fmt: skip
     """``W[w_rows, K slice ks] @ A[a_rows, K slice ks].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout,
     rows in the MMA's order: see :func:`_decode_a`). Split ``ks`` of ``KSPLIT`` takes full K blocks
-    ``ks * NBS ..`` (``NBS = cdiv(K // 128, KSPLIT)``); the last split also takes the 64-value tail."""
+    ``ks * NBS ..`` (``NBS = cdiv(K // 128, KSPLIT)``); the last split also takes the 64-value tail.
+    ``WAIT``: the grid wait (module doc) once the first weight blocks are in flight, before the first
+    activation load."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
     AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     BL: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
@@ -233,9 +288,14 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
         # up front into registers (masked off except in the last split).
         wt_rows = gl.convert_layout(w_rows, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
         wt_ok = gl.convert_layout(w_ok, gl.SliceLayout(1, gl.SliceLayout(2, LWT))) & tail
+        wt = gl.load(w_base + _word_offsets(wt_rows, NB, K, 2, LWT), mask=wt_ok[:, None, None], other=0)
+    if WAIT:
+        # The weights are in flight; the activations are the previous kernel's output (module doc).
+        _grid_wait(True)
+        _grid_release(True)
+    if K % 128 != 0:
         at_rows = gl.convert_layout(a_rows, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
         at_ok = gl.convert_layout(a_ok, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
-        wt = gl.load(w_base + _word_offsets(wt_rows, NB, K, 2, LWT), mask=wt_ok[:, None, None], other=0)
         st, xt = _load_sx(s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, tail, SROW, 2, LWT, LXT)
     acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
     sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0, 0 < nloc, SROW, 4, LW, LX)
@@ -289,7 +349,7 @@ def moe_decode_gemm(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr,
-    TWO_STEP: gl.constexpr,
+    TWO_STEP: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -298,10 +358,17 @@ def moe_decode_gemm(
     ``[E, N, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, N]`` bias
     (any float dtype). ``y``: ``inter [pairs, N / 2]`` bf16 (gate/up) or ``[pairs, N]``
     fp32 (down, times ``tw[pair]``).
+
+    ``PDL`` (module doc): the gate/up GEMM waits before it reads the ids (the route's output, the
+    launch before it); the down GEMM reads them at once and waits once its first weight blocks are
+    in flight.
     """
     pair = gl.program_id(0)
     pid_n = gl.program_id(1)
     ks = gl.program_id(2)
+    if GATE_UP:
+        _grid_wait(PDL)
+        _grid_release(PDL)
     # -- the expert of this pair, and whether this program is its first pair --------------
     LP: gl.constexpr = gl.BlockedLayout([1, TOKENS], [32, 1], [WARPS, 1], [1, 0])
     idx = gl.arange(0, PAIRS_P2, layout=gl.SliceLayout(1, LP))
@@ -337,7 +404,8 @@ def moe_decode_gemm(
                 a_rows = members
             ROWS_X: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LX))
             acc = _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, gl.convert_layout(a_rows, ROWS_X),
-                               gl.convert_layout(live, ROWS_X), ks, K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, KSPLIT, TWO_STEP)  # fmt: skip
+                               gl.convert_layout(live, ROWS_X), ks, K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, KSPLIT, TWO_STEP,
+                               PDL and not GATE_UP)  # fmt: skip
             COLS: gl.constexpr = gl.SliceLayout(0, MMA)
             out_pairs = gl.convert_layout(members, COLS)
             out_ok = gl.convert_layout(live, COLS)
@@ -388,9 +456,11 @@ def _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):
 
 @triton.jit
 def swiglu_splits(ws_ptr, inter_ptr, stride_ws, I, alpha, limit, up_offset, KSPLIT: tl.constexpr,
-                  INTERLEAVED: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                  INTERLEAVED: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr = False):  # fmt: skip
     """``inter[p, j] = swiglu(sum_ks ws[ks, p, gate_j], sum_ks ws[ks, p, up_j])``, splits summed in
     order (deterministic); ``ws [KSPLIT, pairs, 2I]`` fp32, bias already in split 0."""
+    _tl_grid_sync(PDL)
     p = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = j < I
@@ -413,8 +483,9 @@ def swiglu_splits(ws_ptr, inter_ptr, stride_ws, I, alpha, limit, up_offset, KSPL
 
 @triton.jit
 def combine_slots(y_ptr, out_ptr, stride_out, stride_ys, H, TOP_K: tl.constexpr, KSPLIT: tl.constexpr,
-                  BLOCK: tl.constexpr):  # fmt: skip
+                  BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """``out[t, :] = sum_ks sum_s y[ks, t * TOP_K + s, :]`` (fp32, in that order) in ``out``'s dtype."""
+    _tl_grid_sync(PDL)
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H

@@ -2,7 +2,8 @@
 prefill kernels (:mod:`.prefill`, wgmma grouped GEMMs) from ``PREFILL_MIN_TOKENS`` on. Both read
 the canonical MXFP4 layout (no weight preprocessing), so one weights object serves every call.
 
-The decode path: three or four launches, no host sync:
+The decode path: three or four launches, no host sync (each launched with programmatic dependent
+launch: :mod:`.decode`):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
    (pair, N tile, K split), working for the first pair of each touched expert; with K
@@ -27,7 +28,8 @@ from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
 from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
-from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, swiglu_splits
+from . import decode
+from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
@@ -195,7 +197,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=triton.next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
-        num_warps=warps,
+        num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
 
 
@@ -256,7 +258,7 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
             _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            weights.gate_up_interleaved, activation, fp8,
+            weights.gate_up_interleaved, activation, fp8, decode.PDL_ENABLED,
             in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
                          weights.w2_bias),
         )  # fmt: skip
@@ -310,13 +312,13 @@ def moe_apply(
         cached(swiglu_splits)[(pairs, triton.cdiv(i, 1024))](
             ws, inter, ws.stride(0), i, float(activation.alpha), float(limit if limit is not None else 0.0),
             float(activation.up_offset), KSPLIT=gu_split, INTERLEAVED=weights.gate_up_interleaved,
-            HAS_LIMIT=limit is not None, BLOCK=1024,
+            HAS_LIMIT=limit is not None, BLOCK=1024, **pdl_kwargs(),
         )  # fmt: skip
     y = torch.empty((down_tile[4], pairs, h), dtype=torch.float32, device=x.device)
     _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
     block = 1024
     cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
-                                              KSPLIT=down_tile[4], BLOCK=block)  # fmt: skip
+                                              KSPLIT=down_tile[4], BLOCK=block, **pdl_kwargs())  # fmt: skip
     if out is not None and result is not out:
         out.copy_(result)
         return out

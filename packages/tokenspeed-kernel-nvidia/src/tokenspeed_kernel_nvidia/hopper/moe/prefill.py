@@ -69,7 +69,17 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import w4a8_inter_scale
 
-from .decode import _add, _decode_a, _weight_rows, combine_slots, gate_up_swiglu
+from .decode import (
+    _add,
+    _decode_a,
+    _grid_release,
+    _grid_wait,
+    _tl_grid_sync,
+    _weight_rows,
+    combine_slots,
+    gate_up_swiglu,
+    pdl_kwargs,
+)
 
 __all__ = ["moe_prefill_gemm", "sort_pairs", "gather_rows", "gather_rows_fp8", "kperm", "kperm_inverse", "kperm8"]
 
@@ -86,13 +96,14 @@ SORT_MAX_PAIRS = 2048
 
 
 @triton.jit
-def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr):
+def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr = False):
     """The (token, slot) pairs sorted by expert, stably, in one program: ``order[i]`` the pair of sorted
     row ``i`` and ``off[e]`` the first sorted row of expert ``e`` (``off[E] = n``). ``BLOCK`` is a power
     of two >= ``n``, ``E_P2`` one > ``E``. The sort key ``expert * BLOCK + pair`` keeps equal experts in
     pair order; the padding sorts last (expert ``E``) and lands in bin ``E`` of the histogram, past the
     offsets' prefix sums. An id outside ``[0, E)`` is counted as ``E`` too (no histogram bin out of
     range): like the torch path, it then belongs to no expert's rows."""
+    _tl_grid_sync(PDL)
     i = tl.arange(0, BLOCK)
     ok = i < n
     e = tl.load(ids_ptr + i, mask=ok, other=E)
@@ -113,7 +124,8 @@ def sort_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch
         offsets = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
         block = max(16, triton.next_power_of_2(pairs))
         cached(sort_pairs)[(1,)](ids, pairs, order, offsets, experts, BLOCK=block,
-                                 E_P2=triton.next_power_of_2(experts + 1), num_warps=max(1, min(16, block // 256)))  # fmt: skip
+                                 E_P2=triton.next_power_of_2(experts + 1), num_warps=max(1, min(16, block // 256)),
+                                 **pdl_kwargs())  # fmt: skip
         return order, offsets
     sorted_ids, order = torch.sort(ids, stable=True)
     bounds = torch.arange(experts + 1, dtype=torch.int32, device=ids.device)
@@ -161,9 +173,11 @@ def kperm_inverse(k: int) -> int:
 
 
 @triton.jit
-def gather_rows(x_ptr, stride_x, order_ptr, xs_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def gather_rows(x_ptr, stride_x, order_ptr, xs_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                PDL: tl.constexpr = False):  # fmt: skip
     """``xs[i, kperm(c)] = x[order[i] // TOP_K, c]``: the activations of sorted pair ``i``,
     K-permuted for the gate/up GEMM (``BLOCK`` a multiple of 64)."""
+    _tl_grid_sync(PDL)
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < K
@@ -189,9 +203,11 @@ def kperm8(c: int) -> int:
 
 
 @triton.jit
-def gather_rows_fp8(x_ptr, stride_x, order_ptr, xs_ptr, xscale_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def gather_rows_fp8(x_ptr, stride_x, order_ptr, xs_ptr, xscale_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr = False):  # fmt: skip
     """W4A8: ``xs[i, kperm8(c)] = e4m3(x[t, c] / xscale[i])`` with ``t = order[i] // TOP_K`` and
     ``xscale[i] = max_c |x[t, c]| / 448`` (one scale a pair; ``BLOCK >= K``)."""
+    _tl_grid_sync(PDL)
     i = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < K
@@ -414,7 +430,7 @@ def moe_prefill_gemm(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr,
+    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -429,6 +445,9 @@ def moe_prefill_gemm(
     the MMAs are fp8. ``cs``: gate/up: fp32 ``[pairs]`` the sorted pairs' activation scales
     (:func:`gather_rows_fp8`); ``out_scale``: gate/up: the multiplier of ``inter`` before its e4m3
     store; down: the inverse, applied to the accumulator.
+
+    ``PDL`` (:mod:`.decode`): the expert offsets (the sort's, two launches back) and the first weight
+    codes are read before the grid wait; the activations (the previous launch's output) after it.
     """
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
@@ -457,10 +476,12 @@ def moe_prefill_gemm(
             mbarrier.init(bars.index(j), count=1)
         NK: gl.constexpr = K // 64
         acc = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
-        for j in gl.static_range(STAGES):
-            _issue(a_desc, ring, bars, start, j, NK, STAGES)
         wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
         wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
+        _grid_wait(PDL)
+        _grid_release(PDL)
+        for j in gl.static_range(STAGES):
+            _issue(a_desc, ring, bars, start, j, NK, STAGES)
         if UNROLL == 1:
             for kb in range(NK):
                 a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
@@ -617,7 +638,7 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         # The W4A8 table decodes every scale byte: TWO_STEP (the bf16 decode's variant) would only
         # add a specialization there.
         BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, UNROLL=unroll, TWO_STEP=two_step and not fp8,
-        FP8=fp8, num_warps=warps,
+        FP8=fp8, num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
 
 
@@ -640,11 +661,12 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     if fp8:
         xscale = torch.empty(pairs, dtype=torch.float32, device=x.device)
         cached(gather_rows_fp8)[(pairs,)](x, x.stride(0), order, xs, xscale, h, TOP_K=k,
-                                          BLOCK=triton.next_power_of_2(h))  # fmt: skip
+                                          BLOCK=triton.next_power_of_2(h), **pdl_kwargs())  # fmt: skip
         q = w4a8_inter_scale(activation)
     else:
         xscale, q = None, 1.0
-        cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block)
+        cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block,
+                                                             **pdl_kwargs())  # fmt: skip
     inter = torch.empty((pairs, i), dtype=act, device=x.device)
     common = dict(pairs=pairs, experts=experts, activation=activation, two_step=two_step)
     _launch(_descriptor(xs, gu_tile[1]), offsets, order, weights.w13, weights.w13_scale, weights.w13_bias, tw, inter,
@@ -654,7 +676,7 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     _launch(_descriptor(inter, down_tile[1]), offsets, order, weights.w2, weights.w2_scale, weights.w2_bias, tw,
             y[0], gate_up=False, interleaved=True, tile=down_tile, out_scale=1.0 / q, **common)  # fmt: skip
     cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k, KSPLIT=1,
-                                                      BLOCK=block)  # fmt: skip
+                                                      BLOCK=block, **pdl_kwargs())  # fmt: skip
     if scratch is not None:
         scratch.update(order=order, offsets=offsets, xs=xs, inter=inter, y=y[0], xscale=xscale)
     return result
