@@ -376,7 +376,8 @@ def sweep(w, gen, tokens_list, log, deadline, tiles_list=None):
         (64, 8, 4, 4, 6),
         (32, 8, 1, 4, 4),
     ):
-        grid.append(layer.DecodeTile(*cfg))
+        # a tile for both GEMMs, or (gate/up tile, down tile)
+        grid.append(tuple(layer.DecodeTile(*c) for c in cfg) if isinstance(cfg[0], tuple) else layer.DecodeTile(*cfg))
     res = []
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
@@ -387,13 +388,15 @@ def sweep(w, gen, tokens_list, log, deadline, tiles_list=None):
                     log("  sweep: budget spent")
                     return res
                 base = layer.DecodeTile(64, 8, 4, 6, 1)
-                tiles = {"both": (tile, tile), "gate_up": (tile, base), "down": (base, tile)}[which]
+                pair = isinstance(tile[0], tuple)
+                tiles = tile if pair else {"both": (tile, tile), "gate_up": (tile, base), "down": (base, tile)}[which]
+                label = [list(v) for v in tile] if pair else list(tile)
                 try:
                     tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles), device="cuda",
                                  graph=True, warmup_ms=5, rep_ms=30)  # fmt: skip
-                    res.append({"tokens": t, "gemm": which, "tile": list(tile), "layer_us": tm.median_us})
+                    res.append({"tokens": t, "gemm": which, "tile": label, "layer_us": tm.median_us})
                 except Exception as exc:
-                    res.append({"tokens": t, "gemm": which, "tile": list(tile), "error": str(exc)[:200]})
+                    res.append({"tokens": t, "gemm": which, "tile": label, "error": str(exc)[:200]})
                 log(f"  sweep {res[-1]}")
     return res
 
@@ -449,7 +452,9 @@ def _apply_best(rows, log):
     table = []
     for t in sorted({k[0] for k in best}):
         if (t, "both") in best:
-            table.append((t, (layer.DecodeTile(*best[(t, "both")][1]),) * 2))
+            tile = best[(t, "both")][1]
+            pair = tile if isinstance(tile[0], list) else (tile, tile)  # (gate/up, down) or one tile for both
+            table.append((t, tuple(layer.DecodeTile(*v) for v in pair)))
             continue
         gu = layer.DecodeTile(*best[(t, "gate_up")][1]) if (t, "gate_up") in best else default[0]
         dn = layer.DecodeTile(*best[(t, "down")][1]) if (t, "down") in best else default[1]
@@ -641,9 +646,7 @@ def main(argv=None) -> int:
         result["sort"] = sort_bench([int(v) for v in args.sort_bench.split(",")], log)
         save()
     if args.sweep:
-        tiles_list = (
-            [tuple(int(v) for v in c.split(",")) for c in args.sweep_tiles.split(";")] if args.sweep_tiles else None
-        )
+        tiles_list = [_parse_tiles(c) for c in args.sweep_tiles.split(";")] if args.sweep_tiles else None
         result["sweep"] = sweep(w, gen, [int(v) for v in args.sweep_tokens.split(",")], log,
                                 t0 + args.budget_s * 0.5, tiles_list)  # fmt: skip
         result["tiles_used"] = _apply_best(result["sweep"], log)

@@ -283,6 +283,8 @@ def gpu_inputs(e, tokens, wkw, routing):
 GPU_CASES = [
     ("120b_T1", 128, 1, {}, "random"),
     ("120b_T7", 128, 7, {}, "random"),
+    ("120b_T4_table_no_split_gate_up", 128, 4, {}, "random"),
+    ("20b_T3_table_no_split_gate_up", 32, 3, {}, "random"),
     ("120b_T64_decode_tiles", 128, 64, {"tiles": "split1"}, "random"),
     ("20b_T33", 32, 33, {}, "random"),
     ("120b_T40_one_hot_expert", 128, 40, {}, "hot"),

@@ -76,8 +76,13 @@ class DecodeTile(tuple):
 #: 2-4 found no tile more than ~3 % faster than (64, 8, 4 warps, 6 stages, no split). Since calls of
 #: ``PREFILL_MIN_TOKENS`` tokens or more take the prefill path, that last entry serves only decode
 #: tiles forced with ``tiles=`` (and ``layer._tiles`` in tests and the harness).
+#: Session 7 (hopper-moe/session7/call3, with programmatic dependent launch; ``moe_apply`` alone, us): at 4 tokens a gate/up
+#: GEMM without K splits and an 8-deep ring, which also drops the split sums' SwiGLU launch, took 120.0
+#: against 131.4 for the 4-split tile (the 8 other pairs measured 124.0-137.8); at 1 and 2 tokens no pair
+#: measured was more than 1.5 % faster than the 4-split tiles (47.4 / 74.1 us).
 DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
-    (4, (DecodeTile(32, 8, 1, 4, 4), DecodeTile(32, 8, 1, 4, 4))),
+    (2, (DecodeTile(32, 8, 1, 4, 4), DecodeTile(32, 8, 1, 4, 4))),
+    (4, (DecodeTile(32, 8, 1, 8, 1), DecodeTile(32, 8, 1, 4, 4))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
 )
 
