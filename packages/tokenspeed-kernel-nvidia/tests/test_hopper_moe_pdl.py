@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -91,41 +92,70 @@ LAYER_CASES = [
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
     ("prefill_T64", "prefill", 64, {}),
+    ("prefill_T64_late_codes", "prefill", 64, {"early_codes": False}),
     ("prefill_T600_torch_sort", "prefill", 600, {}),  # 2400 pairs: above SORT_MAX_PAIRS
     ("w4a8_T1024", "prefill", 1024, {"fp8": True}),
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("label,path,tokens,kw", LAYER_CASES, ids=[c[0] for c in LAYER_CASES])
-def test_each_launch_waits_before_it_reads_the_previous_output_or_writes(monkeypatch, label, path, tokens, kw):
-    from tokenspeed_kernel.testing import compile_launch
+class _Patch:
+    """``monkeypatch.setattr`` for the child process (which ends after one check)."""
 
+    def setattr(self, obj, name, value):
+        setattr(obj, name, value)
+
+
+def _in_subprocess(check: str, *args: str) -> None:
+    """Run ``check(*args)`` of this module in a child process: the cross-compilations of a whole layer hold
+    several GB that the compiler does not give back, so the test process would keep growing."""
+    r = subprocess.run([sys.executable, __file__, check, *args], capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
+
+
+def _layer_check(label: str) -> None:
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import prefill
+
+    path, tokens, kw = {c[0]: c[1:] for c in LAYER_CASES}[label]
+    kw = dict(kw)
+    prefill.EARLY_CODES = kw.pop("early_codes", True)
     if path == "decode":
-        tiles = _split_tiles(1) if kw.get("tiles") == "split1" else None
-        calls = _launches(monkeypatch, tokens, tiles=tiles)
+        tiles = _split_tiles(1) if kw.pop("tiles", None) == "split1" else None
+        calls = _launches(_Patch(), tokens, tiles=tiles)
     else:
-        calls, _ = _prefill_launches(monkeypatch, tokens, **kw)
+        calls, _ = _prefill_launches(_Patch(), tokens, **kw)
     assert len(calls) >= 3
     for fn, _grid, args, kwargs in calls:
         assert kwargs.get("PDL") is True and kwargs.get("launch_pdl") is True, fn
+        if fn is prefill.moe_prefill_gemm:
+            assert kwargs["EARLY_CODES"] is prefill.EARLY_CODES
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         assert ck.metadata.launch_pdl
         _check_order(fn, kwargs, ck.asm["ptx"])
 
 
-@pytest.mark.slow
-def test_pdl_off_launches_without_grid_control(monkeypatch):
+def _off_check() -> None:
     from tokenspeed_kernel.testing import compile_launch
     from tokenspeed_kernel_nvidia.hopper.moe import decode
 
-    monkeypatch.setattr(decode, "PDL_ENABLED", False)
-    calls = _launches(monkeypatch, 1) + _prefill_launches(monkeypatch, 64)[0]
+    decode.PDL_ENABLED = False
+    calls = _launches(_Patch(), 1) + _prefill_launches(_Patch(), 64)[0]
     for fn, _grid, _args, kwargs in calls:
         assert kwargs["PDL"] is False and "launch_pdl" not in kwargs, fn
     for fn, _grid, args, kwargs in calls[:2]:  # one Gluon GEMM and one Triton kernel compiled
         ptx = compile_launch(fn, args, dict(kwargs), "sm90").asm["ptx"]
         assert "griddepcontrol" not in ptx, fn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", [c[0] for c in LAYER_CASES])
+def test_each_launch_waits_before_it_reads_the_previous_output_or_writes(label):
+    _in_subprocess("_layer_check", label)
+
+
+@pytest.mark.slow
+def test_pdl_off_launches_without_grid_control():
+    _in_subprocess("_off_check")
 
 
 def test_the_interpreter_gets_no_grid_control(monkeypatch):
@@ -195,3 +225,7 @@ def test_gpu_pdl_on_and_off_give_the_same_bits_back_to_back(monkeypatch, label, 
             torch.cuda.synchronize()
             for j, (o, r) in enumerate(zip(outs, expected[with_route])):
                 assert torch.equal(o, r), (label, with_route, "graph", j)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
