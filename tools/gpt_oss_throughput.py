@@ -483,7 +483,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _commit() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
+        # --dirty: a working tree that differs from HEAD (a copy of an uncommitted or newer tree) says so.
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True, text=True)
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
