@@ -270,3 +270,28 @@ def test_runtime_binding_of_a_gpu_process_caches(monkeypatch, recorded):
     assert [e[0] for e in fake.log] == ["jit", "hit", "hit"]
     assert fake.log[1][1][3] == 99
     assert L.launch_cache_info([c]) == {fn.__name__: {"cached": 1, "uncacheable": 0, "misses": 1}}
+
+
+def test_launchers_are_held_only_by_their_functions():
+    """``cached`` remembers its launchers weakly: a stand-in function (a test's recorder) and what it holds are
+    freed with it, while ``launch_cache_info`` still lists every live launcher."""
+    import gc
+    import weakref
+
+    from tokenspeed_kernel.launch import cached, launch_cache_info
+
+    class StandIn:  # a kernel stand-in with a __dict__, holding a large object as a recorder holds its calls
+        __name__ = "stand_in_kernel"
+
+        def __init__(self):
+            self.held = torch.empty(1 << 20)
+
+    fn = StandIn()
+    held = weakref.ref(fn.held)
+    launcher = cached(fn)
+    assert cached(fn) is launcher
+    assert "stand_in_kernel" in launch_cache_info()
+    del fn, launcher
+    gc.collect()
+    assert held() is None
+    assert "stand_in_kernel" not in launch_cache_info()

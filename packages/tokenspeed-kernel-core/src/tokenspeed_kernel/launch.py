@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -301,7 +302,7 @@ def launch_cache_info(launchers: list[CachedLaunch] | None = None) -> dict[str, 
     ``launchers``: default every launcher :func:`cached` made.
     """
     out = {}
-    for k in _all if launchers is None else launchers:
+    for k in list(_all) if launchers is None else launchers:
         cached_n = sum(1 for e in k._cache.values() if e is not None)
         out[k.__name__] = {"cached": cached_n, "uncacheable": len(k._cache) - cached_n, "misses": k.misses}
     return out
@@ -312,8 +313,10 @@ def cached(fn: Any) -> CachedLaunch:
     launcher = fn.__dict__.get("_tokenspeed_launch")
     if launcher is None:
         launcher = fn.__dict__["_tokenspeed_launch"] = CachedLaunch(fn)
-        _all.append(launcher)
+        _all.add(launcher)
     return launcher
 
 
-_all: list[CachedLaunch] = []
+#: Every launcher :func:`cached` made, held weakly: a launcher lives as long as the function it is stored on
+#: (a kernel's for the process; a test's stand-in for the test, with whatever its calls recorded).
+_all: weakref.WeakSet[CachedLaunch] = weakref.WeakSet()
