@@ -10,6 +10,9 @@ the gate/up codes of the 4 experts (4 x 5760 rows x 1440 bytes = 33.2 MB; the do
 - ``stream``: a plain streaming read of each expert's codes, 16 bytes a lane, many programs;
 - ``pattern``: the decode GEMM's grid and addresses (32 rows x 6 K blocks of 64 bytes a program, one
   warp, 4 K splits) with no decode, no MMA and no activations: what its access pattern costs;
+- ``persistent``: the same work items, loads only, in persistent programs (8-24 per SM) whose flat loop
+  over their items' K blocks keeps four blocks in flight in registers across item boundaries; added after
+  session 7's run, not yet measured;
 - ``gate_up`` / ``down``: the decode GEMMs themselves at the table's tile, PDL off (alone in the
   graph there is nothing to overlap).
 
@@ -71,6 +74,50 @@ def _pattern(w_ptr, experts_ptr, stride_e, out_ptr, ROW_WORDS: tl.constexpr, NB:
     tl.store(out_ptr + (slot * tl.num_programs(1) + n) * KSPLIT + ks, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
 
 
+@triton.jit
+def _persistent_step(w_ptr, experts_ptr, stride_e, s, pid, progs, n_items, ROW_WORDS: tl.constexpr, NB: tl.constexpr,
+                     NT: tl.constexpr, KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """Flat step ``s`` of program ``pid``: its item's K block of ``BLOCK_M`` rows (zeros past the last item)."""
+    NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
+    item = pid + (s // NBS) * progs
+    live = item < n_items
+    slot = item // (NT * KSPLIT)
+    n = (item // KSPLIT) % NT
+    blk = (item % KSPLIT) * NBS + s % NBS
+    e = tl.load(experts_ptr + slot, mask=live, other=0)
+    rows = n * BLOCK_M + tl.arange(0, BLOCK_M)
+    ptrs = w_ptr + e.to(tl.int64) * stride_e + rows[:, None] * ROW_WORDS + blk * 16 + tl.arange(0, 16)[None, :]
+    return tl.load(ptrs, mask=live & (blk < NB), other=0)
+
+
+@triton.jit
+def _pattern_persistent(w_ptr, experts_ptr, stride_e, out_ptr, n_items, progs, ROW_WORDS: tl.constexpr,
+                        NB: tl.constexpr, NT: tl.constexpr, KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        ITEMS: tl.constexpr):  # fmt: skip
+    """The decode GEMM's work items (expert slot, N tile, K split), loads only, in persistent programs: program
+    ``pid`` takes items ``pid, pid + progs, ...`` and runs their K blocks as one flat loop with four blocks in
+    flight in registers, across item boundaries (the design a whole-layer streaming kernel would have).
+    ``progs``: the grid size; ``ITEMS``: ``cdiv(n_items, progs)`` (a program's last item may not exist)."""
+    pid = tl.program_id(0)
+    NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
+    acc = tl.zeros([BLOCK_M, 16], dtype=tl.int32)
+    a = (w_ptr, experts_ptr, stride_e)
+    c0 = _persistent_step(*a, 0, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+    c1 = _persistent_step(*a, 1, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+    c2 = _persistent_step(*a, 2, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+    c3 = _persistent_step(*a, 3, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+    for s in range(0, ITEMS * NBS, 4):  # unrolled by the depth: no copies between the stages
+        acc ^= c0
+        c0 = _persistent_step(*a, s + 4, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+        acc ^= c1
+        c1 = _persistent_step(*a, s + 5, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+        acc ^= c2
+        c2 = _persistent_step(*a, s + 6, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+        acc ^= c3
+        c3 = _persistent_step(*a, s + 7, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
+    tl.store(out_ptr + pid, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -130,6 +177,18 @@ def main(argv=None) -> int:
                 ),
                 4 * n * (k // 64) * 64,
             )  # fmt: skip  (the 32-byte K tail of a row is not read)
+        for block_m, ksplit, progs, warps, stages in ((32, 4, 132 * 8, 1, 1), (32, 4, 132 * 16, 1, 1),
+                                                      (32, 4, 132 * 24, 1, 1), (64, 4, 132 * 4, 4, 1),
+                                                      (32, 1, 132 * 8, 1, 1)):  # fmt: skip
+            nt = triton.cdiv(n, block_m)
+            out = torch.empty(progs, dtype=torch.int32, device="cuda")
+            timed(f"{label}_persistent_{block_m}rows_{ksplit}splits_{progs}progs_{warps}warps_{stages}stages",
+                  lambda out=out, nt=nt, block_m=block_m, ksplit=ksplit, progs=progs, warps=warps, stages=stages,
+                  w32=w32, k=k: _pattern_persistent[(progs,)](
+                      w32, experts, w32.stride(0), out, 4 * nt * ksplit, progs, ROW_WORDS=k // 4, NB=k // 64, NT=nt,
+                      KSPLIT=ksplit, BLOCK_M=block_m, ITEMS=triton.cdiv(4 * nt * ksplit, progs), num_warps=warps,
+                      num_stages=stages),
+                  4 * n * (k // 64) * 64)  # fmt: skip
     decode.PDL_ENABLED = False
     gu, dn = layer._tiles(1)
     flat_ids, flat_w = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
