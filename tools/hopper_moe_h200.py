@@ -516,13 +516,12 @@ def _bf16_experts(w):
     return dense(w.w13, w.w13_scale), dense(w.w2, w.w2_scale)
 
 
-def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False, order_ab=False):
+def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False):
     """The layer (route + apply) per kernel at each token count; ``pdl_ab``: ``hopper.moe_apply`` also with
-    programmatic dependent launch off (column ``hopper.moe_apply_no_pdl``), in the same process;
-    ``order_ab``: the hopper kernels also with ``prefill.EARLY_CODES`` off (columns ``*_late_codes``)."""
+    programmatic dependent launch off (column ``hopper.moe_apply_no_pdl``), in the same process."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
-    from tokenspeed_kernel_nvidia.hopper.moe import decode, prefill
+    from tokenspeed_kernel_nvidia.hopper.moe import decode
     from tokenspeed_kernel_nvidia.hopper.moe.layer import FP8_MIN_TOKENS
 
     names = [s.name for s in tk.registry.for_op("moe_apply")]
@@ -537,19 +536,14 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False, order_ab=Fa
         touched = int(torch.unique(ids).numel())
         row = {"tokens": t, "touched_experts": touched}
         out = torch.empty_like(x)
-        runs = [(k, k, pdl_default, True) for k in kernels]
+        runs = [(k, k, pdl_default) for k in kernels]
         if pdl_ab and "hopper.moe_apply" in kernels:
-            runs.insert(1, ("hopper.moe_apply_no_pdl", "hopper.moe_apply", False, True))
-        if order_ab:
-            for k in ("hopper.moe_apply", "hopper.moe_apply_w4a8"):
-                if k in kernels:
-                    runs.insert(runs.index((k, k, pdl_default, True)) + 1, (k + "_late_codes", k, pdl_default, False))
-        for column, kernel, pdl, early in runs:
+            runs.insert(1, ("hopper.moe_apply_no_pdl", "hopper.moe_apply", False))
+        for column, kernel, pdl in runs:
             if kernel.endswith("_w4a8") and t < FP8_MIN_TOKENS:
                 continue  # offered from FP8_MIN_TOKENS tokens (_register)
             weights = wtk if kernel == "triton_kernels.moe_apply" else w
             decode.PDL_ENABLED = pdl
-            prefill.EARLY_CODES = early
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,
                              warmup_ms=10, rep_ms=60)  # fmt: skip
@@ -559,7 +553,6 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False, order_ab=Fa
                 row[f"{column}_error"] = str(exc)[:300]
             finally:
                 decode.PDL_ENABLED = pdl_default
-                prefill.EARLY_CODES = True
         if grouped is not None:
             try:
                 row["grouped_mm_bf16"] = time_fn(_grouped_mm_fn(x, ids, *grouped), device="cuda", graph=True,
@@ -603,7 +596,6 @@ def main(argv=None) -> int:
     p.add_argument(
         "--pdl-ab", action="store_true", help="also time hopper.moe_apply with programmatic dependent launch off"
     )
-    p.add_argument("--order-ab", action="store_true", help="also time the hopper kernels with prefill.EARLY_CODES off")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import tokenspeed_kernel as tk
@@ -665,9 +657,7 @@ def main(argv=None) -> int:
         plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="triton_kernels.moe_apply")
         wtk = tk.moe_process_weights(plan, w)
     grouped = _bf16_experts(w) if args.grouped_mm else None
-    result["bench"] = bench(
-        w, wtk, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab, args.order_ab
-    )
+    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab)
     result["wall_s"] = time.time() - t0
     with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -92,7 +92,6 @@ LAYER_CASES = [
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
     ("prefill_T64", "prefill", 64, {}),
-    ("prefill_T64_late_codes", "prefill", 64, {"early_codes": False}),
     ("prefill_T600_torch_sort", "prefill", 600, {}),  # 2400 pairs: above SORT_MAX_PAIRS
     ("w4a8_T1024", "prefill", 1024, {"fp8": True}),
 ]
@@ -114,11 +113,9 @@ def _in_subprocess(check: str, *args: str) -> None:
 
 def _layer_check(label: str) -> None:
     from tokenspeed_kernel.testing import compile_launch
-    from tokenspeed_kernel_nvidia.hopper.moe import prefill
 
     path, tokens, kw = {c[0]: c[1:] for c in LAYER_CASES}[label]
     kw = dict(kw)
-    prefill.EARLY_CODES = kw.pop("early_codes", True)
     if path == "decode":
         tiles = _split_tiles(1) if kw.pop("tiles", None) == "split1" else None
         calls = _launches(_Patch(), tokens, tiles=tiles)
@@ -127,8 +124,6 @@ def _layer_check(label: str) -> None:
     assert len(calls) >= 3
     for fn, _grid, args, kwargs in calls:
         assert kwargs.get("PDL") is True and kwargs.get("launch_pdl") is True, fn
-        if fn is prefill.moe_prefill_gemm:
-            assert kwargs["EARLY_CODES"] is prefill.EARLY_CODES
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         assert ck.metadata.launch_pdl
         _check_order(fn, kwargs, ck.asm["ptx"])

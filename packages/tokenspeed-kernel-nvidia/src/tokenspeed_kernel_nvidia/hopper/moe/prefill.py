@@ -95,10 +95,6 @@ BLOCK_K = 64
 SORT_MAX_PAIRS = 2048
 
 
-#: Whether the prefill GEMMs load their first weight codes before the grid wait (``moe_prefill_gemm``).
-EARLY_CODES = True
-
-
 @triton.jit
 def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr = False):
     """The (token, slot) pairs sorted by expert, stably, in one program: ``order[i]`` the pair of sorted
@@ -434,7 +430,7 @@ def moe_prefill_gemm(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, E: gl.constexpr, E_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr, EARLY_CODES: gl.constexpr,
+    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -450,10 +446,9 @@ def moe_prefill_gemm(
     (:func:`gather_rows_fp8`); ``out_scale``: gate/up: the multiplier of ``inter`` before its e4m3
     store; down: the inverse, applied to the accumulator.
 
-    ``PDL`` (:mod:`.decode`): the expert offsets (the sort's, two launches back) are read before the grid
-    wait, and with ``EARLY_CODES`` the first two steps' weight codes too; the activations (the previous
-    launch's output) after it. Without ``EARLY_CODES`` the activations' TMA is issued before the codes
-    are loaded (the order before PDL).
+    ``PDL`` (:mod:`.decode`): the expert offsets (the sort's, two launches back) and the first two steps'
+    weight codes are read before the grid wait; the activations (the previous launch's output) after it.
+    (Issuing the activations' TMA first, the order before PDL, measured no different: session 7, call 5.)
     """
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
@@ -482,21 +477,13 @@ def moe_prefill_gemm(
             mbarrier.init(bars.index(j), count=1)
         NK: gl.constexpr = K // 64
         acc = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
-        if EARLY_CODES:
-            # The first two steps' codes before the grid wait (the weights are never written).
-            wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
-            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
-            _grid_wait(PDL)
-            _grid_release(PDL)
-            for j in gl.static_range(STAGES):
-                _issue(a_desc, ring, bars, start, j, NK, STAGES)
-        else:
-            _grid_wait(PDL)
-            _grid_release(PDL)
-            for j in gl.static_range(STAGES):
-                _issue(a_desc, ring, bars, start, j, NK, STAGES)
-            wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
-            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
+        # The first two steps' codes before the grid wait (the weights are never written).
+        wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
+        wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
+        _grid_wait(PDL)
+        _grid_release(PDL)
+        for j in gl.static_range(STAGES):
+            _issue(a_desc, ring, bars, start, j, NK, STAGES)
         if UNROLL == 1:
             for kb in range(NK):
                 a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
@@ -653,7 +640,7 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         # The W4A8 table decodes every scale byte: TWO_STEP (the bf16 decode's variant) would only
         # add a specialization there.
         BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, UNROLL=unroll, TWO_STEP=two_step and not fp8,
-        FP8=fp8, EARLY_CODES=EARLY_CODES, num_warps=warps, **pdl_kwargs(),
+        FP8=fp8, num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
 
 
