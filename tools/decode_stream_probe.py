@@ -13,6 +13,8 @@ the gate/up codes of the 4 experts (4 x 5760 rows x 1440 bytes = 33.2 MB; the do
 - ``persistent``: the same work items, loads only, in persistent programs (8-24 per SM) whose flat loop
   over their items' K blocks keeps four blocks in flight in registers across item boundaries; added after
   session 7's run, not yet measured;
+- ``layer_persistent``: both GEMMs' codes (gate/up items first, then down items) as one flat item list in
+  persistent programs, loads only: the streaming floor of a one-kernel layer (no wait between the GEMMs);
 - ``gate_up`` / ``down``: the decode GEMMs themselves at the table's tile, PDL off (alone in the
   graph there is nothing to overlap).
 
@@ -118,6 +120,53 @@ def _pattern_persistent(w_ptr, experts_ptr, stride_e, out_ptr, n_items, progs, R
     tl.store(out_ptr + pid, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
 
 
+@triton.jit
+def _layer_step(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, s, pid, progs, n13, n_items, ROW_WORDS: tl.constexpr,
+                NB: tl.constexpr, NT13: tl.constexpr, NT2: tl.constexpr, KSPLIT: tl.constexpr,
+                BLOCK_M: tl.constexpr):  # fmt: skip
+    """Flat step ``s`` of program ``pid`` over the layer's items: gate/up items ``0 .. n13``, then down items (both
+    GEMMs have K = 2880, so the same row words and blocks)."""
+    NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
+    item = pid + (s // NBS) * progs
+    live = item < n_items
+    gu = item < n13
+    it = tl.where(gu, item, item - n13)
+    nt = tl.where(gu, NT13, NT2)
+    slot = it // (nt * KSPLIT)
+    n = (it // KSPLIT) % nt
+    blk = (it % KSPLIT) * NBS + s % NBS
+    e = tl.load(experts_ptr + slot, mask=live, other=0)
+    rows = n * BLOCK_M + tl.arange(0, BLOCK_M)
+    base = tl.where(gu, w13_ptr, w2_ptr) + e.to(tl.int64) * tl.where(gu, stride13, stride2)
+    ptrs = base + rows[:, None] * ROW_WORDS + blk * 16 + tl.arange(0, 16)[None, :]
+    return tl.load(ptrs, mask=live & (blk < NB), other=0)
+
+
+@triton.jit
+def _layer_persistent(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, out_ptr, n13, n_items, progs,
+                      ROW_WORDS: tl.constexpr, NB: tl.constexpr, NT13: tl.constexpr, NT2: tl.constexpr,
+                      KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, ITEMS: tl.constexpr):  # fmt: skip
+    """:func:`_pattern_persistent` over both GEMMs' items (:func:`_layer_step`), four blocks in flight."""
+    pid = tl.program_id(0)
+    NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
+    acc = tl.zeros([BLOCK_M, 16], dtype=tl.int32)
+    a = (w13_ptr, w2_ptr, experts_ptr, stride13, stride2)
+    c0 = _layer_step(*a, 0, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c1 = _layer_step(*a, 1, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c2 = _layer_step(*a, 2, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c3 = _layer_step(*a, 3, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    for s in range(0, ITEMS * NBS, 4):
+        acc ^= c0
+        c0 = _layer_step(*a, s + 4, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        acc ^= c1
+        c1 = _layer_step(*a, s + 5, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        acc ^= c2
+        c2 = _layer_step(*a, s + 6, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        acc ^= c3
+        c3 = _layer_step(*a, s + 7, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    tl.store(out_ptr + pid, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -189,6 +238,19 @@ def main(argv=None) -> int:
                       KSPLIT=ksplit, BLOCK_M=block_m, ITEMS=triton.cdiv(4 * nt * ksplit, progs), num_warps=warps,
                       num_stages=stages),
                   4 * n * (k // 64) * 64)  # fmt: skip
+    assert k13 == k2, "the layer rows assume both GEMMs share K"
+    w13_32, w2_32 = w.w13.view(torch.int32), w.w2.view(torch.int32)
+    for block_m, ksplit, progs in ((32, 4, 132 * 8), (32, 4, 132 * 16), (32, 4, 132 * 24), (32, 2, 132 * 16)):
+        nt13, nt2 = triton.cdiv(n13, block_m), triton.cdiv(n2, block_m)
+        n13_items, n_items = 4 * nt13 * ksplit, 4 * (nt13 + nt2) * ksplit
+        out = torch.empty(progs, dtype=torch.int32, device="cuda")
+        timed(f"layer_persistent_{block_m}rows_{ksplit}splits_{progs}progs",
+              lambda out=out, nt13=nt13, nt2=nt2, n13_items=n13_items, n_items=n_items, block_m=block_m,
+              ksplit=ksplit, progs=progs: _layer_persistent[(progs,)](
+                  w13_32, w2_32, experts, w13_32.stride(0), w2_32.stride(0), out, n13_items, n_items, progs,
+                  ROW_WORDS=k13 // 4, NB=k13 // 64, NT13=nt13, NT2=nt2, KSPLIT=ksplit, BLOCK_M=block_m,
+                  ITEMS=triton.cdiv(n_items, progs), num_warps=1, num_stages=1),
+              4 * (n13 + n2) * (k13 // 64) * 64)  # fmt: skip
     decode.PDL_ENABLED = False
     gu, dn = layer._tiles(1)
     flat_ids, flat_w = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()

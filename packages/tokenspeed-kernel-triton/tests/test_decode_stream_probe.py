@@ -52,6 +52,21 @@ for p in range(3):
         s, n, ks = item // 4, (item // 2) % 2, item % 2
         want ^= xor(w[ex[s], n * 32:(n + 1) * 32, ks * 16:(ks + 1) * 16])
     assert want == out[p].item(), ("persistent", p)
+# the layer: experts' gate/up codes (w) then down codes (w2, 32 rows), 2 splits; 2 x (2 + 1) x 2 = 12 items, 5 programs
+w2 = torch.randint(-2**31, 2**31 - 1, (5, 32, 40), dtype=torch.int32)
+out = torch.empty(5, dtype=torch.int32)
+d._layer_persistent[(5,)](w, w2, ex, w.stride(0), w2.stride(0), out, 8, 12, 5, ROW_WORDS=40, NB=40 // 16, NT13=2,
+                          NT2=1, KSPLIT=2, BLOCK_M=32, ITEMS=3)
+for p in range(5):
+    want = 0
+    for item in range(p, 12, 5):
+        if item < 8:
+            s, n, ks = item // 4, (item // 2) % 2, item % 2
+            want ^= xor(w[ex[s], n * 32:(n + 1) * 32, ks * 16:(ks + 1) * 16])
+        else:
+            s, ks = (item - 8) // 2, (item - 8) % 2
+            want ^= xor(w2[ex[s], :, ks * 16:(ks + 1) * 16])
+    assert want == out[p].item(), ("layer", p)
 print("ok")
 """
 
