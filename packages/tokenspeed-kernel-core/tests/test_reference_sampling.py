@@ -262,3 +262,66 @@ def test_sampler_per_row_tensors_on_the_host_are_range_checked():
         tk.top_k_top_p_sample(logits, uniform=torch.tensor([0.5, 1.0]))
     with pytest.raises(ValueError, match=r"^top_k: expected an int in \[0, 5\]"):
         tk.top_k_top_p_sample(logits, top_k=2.5)
+
+
+def test_scalar_parameters_bind_to_tensors_built_once(monkeypatch):
+    """Scalar top_k / top_p / temperature become [B] tensors once per (value, batch, dtype, device): a second
+    call with the same scalars allocates and fills nothing, and the kernel still gets the right values."""
+    from tokenspeed_kernel.ops import sampling
+
+    monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
+    logits = torch.randn(3, 10)
+    u = torch.rand(3)
+    first = tk.top_k_top_p_sample.bind(logits, 5, 0.9, temperature=0.7, uniform=u)[4]
+    again = tk.top_k_top_p_sample.bind(logits, 5, 0.9, temperature=0.7, uniform=u)[4]
+    assert all(a is b for a, b in zip(first[1:4], again[1:4]))
+    assert first[1].tolist() == [5] * 3 and first[1].dtype == torch.int32
+    assert torch.equal(first[2], torch.full((3,), 0.9)) and torch.equal(first[3], torch.full((3,), 0.7))
+    other = tk.top_k_top_p_sample.bind(logits, 6, 0.9, temperature=0.7, uniform=u)[4]
+    assert other[1].tolist() == [6] * 3 and other[2] is first[2]
+    wider = tk.top_k_top_p_sample.bind(torch.randn(4, 10), 5, 0.9, temperature=0.7, uniform=torch.rand(4))[4]
+    assert wider[1].shape == (4,) and wider[1] is not first[1]
+    # the int 1 and the float 1.0 are different entries (an int32 and a float32 tensor)
+    assert sampling._row_constant(1, 3, torch.int32, logits.device) is not sampling._row_constant(
+        1.0, 3, torch.float32, logits.device
+    )
+
+
+def test_row_constants_are_not_kept_past_the_cap_or_inside_a_capture(monkeypatch):
+    from tokenspeed_kernel.ops import sampling
+
+    monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
+    monkeypatch.setattr(sampling, "_MAX_ROW_CONSTANTS", 2)
+    cpu = torch.device("cpu")
+    a = sampling._row_constant(0.5, 2, torch.float32, cpu)
+    b = sampling._row_constant(0.6, 2, torch.float32, cpu)
+    c = sampling._row_constant(0.7, 2, torch.float32, cpu)  # past the cap: built, not kept
+    assert sampling._row_constant(0.5, 2, torch.float32, cpu) is a
+    assert sampling._row_constant(0.6, 2, torch.float32, cpu) is b
+    assert sampling._row_constant(0.7, 2, torch.float32, cpu) is not c and len(sampling._ROW_CONSTANTS) == 2
+    # inside a CUDA graph capture the fill runs only at replay: such a tensor is never kept
+    monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
+    monkeypatch.setattr(sampling, "_MAX_ROW_CONSTANTS", 512)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    real_full = torch.full
+    monkeypatch.setattr(torch, "full", lambda size, value, dtype, device: real_full(size, value, dtype=dtype))
+    cuda = torch.device("cuda", 0)
+    assert sampling._row_constant(0.5, 2, torch.float32, cuda) is not sampling._row_constant(
+        0.5, 2, torch.float32, cuda
+    )
+    assert not sampling._ROW_CONSTANTS
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert sampling._row_constant(0.5, 2, torch.float32, cuda) is sampling._row_constant(0.5, 2, torch.float32, cuda)
+
+
+def test_row_constants_built_under_a_fake_mode_are_not_kept(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tokenspeed_kernel.ops import sampling
+
+    monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
+    with FakeTensorMode():
+        fake = tk.top_k_top_p_sample.bind(torch.empty(3, 10), 5, 0.9, uniform=torch.empty(3))[4]
+    assert type(fake[1]) is not torch.Tensor and not sampling._ROW_CONSTANTS
+    real = tk.top_k_top_p_sample.bind(torch.randn(3, 10), 5, 0.9, uniform=torch.rand(3))[4]
+    assert type(real[1]) is torch.Tensor and real[1].tolist() == [5] * 3

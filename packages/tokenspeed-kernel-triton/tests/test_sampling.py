@@ -265,3 +265,45 @@ def test_sample_cuda_graph_gpu():
     u.copy_(torch.rand(batch, device="cuda"))
     graph.replay()
     assert torch.equal(out, tk.top_k_top_p_sample(logits, top_k, top_p, temperature=temperature, uniform=u))
+
+
+@pytest.mark.gpu
+@gpu
+def test_sample_eager_graph_replays_match_direct_launches_gpu():
+    """Eager calls replay a captured graph from a shape's second call: new logits and uniforms are copied in,
+    per-row tensors are read where they are (new values at the same address are seen), and a new address or
+    shape is a new key. Every result equals the direct launches (graphs=False) bit for bit."""
+    from tokenspeed_kernel_triton import sampling as ts
+
+    torch.manual_seed(3)
+    batch, vocab = 4, 201088
+    top_k = torch.tensor([0, 20, 1, 500], device="cuda", dtype=torch.int32)
+    top_p = torch.full((batch,), 0.9, device="cuda")
+    temperature = torch.full((batch,), 0.8, device="cuda")
+    before = ts._GRAPHS.captures
+    for step in range(5):
+        logits = (torch.randn(batch, vocab, device="cuda") * 3).to(torch.bfloat16)
+        u = torch.rand(batch, device="cuda")
+        if step == 3:
+            top_k.copy_(torch.tensor([5, 0, 2, 50], device="cuda", dtype=torch.int32))  # same address, new values
+        got = ts.top_k_top_p_sample(logits, top_k, top_p, temperature, u)
+        want = ts.top_k_top_p_sample(logits, top_k, top_p, temperature, u, graphs=False)
+        assert torch.equal(got, want), step
+    assert ts._GRAPHS.captures == before + 1
+    other_p = torch.full((batch,), 0.5, device="cuda")  # another address: another key
+    for _ in range(3):
+        logits = (torch.randn(batch, vocab, device="cuda") * 3).to(torch.bfloat16)
+        u = torch.rand(batch, device="cuda")
+        got = ts.top_k_top_p_sample(logits, top_k, other_p, temperature, u)
+        assert torch.equal(got, ts.top_k_top_p_sample(logits, top_k, other_p, temperature, u, graphs=False))
+    assert ts._GRAPHS.captures == before + 2
+    # the public op with scalar parameters: its per-row tensors are built once, so the graph is reused
+    for _ in range(3):
+        logits = (torch.randn(batch, vocab, device="cuda") * 3).to(torch.bfloat16)
+        u = torch.rand(batch, device="cuda")
+        got = tk.top_k_top_p_sample(logits, 40, 0.95, temperature=0.7, uniform=u, override="triton.top_k_top_p_sample")
+        k = torch.full((batch,), 40, device="cuda", dtype=torch.int32)
+        p = torch.full((batch,), 0.95, device="cuda")
+        t = torch.full((batch,), 0.7, device="cuda")
+        assert torch.equal(got, ts.top_k_top_p_sample(logits, k, p, t, u, graphs=False))
+    assert ts._GRAPHS.captures == before + 3

@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
 from tokenspeed_kernel.launch import cached
 
 from ._host import RowConfig, arch_family, row_config
@@ -763,14 +764,26 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return out
 
 
+#: Eager calls replay a CUDA graph of the sampler's launches (ten or more a call), captured per shape at its
+#: second call (``tokenspeed_kernel.graphs``).
+_GRAPHS = GraphCache("triton.top_k_top_p_sample", max_graphs=64)
+
+
 def top_k_top_p_sample(
     logits: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     temperature: torch.Tensor,
     uniform: torch.Tensor,
+    *,
+    graphs: bool = True,
 ) -> torch.Tensor:
     """One token per row of ``logits [B, V]`` (definition in :mod:`tokenspeed_kernel.ops.sampling`).
+
+    An eager CUDA call replays a graph of the launches captured for its shape (``graphs=False``: launch
+    directly): ``logits`` and ``uniform`` are copied into the graph's buffers; ``top_k``, ``top_p`` and
+    ``temperature`` are read where they are, so their addresses are part of the graph's key (the op's
+    scalar parameters are tensors built once: ``tokenspeed_kernel.ops.sampling``).
 
     Args:
         logits: ``[B, V]`` bf16/fp16/fp32, last dim contiguous.
@@ -783,6 +796,11 @@ def top_k_top_p_sample(
         ``int64 [B]``.
     """
     b, v = logits.shape
+    if graphs and b and v and _GRAPHS.usable(logits, top_k, top_p, temperature, uniform):
+        key = (tensor_key(logits), tensor_key(uniform), in_place_key(top_k, top_p, temperature))
+        return _GRAPHS.run(
+            key, (logits, uniform), lambda x, u: top_k_top_p_sample(x, top_k, top_p, temperature, u, graphs=False)
+        )
     out = torch.empty((b,), dtype=torch.int64, device=logits.device)
     if b == 0:
         return out

@@ -67,7 +67,32 @@ def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -
     allowed = int if dtype == torch.int32 else (int, float)
     if isinstance(value, bool) or not isinstance(value, allowed) or not lo <= value <= hi:
         raise ValueError(f"{name}: expected {kind} in [{lo}, {hi}] or a [{batch}] tensor, got {value!r}")
-    return torch.full((batch,), value, dtype=dtype, device=device)
+    return _row_constant(value, batch, dtype, device)
+
+
+#: The ``[B]`` tensors of scalar sampling parameters, built once per (value, batch, dtype, device) instead of
+#: three allocations and fill launches per call. Kernels only read them. An entry is never freed: a graph
+#: captured with one reads it by address. Past :data:`_MAX_ROW_CONSTANTS` entries (parameters that vary
+#: per call) new tensors are built per call and not kept.
+_ROW_CONSTANTS: dict[tuple, torch.Tensor] = {}
+_MAX_ROW_CONSTANTS = 512
+
+
+def _row_constant(value: int | float, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (type(value), value, batch, dtype, device)
+    t = _ROW_CONSTANTS.get(key)
+    if t is not None:
+        return t
+    t = torch.full((batch,), value, dtype=dtype, device=device)
+    # Not kept: a tensor filled inside a capture (it holds its value only once the graph replays) and a
+    # fake or functional one (a call traced by torch.compile or run under a fake mode).
+    if (
+        type(t) is torch.Tensor
+        and len(_ROW_CONSTANTS) < _MAX_ROW_CONSTANTS
+        and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    ):
+        _ROW_CONSTANTS[key] = t
+    return t
 
 
 def _check_logit_values(logits: torch.Tensor) -> None:
