@@ -202,6 +202,42 @@ def test_uniform_extremes_pick_the_first_and_last_kept_token(device):
     assert int(got[1]) == int(torch.topk(logits[1].cpu(), 20).indices.max())
 
 
+def test_sampler_eager_graph_only_up_to_its_logit_bytes(monkeypatch, device):
+    """The eager graph path is taken only for logits of at most GRAPH_MAX_LOGIT_BYTES (each graph keeps a copy
+    of its logits); larger calls and graphs=False launch directly. The graph cache is a recorder here."""
+    from tokenspeed_kernel_triton import sampling as ts
+
+    class Recorder:
+        def __init__(self):
+            self.keys = []
+
+        def usable(self, *tensors):
+            return True
+
+        def run(self, key, inputs, fn):
+            self.keys.append(key)
+            return fn(*inputs)
+
+    rec = Recorder()
+    monkeypatch.setattr(ts, "_GRAPHS", rec)
+    monkeypatch.setattr(ts, "GRAPH_MAX_LOGIT_BYTES", 2 * 64 * 4)  # two rows of 64 fp32 logits
+
+    def call(b, **kw):
+        logits = _spaced_logits(b, 64, b).to(device)
+        k = torch.full((b,), 5, dtype=torch.int32, device=device)
+        p = torch.full((b,), 0.9, device=device)
+        t = torch.ones(b, device=device)
+        u = torch.rand(b, generator=torch.Generator().manual_seed(b)).to(device)
+        got = ts.top_k_top_p_sample(logits, k, p, t, u, **kw)
+        assert got.tolist() == ref.top_k_top_p_sample(logits, k, p, t, u).tolist()
+
+    call(2)
+    assert len(rec.keys) == 1
+    call(3)
+    call(2, graphs=False)
+    assert len(rec.keys) == 1
+
+
 # -- GPU, GPT-OSS vocabulary -------------------------------------------------------------
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -765,8 +765,11 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 #: Eager calls replay a CUDA graph of the sampler's launches (ten or more a call), captured per shape at its
-#: second call (``tokenspeed_kernel.graphs``).
-_GRAPHS = GraphCache("triton.top_k_top_p_sample", max_graphs=64)
+#: second call (``tokenspeed_kernel.graphs``), for logits of at most this many bytes: each graph keeps a copy of
+#: its logits (4 MiB: 10 rows of GPT-OSS's 201088 bf16 logits), so the graphs hold at most 64 MiB of copies.
+#: Larger batches launch directly; there the device time (``bench --host``'s graph column) is the larger cost.
+GRAPH_MAX_LOGIT_BYTES = 4 << 20
+_GRAPHS = GraphCache("triton.top_k_top_p_sample", max_graphs=16)
 
 
 def top_k_top_p_sample(
@@ -780,8 +783,8 @@ def top_k_top_p_sample(
 ) -> torch.Tensor:
     """One token per row of ``logits [B, V]`` (definition in :mod:`tokenspeed_kernel.ops.sampling`).
 
-    An eager CUDA call replays a graph of the launches captured for its shape (``graphs=False``: launch
-    directly): ``logits`` and ``uniform`` are copied into the graph's buffers; ``top_k``, ``top_p`` and
+    An eager CUDA call with logits of at most :data:`GRAPH_MAX_LOGIT_BYTES` replays a graph of the launches
+    captured for its shape (``graphs=False``: launch directly): ``logits`` and ``uniform`` are copied into the graph's buffers; ``top_k``, ``top_p`` and
     ``temperature`` are read where they are, so their addresses are part of the graph's key (the op's
     scalar parameters are tensors built once: ``tokenspeed_kernel.ops.sampling``).
 
@@ -796,7 +799,13 @@ def top_k_top_p_sample(
         ``int64 [B]``.
     """
     b, v = logits.shape
-    if graphs and b and v and _GRAPHS.usable(logits, top_k, top_p, temperature, uniform):
+    if (
+        graphs
+        and b
+        and v
+        and b * v * logits.element_size() <= GRAPH_MAX_LOGIT_BYTES
+        and _GRAPHS.usable(logits, top_k, top_p, temperature, uniform)
+    ):
         key = (tensor_key(logits), tensor_key(uniform), in_place_key(top_k, top_p, temperature))
         return _GRAPHS.run(
             key, (logits, uniform), lambda x, u: top_k_top_p_sample(x, top_k, top_p, temperature, u, graphs=False)
