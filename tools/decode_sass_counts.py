@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""The SASS instruction mix of ``hopper.moe_apply``'s decode GEMMs, cross-compiled for sm90 (no GPU needed).
+
+    python tools/decode_sass_counts.py [--tokens 1]
+
+Records the launches of one GPT-OSS-120B layer call at ``--tokens`` (the launch recorder of
+``tokenspeed-kernel-nvidia/tests/test_hopper_moe.py``), compiles each decode GEMM for sm90, and prints the static
+instruction counts before, in and after its K loop (the innermost loop: three K blocks an iteration) with the
+loop's opcode mix. Issue 11's report (session 8) quotes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import re
+import sys
+
+TESTS = pathlib.Path(__file__).resolve().parents[1] / "packages" / "tokenspeed-kernel-nvidia" / "tests"
+
+
+def _ins(line: str) -> re.Match | None:
+    return re.match(r"^[-\w:]+\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+
+
+def loop_counts(sass: str) -> dict:
+    """Static counts of the innermost loop (the label a backward branch targets whose body has the HMMAs)."""
+    lines = sass.splitlines()
+    labels = {ln.rstrip(":"): i for i, ln in enumerate(lines) if re.match(r"^LBB\d+:$", ln)}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"\bBRA (LBB\d+);", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            body = lines[labels[m.group(1)] : i + 1]
+            if any("HMMA" in b for b in body) and (best is None or i - labels[m.group(1)] < best[1] - best[0]):
+                best = (labels[m.group(1)], i)
+    if best is None:
+        raise SystemExit("no K loop with MMAs found")
+    a, b = best
+    mix = collections.Counter(m.group(2) for ln in lines[a : b + 1] if (m := _ins(ln)))
+    return {
+        "before": sum(1 for ln in lines[:a] if _ins(ln)),
+        "loop": sum(mix.values()),
+        "after": sum(1 for ln in lines[b + 1 :] if _ins(ln)),
+        "mix": dict(mix.most_common()),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=1)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(TESTS))
+    import pytest
+    import test_hopper_moe as t
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import decode
+    from triton.tools.disasm import get_sass
+
+    with pytest.MonkeyPatch.context() as mp:
+        calls = t._launches(mp, args.tokens)
+    for fn, grid, kargs, kwargs in calls:
+        if fn is not decode.moe_decode_gemm:
+            continue
+        ck = compile_launch(fn, kargs, dict(kwargs), "sm90")
+        tile = {k: kwargs[k] for k in ("GATE_UP", "BLOCK_M", "TOKENS", "WARPS", "STAGES", "KSPLIT")}
+        print(f"grid {tuple(grid)} {tile}")
+        c = loop_counts(get_sass(ck.asm["cubin"]))
+        print(f"  static instructions: before the K loop {c['before']}, K loop {c['loop']}, after {c['after']}")
+        print(f"  K loop mix: {c['mix']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
