@@ -54,9 +54,10 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(TESTS))
     import pytest
     import test_hopper_moe as t
+    from triton.tools.disasm import get_sass
+
     from tokenspeed_kernel.testing import compile_launch
     from tokenspeed_kernel_nvidia.hopper.moe import decode
-    from triton.tools.disasm import get_sass
 
     with pytest.MonkeyPatch.context() as mp:
         calls = t._launches(mp, args.tokens)

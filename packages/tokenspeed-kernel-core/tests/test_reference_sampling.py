@@ -303,6 +303,8 @@ def test_row_constants_are_not_kept_past_the_cap_or_inside_a_capture(monkeypatch
     monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
     monkeypatch.setattr(sampling, "_MAX_ROW_CONSTANTS", 512)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    streams = iter([7, 7, 7, 7, 8])
+    monkeypatch.setattr(sampling, "_stream_of", lambda device: next(streams))
     real_full = torch.full
     monkeypatch.setattr(torch, "full", lambda size, value, dtype, device: real_full(size, value, dtype=dtype))
     cuda = torch.device("cuda", 0)
@@ -312,6 +314,12 @@ def test_row_constants_are_not_kept_past_the_cap_or_inside_a_capture(monkeypatch
     assert not sampling._ROW_CONSTANTS
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert sampling._row_constant(0.5, 2, torch.float32, cuda) is sampling._row_constant(0.5, 2, torch.float32, cuda)
+    # another stream: its own tensor (its fill runs on that stream), then a hit there
+    assert (
+        sampling._row_constant(0.5, 2, torch.float32, cuda)
+        is not sampling._ROW_CONSTANTS[(float, 0.5, 2, torch.float32, cuda, 7)]
+    )
+    assert len(sampling._ROW_CONSTANTS) == 2
 
 
 def test_row_constants_built_under_a_fake_mode_are_not_kept(monkeypatch):
@@ -325,3 +333,22 @@ def test_row_constants_built_under_a_fake_mode_are_not_kept(monkeypatch):
     assert type(fake[1]) is not torch.Tensor and not sampling._ROW_CONSTANTS
     real = tk.top_k_top_p_sample.bind(torch.randn(3, 10), 5, 0.9, uniform=torch.rand(3))[4]
     assert type(real[1]) is torch.Tensor and real[1].tolist() == [5] * 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_row_constants_are_per_stream_gpu(monkeypatch):
+    """On a GPU the constants are per stream: the tensor a call on one stream filled is never read by a call on
+    another stream before that fill ran; each stream gets its own, and reuses it."""
+    from tokenspeed_kernel.ops import sampling
+
+    monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
+    dev = torch.device("cuda", torch.cuda.current_device())
+    main = sampling._row_constant(0.9, 4, torch.float32, dev)
+    assert sampling._row_constant(0.9, 4, torch.float32, dev) is main
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        other = sampling._row_constant(0.9, 4, torch.float32, dev)
+        assert other is not main and sampling._row_constant(0.9, 4, torch.float32, dev) is other
+    torch.cuda.synchronize()
+    assert torch.equal(main, torch.full((4,), 0.9, device=dev)) and torch.equal(other, main)

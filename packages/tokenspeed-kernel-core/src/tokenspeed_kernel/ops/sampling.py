@@ -70,16 +70,27 @@ def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -
     return _row_constant(value, batch, dtype, device)
 
 
-#: The ``[B]`` tensors of scalar sampling parameters, built once per (value, batch, dtype, device) instead of
-#: three allocations and fill launches per call. Kernels only read them. An entry is never freed: a graph
-#: captured with one reads it by address. Past :data:`_MAX_ROW_CONSTANTS` entries (parameters that vary
-#: per call) new tensors are built per call and not kept.
+#: The ``[B]`` tensors of scalar sampling parameters, built once per (value, batch, dtype, device, stream) instead
+#: of three allocations and fill launches per call. Kernels only read them. The stream is part of the key because
+#: the fill runs on the stream of the call that built the tensor: a call on another stream gets its own, so it never
+#: reads one whose fill has not run yet. An entry is never freed: a graph captured with one reads it by address.
+#: Past :data:`_MAX_ROW_CONSTANTS` entries (parameters that vary per call) new tensors are built per call and not kept.
 _ROW_CONSTANTS: dict[tuple, torch.Tensor] = {}
 _MAX_ROW_CONSTANTS = 512
+_CUDA_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)  # absent from CPU-only builds of torch
+
+
+def _stream_of(device: torch.device) -> int | None:
+    """The id of ``device``'s current stream (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    if _CUDA_STREAM is not None:
+        return _CUDA_STREAM(device.index if device.index is not None else torch.cuda.current_device())[0]
+    return torch.cuda.current_stream(device).stream_id
 
 
 def _row_constant(value: int | float, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (type(value), value, batch, dtype, device)
+    key = (type(value), value, batch, dtype, device, _stream_of(device))
     t = _ROW_CONSTANTS.get(key)
     if t is not None:
         return t
