@@ -265,7 +265,7 @@ def test_sampler_per_row_tensors_on_the_host_are_range_checked():
 
 
 def test_scalar_parameters_bind_to_tensors_built_once(monkeypatch):
-    """Scalar top_k / top_p / temperature become [B] tensors once per (value, batch, dtype, device): a second
+    """Scalar top_k / top_p / temperature become [B] tensors once per (value, batch, dtype, device, stream): a second
     call with the same scalars allocates and fills nothing, and the kernel still gets the right values."""
     from tokenspeed_kernel.ops import sampling
 
