@@ -11,8 +11,7 @@ the gate/up codes of the 4 experts (4 x 5760 rows x 1440 bytes = 33.2 MB; the do
 - ``pattern``: the decode GEMM's grid and addresses (32 rows x 6 K blocks of 64 bytes a program, one
   warp, 4 K splits) with no decode, no MMA and no activations: what its access pattern costs;
 - ``persistent``: the same work items, loads only, in persistent programs (8-24 per SM) whose flat loop
-  over their items' K blocks keeps four blocks in flight in registers across item boundaries; added after
-  session 7's run, not yet measured;
+  over their items' K blocks keeps four blocks in flight in registers across item boundaries (session 8);
 - ``layer_persistent``: both GEMMs' codes (gate/up items first, then down items) as one flat item list in
   persistent programs, loads only: the streaming floor of a one-kernel layer (no wait between the GEMMs);
 - ``gate_up`` / ``down``: the decode GEMMs themselves at the table's tile, PDL off (alone in the
@@ -77,55 +76,12 @@ def _pattern(w_ptr, experts_ptr, stride_e, out_ptr, ROW_WORDS: tl.constexpr, NB:
 
 
 @triton.jit
-def _persistent_step(w_ptr, experts_ptr, stride_e, s, pid, progs, n_items, ROW_WORDS: tl.constexpr, NB: tl.constexpr,
-                     NT: tl.constexpr, KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
-    """Flat step ``s`` of program ``pid``: its item's K block of ``BLOCK_M`` rows (zeros past the last item)."""
-    NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
-    item = pid + (s // NBS) * progs
-    live = item < n_items
-    slot = item // (NT * KSPLIT)
-    n = (item // KSPLIT) % NT
-    blk = (item % KSPLIT) * NBS + s % NBS
-    e = tl.load(experts_ptr + slot, mask=live, other=0)
-    rows = n * BLOCK_M + tl.arange(0, BLOCK_M)
-    ptrs = w_ptr + e.to(tl.int64) * stride_e + rows[:, None] * ROW_WORDS + blk * 16 + tl.arange(0, 16)[None, :]
-    return tl.load(ptrs, mask=live & (blk < NB), other=0)
-
-
-@triton.jit
-def _pattern_persistent(w_ptr, experts_ptr, stride_e, out_ptr, n_items, progs, ROW_WORDS: tl.constexpr,
-                        NB: tl.constexpr, NT: tl.constexpr, KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                        ITEMS: tl.constexpr):  # fmt: skip
-    """The decode GEMM's work items (expert slot, N tile, K split), loads only, in persistent programs: program
-    ``pid`` takes items ``pid, pid + progs, ...`` and runs their K blocks as one flat loop with four blocks in
-    flight in registers, across item boundaries (the design a whole-layer streaming kernel would have).
-    ``progs``: the grid size; ``ITEMS``: ``cdiv(n_items, progs)`` (a program's last item may not exist)."""
-    pid = tl.program_id(0)
-    NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
-    acc = tl.zeros([BLOCK_M, 16], dtype=tl.int32)
-    a = (w_ptr, experts_ptr, stride_e)
-    c0 = _persistent_step(*a, 0, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-    c1 = _persistent_step(*a, 1, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-    c2 = _persistent_step(*a, 2, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-    c3 = _persistent_step(*a, 3, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-    for s in range(0, ITEMS * NBS, 4):  # unrolled by the depth: no copies between the stages
-        acc ^= c0
-        c0 = _persistent_step(*a, s + 4, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-        acc ^= c1
-        c1 = _persistent_step(*a, s + 5, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-        acc ^= c2
-        c2 = _persistent_step(*a, s + 6, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-        acc ^= c3
-        c3 = _persistent_step(*a, s + 7, pid, progs, n_items, ROW_WORDS, NB, NT, KSPLIT, BLOCK_M)
-    tl.store(out_ptr + pid, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
-
-
-@triton.jit
-def _layer_step(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, s, pid, progs, n13, n_items, ROW_WORDS: tl.constexpr,
-                NB: tl.constexpr, NT13: tl.constexpr, NT2: tl.constexpr, KSPLIT: tl.constexpr,
-                BLOCK_M: tl.constexpr):  # fmt: skip
-    """Flat step ``s`` of program ``pid`` over the layer's items: gate/up items ``0 .. n13``, then down items (both
-    GEMMs have K = 2880, so the same row words and blocks)."""
+def _step(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, s, pid, progs, n13, n_items, ROW_WORDS: tl.constexpr,
+          NB: tl.constexpr, NT13: tl.constexpr, NT2: tl.constexpr, KSPLIT: tl.constexpr,
+          BLOCK_M: tl.constexpr):  # fmt: skip
+    """Flat step ``s`` of program ``pid``: its item's K block of ``BLOCK_M`` rows (zeros past the last item). Items
+    ``0 .. n13`` are (expert slot, N tile, K split) of ``w13``, the rest those of ``w2`` (both GEMMs have K = 2880,
+    so the same row words and blocks); one GEMM alone: ``n13 = n_items``."""
     NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
     item = pid + (s // NBS) * progs
     live = item < n_items
@@ -143,27 +99,30 @@ def _layer_step(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, s, pid, progs, 
 
 
 @triton.jit
-def _layer_persistent(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, out_ptr, n13, n_items, progs,
-                      ROW_WORDS: tl.constexpr, NB: tl.constexpr, NT13: tl.constexpr, NT2: tl.constexpr,
-                      KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, ITEMS: tl.constexpr):  # fmt: skip
-    """:func:`_pattern_persistent` over both GEMMs' items (:func:`_layer_step`), four blocks in flight."""
+def _persistent(w13_ptr, w2_ptr, experts_ptr, stride13, stride2, out_ptr, n13, n_items, progs,
+                ROW_WORDS: tl.constexpr, NB: tl.constexpr, NT13: tl.constexpr, NT2: tl.constexpr,
+                KSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, ITEMS: tl.constexpr):  # fmt: skip
+    """The decode GEMMs' work items (:func:`_step`), loads only, in persistent programs: program ``pid`` takes items
+    ``pid, pid + progs, ...`` and runs their K blocks as one flat loop with four blocks in flight in registers, across
+    item boundaries (the design a whole-layer streaming kernel would have). ``progs``: the grid size; ``ITEMS``:
+    ``cdiv(n_items, progs)`` (a program's last item may not exist)."""
     pid = tl.program_id(0)
     NBS: tl.constexpr = (NB + KSPLIT - 1) // KSPLIT
     acc = tl.zeros([BLOCK_M, 16], dtype=tl.int32)
     a = (w13_ptr, w2_ptr, experts_ptr, stride13, stride2)
-    c0 = _layer_step(*a, 0, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
-    c1 = _layer_step(*a, 1, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
-    c2 = _layer_step(*a, 2, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
-    c3 = _layer_step(*a, 3, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c0 = _step(*a, 0, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c1 = _step(*a, 1, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c2 = _step(*a, 2, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+    c3 = _step(*a, 3, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
     for s in range(0, ITEMS * NBS, 4):
         acc ^= c0
-        c0 = _layer_step(*a, s + 4, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        c0 = _step(*a, s + 4, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
         acc ^= c1
-        c1 = _layer_step(*a, s + 5, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        c1 = _step(*a, s + 5, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
         acc ^= c2
-        c2 = _layer_step(*a, s + 6, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        c2 = _step(*a, s + 6, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
         acc ^= c3
-        c3 = _layer_step(*a, s + 7, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
+        c3 = _step(*a, s + 7, pid, progs, n13, n_items, ROW_WORDS, NB, NT13, NT2, KSPLIT, BLOCK_M)
     tl.store(out_ptr + pid, tl.reduce(tl.reduce(acc, 1, _xor), 0, _xor))
 
 
@@ -233,10 +192,10 @@ def main(argv=None) -> int:
             out = torch.empty(progs, dtype=torch.int32, device="cuda")
             timed(f"{label}_persistent_{block_m}rows_{ksplit}splits_{progs}progs_{warps}warps_{stages}stages",
                   lambda out=out, nt=nt, block_m=block_m, ksplit=ksplit, progs=progs, warps=warps, stages=stages,
-                  w32=w32, k=k: _pattern_persistent[(progs,)](
-                      w32, experts, w32.stride(0), out, 4 * nt * ksplit, progs, ROW_WORDS=k // 4, NB=k // 64, NT=nt,
-                      KSPLIT=ksplit, BLOCK_M=block_m, ITEMS=triton.cdiv(4 * nt * ksplit, progs), num_warps=warps,
-                      num_stages=stages),
+                  w32=w32, k=k, items=4 * nt * ksplit: _persistent[(progs,)](
+                      w32, w32, experts, w32.stride(0), w32.stride(0), out, items, items, progs, ROW_WORDS=k // 4,
+                      NB=k // 64, NT13=nt, NT2=nt, KSPLIT=ksplit, BLOCK_M=block_m, ITEMS=triton.cdiv(items, progs),
+                      num_warps=warps, num_stages=stages),
                   4 * n * (k // 64) * 64)  # fmt: skip
     assert k13 == k2, "the layer rows assume both GEMMs share K"
     w13_32, w2_32 = w.w13.view(torch.int32), w.w2.view(torch.int32)
@@ -246,7 +205,7 @@ def main(argv=None) -> int:
         out = torch.empty(progs, dtype=torch.int32, device="cuda")
         timed(f"layer_persistent_{block_m}rows_{ksplit}splits_{progs}progs",
               lambda out=out, nt13=nt13, nt2=nt2, n13_items=n13_items, n_items=n_items, block_m=block_m,
-              ksplit=ksplit, progs=progs: _layer_persistent[(progs,)](
+              ksplit=ksplit, progs=progs: _persistent[(progs,)](
                   w13_32, w2_32, experts, w13_32.stride(0), w2_32.stride(0), out, n13_items, n_items, progs,
                   ROW_WORDS=k13 // 4, NB=k13 // 64, NT13=nt13, NT2=nt2, KSPLIT=ksplit, BLOCK_M=block_m,
                   ITEMS=triton.cdiv(n_items, progs), num_warps=1, num_stages=1),

@@ -281,9 +281,16 @@ def test_scalar_parameters_bind_to_tensors_built_once(monkeypatch):
     assert other[1].tolist() == [6] * 3 and other[2] is first[2]
     wider = tk.top_k_top_p_sample.bind(torch.randn(4, 10), 5, 0.9, temperature=0.7, uniform=torch.rand(4))[4]
     assert wider[1].shape == (4,) and wider[1] is not first[1]
+    # bind looks the stream up once and keys every parameter by it: another stream, other tensors
+    monkeypatch.setattr(sampling, "_stream_of", lambda device: 5)
+    on5 = tk.top_k_top_p_sample.bind(logits, 5, 0.9, temperature=0.7, uniform=u)[4]
+    assert all(a is not b for a, b in zip(on5[1:4], first[1:4]))
+    assert all(
+        a is b for a, b in zip(on5[1:4], tk.top_k_top_p_sample.bind(logits, 5, 0.9, temperature=0.7, uniform=u)[4][1:4])
+    )
     # the int 1 and the float 1.0 are different entries (an int32 and a float32 tensor)
-    assert sampling._row_constant(1, 3, torch.int32, logits.device) is not sampling._row_constant(
-        1.0, 3, torch.float32, logits.device
+    assert sampling._row_constant(1, 3, torch.int32, logits.device, None) is not sampling._row_constant(
+        1.0, 3, torch.float32, logits.device, None
     )
 
 
@@ -293,32 +300,29 @@ def test_row_constants_are_not_kept_past_the_cap_or_inside_a_capture(monkeypatch
     monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
     monkeypatch.setattr(sampling, "_MAX_ROW_CONSTANTS", 2)
     cpu = torch.device("cpu")
-    a = sampling._row_constant(0.5, 2, torch.float32, cpu)
-    b = sampling._row_constant(0.6, 2, torch.float32, cpu)
-    c = sampling._row_constant(0.7, 2, torch.float32, cpu)  # past the cap: built, not kept
-    assert sampling._row_constant(0.5, 2, torch.float32, cpu) is a
-    assert sampling._row_constant(0.6, 2, torch.float32, cpu) is b
-    assert sampling._row_constant(0.7, 2, torch.float32, cpu) is not c and len(sampling._ROW_CONSTANTS) == 2
+    a = sampling._row_constant(0.5, 2, torch.float32, cpu, None)
+    b = sampling._row_constant(0.6, 2, torch.float32, cpu, None)
+    c = sampling._row_constant(0.7, 2, torch.float32, cpu, None)  # past the cap: built, not kept
+    assert sampling._row_constant(0.5, 2, torch.float32, cpu, None) is a
+    assert sampling._row_constant(0.6, 2, torch.float32, cpu, None) is b
+    assert sampling._row_constant(0.7, 2, torch.float32, cpu, None) is not c and len(sampling._ROW_CONSTANTS) == 2
     # inside a CUDA graph capture the fill runs only at replay: such a tensor is never kept
     monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
     monkeypatch.setattr(sampling, "_MAX_ROW_CONSTANTS", 512)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    streams = iter([7, 7, 7, 7, 8])
-    monkeypatch.setattr(sampling, "_stream_of", lambda device: next(streams))
     real_full = torch.full
     monkeypatch.setattr(torch, "full", lambda size, value, dtype, device: real_full(size, value, dtype=dtype))
     cuda = torch.device("cuda", 0)
-    assert sampling._row_constant(0.5, 2, torch.float32, cuda) is not sampling._row_constant(
-        0.5, 2, torch.float32, cuda
+    assert sampling._row_constant(0.5, 2, torch.float32, cuda, 7) is not sampling._row_constant(
+        0.5, 2, torch.float32, cuda, 7
     )
     assert not sampling._ROW_CONSTANTS
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert sampling._row_constant(0.5, 2, torch.float32, cuda) is sampling._row_constant(0.5, 2, torch.float32, cuda)
+    on7 = sampling._row_constant(0.5, 2, torch.float32, cuda, 7)
+    assert sampling._row_constant(0.5, 2, torch.float32, cuda, 7) is on7
     # another stream: its own tensor (its fill runs on that stream), then a hit there
-    assert (
-        sampling._row_constant(0.5, 2, torch.float32, cuda)
-        is not sampling._ROW_CONSTANTS[(float, 0.5, 2, torch.float32, cuda, 7)]
-    )
+    on8 = sampling._row_constant(0.5, 2, torch.float32, cuda, 8)
+    assert on8 is not on7 and sampling._row_constant(0.5, 2, torch.float32, cuda, 8) is on8
     assert len(sampling._ROW_CONSTANTS) == 2
 
 
@@ -344,11 +348,15 @@ def test_row_constants_are_per_stream_gpu(monkeypatch):
 
     monkeypatch.setattr(sampling, "_ROW_CONSTANTS", {})
     dev = torch.device("cuda", torch.cuda.current_device())
-    main = sampling._row_constant(0.9, 4, torch.float32, dev)
-    assert sampling._row_constant(0.9, 4, torch.float32, dev) is main
+
+    def const():
+        return sampling._row_constant(0.9, 4, torch.float32, dev, sampling._stream_of(dev))
+
+    main = const()
+    assert const() is main
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        other = sampling._row_constant(0.9, 4, torch.float32, dev)
-        assert other is not main and sampling._row_constant(0.9, 4, torch.float32, dev) is other
+        other = const()
+        assert other is not main and const() is other
     torch.cuda.synchronize()
     assert torch.equal(main, torch.full((4,), 0.9, device=dev)) and torch.equal(other, main)

@@ -44,8 +44,8 @@ for s in range(2):
             assert want == out[(s * 2 + n) * 2 + ks].item(), ("pattern", s, n, ks)
 # 2 slots x 2 N tiles x 2 splits = 8 items over 3 programs (the last program has two)
 out = torch.empty(3, dtype=torch.int32)
-d._pattern_persistent[(3,)](w, ex, w.stride(0), out, 8, 3, ROW_WORDS=40, NB=40 // 16, NT=2, KSPLIT=2, BLOCK_M=32,
-                            ITEMS=3)
+d._persistent[(3,)](w, w, ex, w.stride(0), w.stride(0), out, 8, 8, 3, ROW_WORDS=40, NB=40 // 16, NT13=2, NT2=2,
+                    KSPLIT=2, BLOCK_M=32, ITEMS=3)
 for p in range(3):
     want = 0
     for item in range(p, 8, 3):
@@ -55,8 +55,8 @@ for p in range(3):
 # the layer: experts' gate/up codes (w) then down codes (w2, 32 rows), 2 splits; 2 x (2 + 1) x 2 = 12 items, 5 programs
 w2 = torch.randint(-2**31, 2**31 - 1, (5, 32, 40), dtype=torch.int32)
 out = torch.empty(5, dtype=torch.int32)
-d._layer_persistent[(5,)](w, w2, ex, w.stride(0), w2.stride(0), out, 8, 12, 5, ROW_WORDS=40, NB=40 // 16, NT13=2,
-                          NT2=1, KSPLIT=2, BLOCK_M=32, ITEMS=3)
+d._persistent[(5,)](w, w2, ex, w.stride(0), w2.stride(0), out, 8, 12, 5, ROW_WORDS=40, NB=40 // 16, NT13=2, NT2=1,
+                    KSPLIT=2, BLOCK_M=32, ITEMS=3)
 for p in range(5):
     want = 0
     for item in range(p, 12, 5):

@@ -784,9 +784,9 @@ def top_k_top_p_sample(
     """One token per row of ``logits [B, V]`` (definition in :mod:`tokenspeed_kernel.ops.sampling`).
 
     An eager CUDA call with logits of at most :data:`GRAPH_MAX_LOGIT_BYTES` replays a graph of the launches
-    captured for its shape (``graphs=False``: launch directly): ``logits`` and ``uniform`` are copied into the graph's buffers; ``top_k``, ``top_p`` and
-    ``temperature`` are read where they are, so their addresses are part of the graph's key (the op's
-    scalar parameters are tensors built once: ``tokenspeed_kernel.ops.sampling``).
+    captured for its shape (``graphs=False``: launch directly). ``logits`` and ``uniform`` are copied into the
+    graph's buffers; ``top_k``, ``top_p`` and ``temperature`` are read where they are, so their addresses are
+    part of the graph's key (the op's scalar parameters are tensors built once: ``tokenspeed_kernel.ops.sampling``).
 
     Args:
         logits: ``[B, V]`` bf16/fp16/fp32, last dim contiguous.

@@ -53,7 +53,7 @@ argmax = Op(
 )
 
 
-def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -> torch.Tensor:
+def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi, stream: int | None) -> torch.Tensor:
     kind = "an int" if dtype == torch.int32 else "a number"
     if isinstance(value, torch.Tensor):
         check_tensor(name, value, dtypes=(dtype,), shape=(batch,))
@@ -67,7 +67,7 @@ def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi) -
     allowed = int if dtype == torch.int32 else (int, float)
     if isinstance(value, bool) or not isinstance(value, allowed) or not lo <= value <= hi:
         raise ValueError(f"{name}: expected {kind} in [{lo}, {hi}] or a [{batch}] tensor, got {value!r}")
-    return _row_constant(value, batch, dtype, device)
+    return _row_constant(value, batch, dtype, device, stream)
 
 
 #: The ``[B]`` tensors of scalar sampling parameters, built once per (value, batch, dtype, device, stream) instead
@@ -89,8 +89,11 @@ def _stream_of(device: torch.device) -> int | None:
     return torch.cuda.current_stream(device).stream_id
 
 
-def _row_constant(value: int | float, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (type(value), value, batch, dtype, device, _stream_of(device))
+def _row_constant(
+    value: int | float, batch: int, dtype: torch.dtype, device: torch.device, stream: int | None
+) -> torch.Tensor:
+    """The kept ``[batch]`` tensor of ``value`` for ``device`` and its current stream ``stream`` (:func:`_stream_of`)."""
+    key = (type(value), value, batch, dtype, device, stream)
     t = _ROW_CONSTANTS.get(key)
     if t is not None:
         return t
@@ -148,9 +151,10 @@ def _bind_top_k_top_p_sample(
     b, v = logits.shape
     dev = logits.device
     _check_logit_values(logits)
-    top_k_t = _per_row("top_k", top_k, b, torch.int32, dev, 0, v)
-    top_p_t = _per_row("top_p", top_p, b, torch.float32, dev, 1e-9, 1.0)
-    temp_t = _per_row("temperature", temperature, b, torch.float32, dev, 1e-9, float("inf"))
+    stream = _stream_of(dev)
+    top_k_t = _per_row("top_k", top_k, b, torch.int32, dev, 0, v, stream)
+    top_p_t = _per_row("top_p", top_p, b, torch.float32, dev, 1e-9, 1.0, stream)
+    temp_t = _per_row("temperature", temperature, b, torch.float32, dev, 1e-9, float("inf"), stream)
     if uniform is None:
         uniform = torch.rand(b, generator=generator, device=dev, dtype=torch.float32)
     elif generator is not None:
