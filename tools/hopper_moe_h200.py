@@ -516,8 +516,9 @@ def _bf16_experts(w):
     return dense(w.w13, w.w13_scale), dense(w.w2, w.w2_scale)
 
 
-def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False):
-    """The layer (route + apply) per kernel at each token count; ``pdl_ab``: ``hopper.moe_apply`` also with
+def bench(w, converted, gen, tokens_list, log, grouped=None, pdl_ab=False):
+    """The layer (route + apply) per kernel at each token count (``converted``: kernel -> its weights when
+    they are not the canonical ``w``, from ``moe_process_weights``); ``pdl_ab``: ``hopper.moe_apply`` also with
     programmatic dependent launch off (column ``hopper.moe_apply_no_pdl``), in the same process."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
@@ -525,8 +526,8 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False):
     from tokenspeed_kernel_nvidia.hopper.moe.layer import FP8_MIN_TOKENS
 
     names = [s.name for s in tk.registry.for_op("moe_apply")]
-    kernels = [n for n in ("hopper.moe_apply", "hopper.moe_apply_w4a8", "triton.moe_apply", "triton_kernels.moe_apply")
-               if n in names]  # fmt: skip
+    kernels = [n for n in ("hopper.moe_apply", "hopper.moe_apply_packed", "hopper.moe_apply_w4a8", "triton.moe_apply",
+                         "triton_kernels.moe_apply") if n in names]  # fmt: skip
     rows = []
     pdl_default = decode.PDL_ENABLED
     for t in tokens_list:
@@ -542,7 +543,7 @@ def bench(w, wtk, gen, tokens_list, log, grouped=None, pdl_ab=False):
         for column, kernel, pdl in runs:
             if kernel.endswith("_w4a8") and t < FP8_MIN_TOKENS:
                 continue  # offered from FP8_MIN_TOKENS tokens (_register)
-            weights = wtk if kernel == "triton_kernels.moe_apply" else w
+            weights = converted.get(kernel, w)
             decode.PDL_ENABLED = pdl
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,
@@ -652,12 +653,13 @@ def main(argv=None) -> int:
         result["tiles_used"] = _apply_best(result["sweep"], log)
     if not args.skip_breakdown:
         result["breakdown"] = breakdown(w, gen, [1, 8, 64], log)
-    wtk = None
-    if any(s.name == "triton_kernels.moe_apply" for s in tk.registry.for_op("moe_apply")):
-        plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="triton_kernels.moe_apply")
-        wtk = tk.moe_process_weights(plan, w)
+    converted = {}  # the kernels of another layout, on their weights (converted once, as an engine does)
+    for s in tk.registry.for_op("moe_apply"):
+        if s.name in ("triton_kernels.moe_apply", "hopper.moe_apply_packed"):
+            plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override=s.name)
+            converted[s.name] = tk.moe_process_weights(plan, w)
     grouped = _bf16_experts(w) if args.grouped_mm else None
-    result["bench"] = bench(w, wtk, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab)
+    result["bench"] = bench(w, converted, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab)
     result["wall_s"] = time.time() - t0
     with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -33,7 +33,8 @@ MAX_SCRATCH_BYTES = 1024
 MAX_SPILLS = 0
 
 
-def _weights(e, h, i, *, bias=True, interleaved=True, scale_hi=128, device="cpu", seed=0):
+def _weights(e, h, i, *, bias=True, interleaved=True, scale_hi=128, device="cpu", seed=0, packed=False):
+    """Random canonical MXFP4 weights (``packed``: converted to the layout of ``hopper.moe_apply_packed``)."""
     g = torch.Generator().manual_seed(seed)
     w = tk.MoEWeights(
         w13=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, generator=g).to(device),
@@ -46,6 +47,10 @@ def _weights(e, h, i, *, bias=True, interleaved=True, scale_hi=128, device="cpu"
         gate_up_interleaved=interleaved,
     )
     w.validate()
+    if packed:
+        from tokenspeed_kernel_nvidia.hopper.moe.packed import preprocess_weights
+
+        return preprocess_weights(w)
     return w
 
 
@@ -280,6 +285,21 @@ def gpu_inputs(e, tokens, wkw, routing):
     return w, x, topk_w, topk_ids, g
 
 
+#: Both weight layouts the kernels read: canonical (``hopper.moe_apply``) and packed (``hopper.moe_apply_packed``).
+LAYOUTS = ("canonical", "packed")
+
+
+def in_layout(canonical, layout):
+    """``(weights, kernel name)`` for ``layout``: the canonical weights, or them converted once by
+    ``moe_process_weights`` for a plan of the packed kernel (the way an engine gets them)."""
+    if layout == "canonical":
+        return canonical, NAME
+    plan = tk.moe_plan(canonical, GPT_OSS, override="hopper.moe_apply_packed")
+    w = tk.moe_process_weights(plan, canonical)
+    assert w.layout == "hopper.moe_apply_packed" and w.w13.data_ptr() != canonical.w13.data_ptr()
+    return w, plan.kernel
+
+
 GPU_CASES = [
     ("120b_T1", 128, 1, {}, "random"),
     ("120b_T7", 128, 7, {}, "random"),
@@ -297,24 +317,26 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("label,e,tokens,wkw,routing", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing):
+def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing, layout):
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     tk.load_plugins()
     tiles = _split_tiles(int(wkw.pop("tiles")[-1])) if "tiles" in wkw else None
-    w, x, topk_w, topk_ids, g = gpu_inputs(e, tokens, wkw, routing)
+    canonical, x, topk_w, topk_ids, g = gpu_inputs(e, tokens, wkw, routing)
+    w, name = in_layout(canonical, layout)
     if tiles is None:
 
         def run(out=None):
-            return tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=NAME)
+            return tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=name)
     else:
 
         def run(out=None):
             return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, tiles=tiles)
 
     got = run()
-    ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
+    ref = _reference(x, topk_w, topk_ids, canonical, GPT_OSS)
     err = ((got.float() - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err  # bf16 activations through two GEMMs
     assert torch.equal(run(), got)  # deterministic
@@ -323,7 +345,7 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
         # directly, also on new inputs (a replay of the graph the calls above captured).
         assert torch.equal(layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, graphs=False), got)
         x2 = torch.randn(x.shape, device="cuda", generator=g).to(torch.bfloat16)
-        again = tk.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, override=NAME)
+        again = tk.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, override=name)
         assert torch.equal(again, layer.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, graphs=False))
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(got)

@@ -23,7 +23,7 @@ import torch
 import tokenspeed_kernel as tk
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_hopper_moe import GPT_OSS, _Recorder, _reference, _weights, gpu_inputs
+from test_hopper_moe import GPT_OSS, LAYOUTS, _Recorder, _reference, _weights, gpu_inputs, in_layout
 
 NAME = "hopper.moe_apply"
 
@@ -314,20 +314,22 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("label,e,tokens,wkw,routing,tile", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gpu_prefill_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing, tile):
+def test_gpu_prefill_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing, tile, layout):
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     tk.load_plugins()
     tiles = None if tile is None else (layer.PrefillTile(*tile), layer.PrefillTile(*tile))
-    w, x, topk_w, topk_ids, _ = gpu_inputs(e, tokens, wkw, routing)
+    canonical, x, topk_w, topk_ids, _ = gpu_inputs(e, tokens, wkw, routing)
+    w, name = in_layout(canonical, layout)
 
     def run(out=None):
         if tiles is None:
-            return tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=NAME)
+            return tk.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, override=name)
         return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, out=out, tiles=tiles)
 
-    check_on_gpu(run, _reference(x, topk_w, topk_ids, w, GPT_OSS))
+    check_on_gpu(run, _reference(x, topk_w, topk_ids, canonical, GPT_OSS))
 
 
 def check_on_gpu(run, ref, bound=1e-2):

@@ -167,6 +167,28 @@ def register_hopper() -> None:
     )
     register_kernel(
         "moe_apply",
+        name="hopper.moe_apply_packed",
+        solution="hopper",
+        formats=[{"x": "bf16", "w": "mxfp4"}],
+        traits={
+            "activation": ("swiglu", "silu"),
+            "clamp": (False, True),
+            "bias": (False, True),
+            "gate_up_interleaved": (False, True),
+            "up_offset": ANY,
+        },
+        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
+        priority=Priority.PERFORMANT,
+        tags=("cuda_graph_safe", "deterministic"),
+        impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply_packed",
+        # The same tensors with the bits of each code word permuted (hopper.moe.packed): its own layout.
+        weight_preprocessor="tokenspeed_kernel_nvidia.hopper.moe.packed:preprocess_weights",
+        hardware_validated=False,
+        doc="Hopper MXFP4 MoE (Gluon), hopper.moe_apply on a bit-placed layout: 12 decode instructions a code "
+        "word instead of 17",
+    )
+    register_kernel(
+        "moe_apply",
         name="hopper.moe_apply_w4a8",
         solution="hopper",
         formats=[{"x": "bf16", "w": "mxfp4"}],

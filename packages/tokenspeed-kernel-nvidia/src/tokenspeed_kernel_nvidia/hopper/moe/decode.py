@@ -65,6 +65,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
+from .packed import PAIR_MASK, PAIR_MULTIPLIER
+
 __all__ = ["moe_decode_gemm", "swiglu_splits", "combine_slots", "MAX_PAIRS", "pdl_kwargs"]
 
 #: The expert scan holds every pair's expert id in registers: the decode path's limit.
@@ -74,6 +76,9 @@ MAX_PAIRS = 1024
 # 6..8 and the sign at 15 (and 22..24, 31).
 _BITS: gl.constexpr = gl.constexpr(0x81C081C0)
 _TWO_126_X2: gl.constexpr = gl.constexpr(0x7E807E80)  # bf16x2 (2**126, 2**126)
+# Plane 3 of the packed layout (:data:`.packed.PAIR_MASK`, :data:`.packed.PAIR_MULTIPLIER`).
+_PAIR_MASK: gl.constexpr = gl.constexpr(PAIR_MASK)
+_PAIR_MULTIPLIER: gl.constexpr = gl.constexpr(PAIR_MULTIPLIER)
 
 
 #: Programmatic dependent launch for the MoE kernels (module doc); ``TOKENSPEED_KERNEL_PDL=0`` turns it off.
@@ -151,23 +156,32 @@ def _scale_x2(sc, TWO_STEP: gl.constexpr):
 
 @gluon.jit
 def _decode_a(words, sc, BLOCK_M: gl.constexpr, W: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr,
-              TWO_STEP: gl.constexpr):  # fmt: skip
+              TWO_STEP: gl.constexpr, PACKED: gl.constexpr = False):  # fmt: skip
     """Packed codes ``uint32 [BLOCK_M, 4, W]`` (row, lane q of the row's 4 lanes, word) and
     their scale bytes ``[BLOCK_M, 4]`` -> the MMA's A operand ``bf16 [BLOCK_M, 32 W]`` in ``AL``.
 
     Lane q's word ``w`` holds canonical K ``8 w .. 8 w + 7`` of its block (``32 q`` / ``8 W q``
-    from the K block's start); plane ``p`` pairs codes ``p`` and ``p + 4``. The MMA K index of
-    (q, w, p = p0 + 2 p1, half i) is ``16 (2 w + p1) + 8 p0 + 2 q + i``.
+    from the K block's start); plane ``p`` pairs codes ``p`` and ``p + 4`` (``PACKED``, the layout of
+    :mod:`.packed`: codes ``2 p`` and ``2 p + 1``). The MMA K index of (q, w, p = p0 + 2 p1, half i)
+    is ``16 (2 w + p1) + 8 p0 + 2 q + i``.
     """
     f = gl.broadcast(_scale_x2(sc, TWO_STEP)[:, :, None], words)[0]
-    # Plane p: codes p and p + 4 (nibbles 16 bits apart). One multiply places both fields of both
-    # codes: t * (2**a + 2**(a + 6)) puts magnitude bits at 6..8 (22..24) and the sign at 15 (31),
-    # with no carries (the two shifted copies do not overlap); the mask keeps those bits.
-    hi = words >> 8
-    r0 = ((words & 0x000F000F) * 0x1040) & _BITS
-    r1 = ((words & 0x00F000F0) * 0x104) & _BITS
-    r2 = ((hi & 0x000F000F) * 0x1040) & _BITS
-    r3 = ((hi & 0x00F000F0) * 0x104) & _BITS
+    if PACKED:
+        # The bits already sit where plane p wants them after a rotation by 3 p (planes 0-2); plane
+        # 3's three shifted copies do not overlap (:mod:`.packed`). The rotations are funnel shifts.
+        r0 = words & _BITS
+        r1 = ((words >> 3) | (words << 29)) & _BITS
+        r2 = ((words >> 6) | (words << 26)) & _BITS
+        r3 = ((words & _PAIR_MASK) * _PAIR_MULTIPLIER) & _BITS
+    else:
+        # Plane p: codes p and p + 4 (nibbles 16 bits apart). One multiply places both fields of both
+        # codes: t * (2**a + 2**(a + 6)) puts magnitude bits at 6..8 (22..24) and the sign at 15 (31),
+        # with no carries (the two shifted copies do not overlap); the mask keeps those bits.
+        hi = words >> 8
+        r0 = ((words & 0x000F000F) * 0x1040) & _BITS
+        r1 = ((words & 0x00F000F0) * 0x104) & _BITS
+        r2 = ((hi & 0x000F000F) * 0x1040) & _BITS
+        r3 = ((hi & 0x00F000F0) * 0x104) & _BITS
     if TWO_STEP:
         two126 = gl.full(words.shape, _TWO_126_X2, gl.uint32, words.type.layout)
         r0 = _bf16x2_mul(r0, two126)
@@ -189,12 +203,16 @@ def _decode_a(words, sc, BLOCK_M: gl.constexpr, W: gl.constexpr, WARPS: gl.const
 
 
 @gluon.jit
-def _arrange_b(xv, TOKENS: gl.constexpr, W: gl.constexpr, BL: gl.constexpr):
+def _arrange_b(xv, TOKENS: gl.constexpr, W: gl.constexpr, BL: gl.constexpr, PACKED: gl.constexpr = False):
     """Activations ``bf16 [TOKENS, 4, 8 W]`` (token, lane q, canonical K of q's block) -> the
     MMA's B operand ``[32 W, TOKENS]`` in ``BL``, K permuted as :func:`_decode_a`."""
-    # canonical 8 w + 4 i + 2 p1 + p0: [n, q, w, i, p1, p0] -> [w, p1, p0, q, i, n]
     v = gl.reshape(xv, [TOKENS, 4, W, 2, 2, 2])
-    v = gl.reshape(gl.permute(v, [2, 4, 5, 1, 3, 0]), [32 * W, TOKENS])
+    if PACKED:
+        # canonical 8 w + 4 p1 + 2 p0 + i: [n, q, w, p1, p0, i] -> [w, p1, p0, q, i, n]
+        v = gl.reshape(gl.permute(v, [2, 3, 4, 1, 5, 0]), [32 * W, TOKENS])
+    else:
+        # canonical 8 w + 4 i + 2 p1 + p0: [n, q, w, i, p1, p0] -> [w, p1, p0, q, i, n]
+        v = gl.reshape(gl.permute(v, [2, 4, 5, 1, 3, 0]), [32 * W, TOKENS])
     return gl.convert_layout(v, BL)
 
 
@@ -235,17 +253,18 @@ def _issue_words(ring, w_base, w_rows, w_ok, blk, slot, live, K: gl.constexpr, L
 
 @gluon.jit
 def _mma_block(words, sc, xv, acc, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, W: gl.constexpr, WARPS: gl.constexpr,
-               AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+               AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
     """``acc += decode(words, sc) @ arrange(xv)`` for one K block."""
-    a = _decode_a(words, sc, BLOCK_M, W, WARPS, AL, TWO_STEP)
-    b = _arrange_b(xv, TOKENS, W, BL)
+    a = _decode_a(words, sc, BLOCK_M, W, WARPS, AL, TWO_STEP, PACKED)
+    b = _arrange_b(xv, TOKENS, W, BL, PACKED)
     return gl.nvidia.ampere.mma_v2(a, b, acc)
 
 
 @gluon.jit
 def _ring_step(ring, acc, sc, xv, i, b0, nloc, w_base, w_rows, w_ok, K: gl.constexpr,
                STAGES: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr,
-               LW: gl.constexpr, AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr):  # fmt: skip
+               LW: gl.constexpr, AL: gl.constexpr, BL: gl.constexpr, TWO_STEP: gl.constexpr,
+               PACKED: gl.constexpr):  # fmt: skip
     """Decode + MMA the ``i``-th K block of this split (block ``b0 + i``) from its ring slot, after
     refilling the slot freed before it with block ``b0 + i + STAGES - 1``."""
     # Groups issued so far: STAGES - 1 + i; block i's is done when at most STAGES - 2 are pending.
@@ -253,14 +272,14 @@ def _ring_step(ring, acc, sc, xv, i, b0, nloc, w_base, w_rows, w_ok, K: gl.const
     words = ring.index(i % STAGES).load(LW)
     nxt = i + STAGES - 1
     _issue_words(ring, w_base, w_rows, w_ok, b0 + nxt, nxt % STAGES, nxt < nloc, K, LW)
-    return _mma_block(words, sc, xv, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP)
+    return _mma_block(words, sc, xv, acc, BLOCK_M, TOKENS, 4, WARPS, AL, BL, TWO_STEP, PACKED)
 
 
 @gluon.jit
 def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks,
                  K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
                  WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr, TWO_STEP: gl.constexpr,
-                 WAIT: gl.constexpr):  # fmt: skip
+                 WAIT: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
     """``W[w_rows, K slice ks] @ A[a_rows, K slice ks].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout,
     rows in the MMA's order: see :func:`_decode_a`). Split ``ks`` of ``KSPLIT`` takes full K blocks
     ``ks * NBS ..`` (``NBS = cdiv(K // 128, KSPLIT)``); the last split also takes the 64-value tail.
@@ -304,23 +323,23 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
     # Unrolled by three so that no register stage is copied.
     for i in range(0, nloc, 3):
         acc = _ring_step(ring, acc, sa, xa, i, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS, WARPS, LW,
-                         AL, BL, TWO_STEP)  # fmt: skip
+                         AL, BL, TWO_STEP, PACKED)  # fmt: skip
         sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 3, i + 3 < nloc, SROW, 4, LW,
                           LX)  # fmt: skip
         if i + 1 < nloc:
             acc = _ring_step(ring, acc, sb, xb, i + 1, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS,
-                             WARPS, LW, AL, BL, TWO_STEP)  # fmt: skip
+                             WARPS, LW, AL, BL, TWO_STEP, PACKED)  # fmt: skip
         sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 4, i + 4 < nloc, SROW, 4, LW,
                           LX)  # fmt: skip
         if i + 2 < nloc:
             acc = _ring_step(ring, acc, sc, xc, i + 2, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS,
-                             WARPS, LW, AL, BL, TWO_STEP)  # fmt: skip
+                             WARPS, LW, AL, BL, TWO_STEP, PACKED)  # fmt: skip
         sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 5, i + 5 < nloc, SROW, 4, LW,
                           LX)  # fmt: skip
     async_copy.wait_group(0)
     if K % 128 != 0:
         # Masked off (all zeros) outside the last split: adds nothing there.
-        acc = _mma_block(wt, st, xt, acc, BLOCK_M, TOKENS, 2, WARPS, AL, BL, TWO_STEP)
+        acc = _mma_block(wt, st, xt, acc, BLOCK_M, TOKENS, 2, WARPS, AL, BL, TWO_STEP, PACKED)
     return acc
 
 
@@ -349,7 +368,7 @@ def moe_decode_gemm(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr,
-    TWO_STEP: gl.constexpr, PDL: gl.constexpr,
+    TWO_STEP: gl.constexpr, PDL: gl.constexpr, PACKED: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -357,7 +376,7 @@ def moe_decode_gemm(
     pair), bf16. ``w``: uint8 ``[E, N, K / 2]`` codes (``stride_we`` in bytes), ``s``: uint8
     ``[E, N, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, N]`` bias
     (any float dtype). ``y``: ``inter [pairs, N / 2]`` bf16 (gate/up) or ``[pairs, N]``
-    fp32 (down, times ``tw[pair]``).
+    fp32 (down, times ``tw[pair]``). ``PACKED``: the codes are in the layout of :mod:`.packed`.
 
     ``PDL`` (module doc): the gate/up GEMM waits before it reads the ids (the route's output, the
     launch before it); the down GEMM reads them at once and waits once its first weight blocks are
@@ -405,7 +424,7 @@ def moe_decode_gemm(
             ROWS_X: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LX))
             acc = _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, gl.convert_layout(a_rows, ROWS_X),
                                gl.convert_layout(live, ROWS_X), ks, K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, KSPLIT, TWO_STEP,
-                               PDL and not GATE_UP)  # fmt: skip
+                               PDL and not GATE_UP, PACKED)  # fmt: skip
             COLS: gl.constexpr = gl.SliceLayout(0, MMA)
             out_pairs = gl.convert_layout(members, COLS)
             out_ok = gl.convert_layout(live, COLS)

@@ -1,6 +1,8 @@
 """``moe_apply`` on Hopper: the Gluon decode kernels (:mod:`.decode`) for a few tokens, the
 prefill kernels (:mod:`.prefill`, wgmma grouped GEMMs) from ``PREFILL_MIN_TOKENS`` on. Both read
-the canonical MXFP4 layout (no weight preprocessing), so one weights object serves every call.
+the canonical MXFP4 layout (``hopper.moe_apply``: no weight preprocessing) or the bit-placed layout of
+:mod:`.packed` (``hopper.moe_apply_packed``: the same tensors with the bits of each word permuted, fewer
+decode instructions); one weights object serves every call of either.
 
 The decode path: three or four launches, no host sync (each launched with programmatic dependent
 launch: :mod:`.decode`):
@@ -21,6 +23,8 @@ run as token slices); selection offers the layer up to 255 tokens
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 
@@ -28,13 +32,14 @@ from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
 from tokenspeed_kernel.launch import cached
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
-from . import decode
+from . import decode, packed
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
     "moe_apply",
     "moe_apply_w4a8",
+    "moe_apply_packed",
     "FP8_MIN_TOKENS",
     "FP8_TILES",
     "DecodeTile",
@@ -173,6 +178,26 @@ def check_shapes(weights: MoEWeights) -> None:
             )
 
 
+def _is_packed(weights: MoEWeights) -> bool:
+    """Whether the weights are in the packed layout (:mod:`.packed`); ``ValueError`` for any other layout
+    than that and the canonical one. Packed weights are checked as canonical ones once (same shapes)."""
+    if weights.layout == "canonical":
+        return False
+    if weights.layout != packed.LAYOUT:
+        raise ValueError(
+            f"weights: hopper.moe_apply reads the canonical layout or {packed.LAYOUT!r}, got layout {weights.layout!r}"
+        )
+    if not weights.__dict__.get("_hopper_checked"):
+        if weights.format != "mxfp4":
+            raise ValueError(f"weights: the packed layout holds mxfp4 codes, got format {weights.format!r}")
+        try:
+            dataclasses.replace(weights, layout="canonical").validate()
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"weights.{exc}") from None
+        object.__setattr__(weights, "_hopper_checked", True)
+    return True
+
+
 def _two_step(weights: MoEWeights) -> bool:
     """Whether some scale byte exceeds ONE_STEP_MAX_SCALE (read once, cached on the weights object).
 
@@ -187,7 +212,7 @@ def _two_step(weights: MoEWeights) -> bool:
     return cached
 
 
-def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step):
+def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step, packed):
     """One GEMM. ``y``: ``inter [pairs, I]`` (gate/up, one split) or fp32 ``[ksplit, pairs, N]``."""
     block_m, tokens, warps, stages, ksplit = tile
     n = w.shape[1]
@@ -202,7 +227,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=triton.next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
-        num_warps=warps, **pdl_kwargs(),
+        PACKED=packed, num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
 
 
@@ -235,7 +260,10 @@ def moe_apply(
     ``fp8`` (W4A8, :func:`moe_apply_w4a8`): from :data:`FP8_MIN_TOKENS` tokens on (or with prefill
     ``tiles``), the prefill GEMMs quantize the activations to e4m3 and run fp8 MMAs
     (:mod:`.prefill`); fewer tokens keep bf16 activations (their calls are bound by the weight bytes,
-    not by the MMAs). Needs a clamped SwiGLU (``activation.limit``), which bounds ``inter``.
+    not by the MMAs). Needs a clamped SwiGLU (``activation.limit``), which bounds ``inter``, and the
+    canonical layout (the e4m3 decode reads canonical nibbles).
+
+    ``weights``: the canonical layout or the packed one (:mod:`.packed`, :func:`moe_apply_packed`).
     """
     if x.dtype != torch.bfloat16:
         raise TypeError(f"x: hopper.moe_apply takes bf16 activations (its MMAs are bf16), got {x.dtype}")
@@ -244,6 +272,8 @@ def moe_apply(
     if topk_ids.dtype != torch.int32:
         raise TypeError(f"topk_ids: expected int32, got {topk_ids.dtype}")
     t, h = x.shape
+    if h != weights.hidden:
+        raise ValueError(f"x: expected hidden size {weights.hidden} (the weights'), got {h}")
     k = topk_ids.shape[1]
     pairs = t * k
     if k > MAX_PAIRS:
@@ -251,6 +281,12 @@ def moe_apply(
     if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
                               or not isinstance(tiles[0], (DecodeTile, PrefillTile))):  # fmt: skip
         raise TypeError(f"tiles: expected two DecodeTile or two PrefillTile (gate/up, down), got {tiles!r}")
+    is_packed = _is_packed(weights)
+    if fp8 and is_packed:
+        raise ValueError(
+            f"weights: the W4A8 path (fp8=True) reads the canonical layout, got {weights.layout!r} "
+            "(keep canonical weights for hopper.moe_apply_w4a8)"
+        )
     check_shapes(weights)
     if (
         graphs
@@ -263,7 +299,7 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
             _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            weights.gate_up_interleaved, activation, fp8, decode.PDL_ENABLED,
+            weights.gate_up_interleaved, weights.layout, activation, fp8, decode.PDL_ENABLED,
             in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
                          weights.w2_bias),
         )  # fmt: skip
@@ -281,7 +317,7 @@ def moe_apply(
         w4a8 = fp8 and (tiles is not None or t >= FP8_MIN_TOKENS)
         run_prefill(x, topk_weights, topk_ids, weights, activation, result,
                     tiles=tiles or (_fp8_tiles(t) if w4a8 else _prefill_tiles(t)), two_step=_two_step(weights),
-                    fp8=w4a8)  # fmt: skip
+                    fp8=w4a8, packed=is_packed)  # fmt: skip
         if out is not None and result is not out:
             out.copy_(result)
             return out
@@ -304,7 +340,7 @@ def moe_apply(
     gu_tile, down_tile = tiles or _tiles(t, two_step)
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
-    common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step)
+    common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step, packed=is_packed)
     gu_split = gu_tile[4]
     if gu_split == 1:
         _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
@@ -342,3 +378,22 @@ def moe_apply_w4a8(
     """``hopper.moe_apply_w4a8``: :func:`moe_apply` with ``fp8=True`` (W4A8 from
     :data:`FP8_MIN_TOKENS` tokens on; selection offers it there, to callers allowing fp8 activations)."""
     return moe_apply(x, topk_weights, topk_ids, weights, activation, out=out, fp8=True)
+
+
+def moe_apply_packed(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    weights: MoEWeights,
+    activation: MoEActivation,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``hopper.moe_apply_packed``: :func:`moe_apply` on weights in the packed layout (converted once by
+    :func:`.packed.preprocess_weights`, which ``moe_process_weights`` calls for a plan of this kernel)."""
+    if weights.layout != packed.LAYOUT:
+        raise ValueError(
+            f"weights: hopper.moe_apply_packed reads the layout {packed.LAYOUT!r}, got {weights.layout!r} "
+            "(convert once with moe_process_weights or hopper.moe.packed.preprocess_weights)"
+        )
+    return moe_apply(x, topk_weights, topk_ids, weights, activation, out=out)

@@ -14,7 +14,8 @@ warpgroup MMA:
   ``offsets``); programs past the last tile return at once. So the grid follows the real
   expert distribution; N tiles are the fastest axis, so the programs that run together read one
   activation tile and neighbouring weight tiles of one expert (L2 reuse).
-- **Weights: the A operand, decoded in registers** (canonical layout, no preprocessing): a lane
+- **Weights: the A operand, decoded in registers** (canonical layout, no preprocessing; or the
+  bit-placed layout of :mod:`.packed`, ``hopper.moe_apply_packed``): a lane
   loads 8 bytes of a weight row per 64-value K step, decodes them with the decode kernels'
   bit placement (:func:`.decode._decode_a`, two values a 32-bit operation) straight into the
   wgmma's register operand layout. The codes and scales of the next steps are prefetched into
@@ -133,24 +134,30 @@ def sort_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch
 
 
 @triton.jit
-def _kperm(c):
+def _kperm(c, PACKED: tl.constexpr = False):
     """Canonical column ``c`` of a 64-value K step -> its MMA K position in the prefill kernels.
 
     Lane ``q`` of a weight row's 4 lanes holds canonical ``16 q + 8 w + p + 4 i`` (word ``w``,
-    plane ``p = p0 + 2 p1``, half ``i``); :func:`.decode._decode_a` places it at
-    ``16 (2 w + p1) + 8 p0 + 2 q + i``: the 6 index bits permuted."""
+    plane ``p = p0 + 2 p1``, half ``i``; ``PACKED``, :mod:`.packed`: ``16 q + 8 w + 2 p + i``);
+    :func:`.decode._decode_a` places it at ``16 (2 w + p1) + 8 p0 + 2 q + i``: the 6 index bits
+    permuted."""
     base = c & ~63
     b = c & 63
-    p0 = b & 1
-    p1 = (b >> 1) & 1
-    i = (b >> 2) & 1
+    if PACKED:
+        i = b & 1
+        p0 = (b >> 1) & 1
+        p1 = (b >> 2) & 1
+    else:
+        p0 = b & 1
+        p1 = (b >> 1) & 1
+        i = (b >> 2) & 1
     w = (b >> 3) & 1
     q = b >> 4
     return base + (((w * 2 + p1) * 2 + p0) * 8 + q * 2 + i)
 
 
 @triton.jit
-def _kperm_inverse(k):
+def _kperm_inverse(k, PACKED: tl.constexpr = False):
     """The inverse of :func:`_kperm`: MMA K position -> canonical column."""
     base = k & ~63
     b = k & 63
@@ -159,30 +166,33 @@ def _kperm_inverse(k):
     p0 = (b >> 3) & 1
     p1 = (b >> 4) & 1
     w = b >> 5
-    return base + (q * 16 + w * 8 + p0 + 2 * p1 + 4 * i)
+    if PACKED:
+        return base + (q * 16 + w * 8 + 4 * p1 + 2 * p0 + i)
+    else:
+        return base + (q * 16 + w * 8 + p0 + 2 * p1 + 4 * i)
 
 
-def kperm(c: int) -> int:
+def kperm(c: int, packed: bool = False) -> int:
     """Host twin of :func:`_kperm` (tests and docs): the same function body, on Python ints."""
-    return _kperm.fn(c)
+    return _kperm.fn(c, packed)
 
 
-def kperm_inverse(k: int) -> int:
+def kperm_inverse(k: int, packed: bool = False) -> int:
     """Host twin of :func:`_kperm_inverse`."""
-    return _kperm_inverse.fn(k)
+    return _kperm_inverse.fn(k, packed)
 
 
 @triton.jit
 def gather_rows(x_ptr, stride_x, order_ptr, xs_ptr, K, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                PDL: tl.constexpr = False):  # fmt: skip
+                PDL: tl.constexpr = False, PACKED: tl.constexpr = False):  # fmt: skip
     """``xs[i, kperm(c)] = x[order[i] // TOP_K, c]``: the activations of sorted pair ``i``,
-    K-permuted for the gate/up GEMM (``BLOCK`` a multiple of 64)."""
+    K-permuted for the gate/up GEMM (``BLOCK`` a multiple of 64; ``PACKED``: for the packed layout)."""
     _tl_grid_sync(PDL)
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < K
     src = tl.load(order_ptr + i) // TOP_K
-    v = tl.load(x_ptr + src.to(tl.int64) * stride_x + _kperm_inverse(cols), mask=ok, other=0.0)
+    v = tl.load(x_ptr + src.to(tl.int64) * stride_x + _kperm_inverse(cols, PACKED), mask=ok, other=0.0)
     tl.store(xs_ptr + i.to(tl.int64) * K + cols, v, mask=ok)
 
 
@@ -347,12 +357,13 @@ def _decode_a_fp8(words, sc, rmax, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, A
 
 @gluon.jit
 def _decode(words, sc, rmax, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr,
-            FP8: gl.constexpr):  # fmt: skip
-    """One K step's A operand: bf16 (:func:`.decode._decode_a`) or, with ``FP8``, e4m3."""
+            FP8: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
+    """One K step's A operand: bf16 (:func:`.decode._decode_a`; ``PACKED``: the layout of
+    :mod:`.packed`) or, with ``FP8`` (canonical codes only), e4m3."""
     if FP8:
         return _decode_a_fp8(words, sc, rmax, BLOCK_M, WARPS, AL)
     else:
-        return _decode_a(words, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP)
+        return _decode_a(words, sc, BLOCK_M, 2, WARPS, AL, TWO_STEP, PACKED)
 
 
 @gluon.jit
@@ -416,9 +427,9 @@ def _retire(acc, a, a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: g
 @gluon.jit
 def _one_step(acc, words, sc, rmax, a_desc, ring, bars, start, kb, NK: gl.constexpr, STAGES: gl.constexpr,
               BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr,
-              FP8: gl.constexpr):  # fmt: skip
+              FP8: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
     """K step ``kb`` alone (the tail of the unrolled loops): decode, MMA, retire."""
-    a = _decode(words, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+    a = _decode(words, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
     acc = _mma(a, acc, ring, bars, kb, STAGES)
     return _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
 
@@ -431,6 +442,7 @@ def moe_prefill_gemm(
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
     UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr,
+    PACKED: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -442,7 +454,8 @@ def moe_prefill_gemm(
     ``[pairs, N]`` at the original pair index, times ``tw[pair]``.
 
     ``FP8`` (W4A8): the activations are e4m3 (``kperm8`` order), the weights are decoded to e4m3 and
-    the MMAs are fp8. ``cs``: gate/up: fp32 ``[pairs]`` the sorted pairs' activation scales
+    the MMAs are fp8. ``PACKED``: bf16 only, the codes are in the layout of :mod:`.packed` (``xs`` and
+    ``inter`` in its ``kperm``). ``cs``: gate/up: fp32 ``[pairs]`` the sorted pairs' activation scales
     (:func:`gather_rows_fp8`); ``out_scale``: gate/up: the multiplier of ``inter`` before its e4m3
     store; down: the inverse, applied to the accumulator.
 
@@ -486,7 +499,7 @@ def moe_prefill_gemm(
             _issue(a_desc, ring, bars, start, j, NK, STAGES)
         if UNROLL == 1:
             for kb in range(NK):
-                a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
                 wa, sa = wb, sb
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
                 acc = _mma(a, acc, ring, bars, kb, STAGES)
@@ -496,8 +509,8 @@ def moe_prefill_gemm(
             # wait and one round of barriers for the two (the per-step overhead halves).
             for r in range(NK // 2):
                 kb = 2 * r
-                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
-                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
                 wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 3, kb + 3 < NK, K, SROW, LW)
                 acc = _mma(a0, acc, ring, bars, kb, STAGES)
@@ -507,7 +520,7 @@ def moe_prefill_gemm(
                 _issue(a_desc, ring, bars, start, kb + 1 + STAGES, NK, STAGES)
             if NK % 2 == 1:
                 acc = _one_step(acc, wa, sa, rmax, a_desc, ring, bars, start, NK - 1, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP, FP8)  # fmt: skip
+                                TWO_STEP, FP8, PACKED)  # fmt: skip
         else:
             # Four steps a round, as two (STAGES >= 4: the round's four activation tiles are in the
             # ring together); the last NK % 4 steps one at a time.
@@ -515,10 +528,10 @@ def moe_prefill_gemm(
             wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, 3, 3 < NK, K, SROW, LW)
             for r in range(NK // 4):
                 kb = 4 * r
-                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
-                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
-                a2 = _decode(wc, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
-                a3 = _decode(wd, sd, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8)
+                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+                a2 = _decode(wc, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+                a3 = _decode(wd, sd, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
                 wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 4, kb + 4 < NK, K, SROW, LW)
                 wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 5, kb + 5 < NK, K, SROW, LW)
                 wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, kb + 6, kb + 6 < NK, K, SROW, LW)
@@ -533,13 +546,13 @@ def moe_prefill_gemm(
             T0: gl.constexpr = NK - NK % 4
             if NK % 4 >= 1:
                 acc = _one_step(acc, wa, sa, rmax, a_desc, ring, bars, start, T0, NK, STAGES, BLOCK_M, WARPS, AL, TWO_STEP,
-                                FP8)  # fmt: skip
+                                FP8, PACKED)  # fmt: skip
             if NK % 4 >= 2:
                 acc = _one_step(acc, wb, sb, rmax, a_desc, ring, bars, start, T0 + 1, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP, FP8)  # fmt: skip
+                                TWO_STEP, FP8, PACKED)  # fmt: skip
             if NK % 4 >= 3:
                 acc = _one_step(acc, wc, sc, rmax, a_desc, ring, bars, start, T0 + 2, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP, FP8)  # fmt: skip
+                                TWO_STEP, FP8, PACKED)  # fmt: skip
         for j in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(j))
 
@@ -570,7 +583,7 @@ def moe_prefill_gemm(
                 ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm8(jj)[:, None]
                 hv = hv * out_scale
             else:
-                ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj)[:, None]
+                ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj, PACKED)[:, None]
             gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
         else:
             # Through shared memory into a layout whose lanes store 16 contiguous bytes of a pair's
@@ -621,7 +634,7 @@ def _descriptor(t, block_t: int) -> TensorDescriptor:
 
 
 def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up, interleaved, activation, tile,
-            two_step, cs=None, out_scale=1.0):  # fmt: skip
+            two_step, cs=None, out_scale=1.0, packed=False):  # fmt: skip
     block_m, block_t, warps, stages, unroll = tile
     fp8 = desc.base.dtype == torch.float8_e4m3fn
     n = w.shape[1]
@@ -640,16 +653,19 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         # The W4A8 table decodes every scale byte: TWO_STEP (the bf16 decode's variant) would only
         # add a specialization there.
         BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, UNROLL=unroll, TWO_STEP=two_step and not fp8,
-        FP8=fp8, num_warps=warps, **pdl_kwargs(),
+        FP8=fp8, PACKED=packed, num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
 
 
 def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles, two_step,
-                scratch=None, fp8=False):  # fmt: skip
+                scratch=None, fp8=False, packed=False):  # fmt: skip
     """The prefill path of ``hopper.moe_apply`` into ``result``: sort and offsets (:func:`sort_by_expert`),
     gather, two grouped GEMMs, combine (no host sync). ``scratch`` (a dict; debugging) receives the
     intermediates: ``order``, ``offsets``, ``xs``, ``inter``, ``y``. ``fp8``: W4A8 (e4m3 activations
-    with a scale a pair for the gate/up GEMM; ``w4a8_inter_scale`` for the down GEMM's)."""
+    with a scale a pair for the gate/up GEMM; ``w4a8_inter_scale`` for the down GEMM's). ``packed``: the
+    codes are in the layout of :mod:`.packed` (bf16 only)."""
+    if fp8 and packed:
+        raise ValueError("weights: the W4A8 decode reads canonical codes, not the packed layout")
     t, h = x.shape
     k = topk_ids.shape[1]
     pairs = t * k
@@ -668,9 +684,9 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     else:
         xscale, q = None, 1.0
         cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block,
-                                                             **pdl_kwargs())  # fmt: skip
+                                                             PACKED=packed, **pdl_kwargs())  # fmt: skip
     inter = torch.empty((pairs, i), dtype=act, device=x.device)
-    common = dict(pairs=pairs, experts=experts, activation=activation, two_step=two_step)
+    common = dict(pairs=pairs, experts=experts, activation=activation, two_step=two_step, packed=packed)
     _launch(_descriptor(xs, gu_tile[1]), offsets, order, weights.w13, weights.w13_scale, weights.w13_bias, tw, inter,
             gate_up=True, interleaved=weights.gate_up_interleaved, tile=gu_tile, cs=xscale, out_scale=q,
             **common)  # fmt: skip
