@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The SASS instruction mix of ``hopper.moe_apply``'s decode GEMMs, cross-compiled for sm90 (no GPU needed).
 
-    python tools/decode_sass_counts.py [--tokens 1]
+    python tools/decode_sass_counts.py [--tokens 1] [--packed]
 
 Records the launches of one GPT-OSS-120B layer call at ``--tokens`` (the launch recorder of
 ``tokenspeed-kernel-nvidia/tests/test_hopper_moe.py``), compiles each decode GEMM for sm90, and prints the static
 instruction counts before, in and after its K loop (the innermost loop: three K blocks an iteration) with the
-loop's opcode mix. Issue 11's report (session 8) quotes its output.
+loop's opcode mix. ``--packed``: on weights in the layout of ``hopper.moe_apply_packed``. Issue 11's report
+(sessions 8 and 11) quotes its output.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def loop_counts(sass: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("--packed", action="store_true", help="weights in the packed layout (hopper.moe_apply_packed)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(TESTS))
     import pytest
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
     from tokenspeed_kernel_nvidia.hopper.moe import decode
 
     with pytest.MonkeyPatch.context() as mp:
-        calls = t._launches(mp, args.tokens)
+        calls = t._launches(mp, args.tokens, packed=args.packed)
     for fn, grid, kargs, kwargs in calls:
         if fn is not decode.moe_decode_gemm:
             continue

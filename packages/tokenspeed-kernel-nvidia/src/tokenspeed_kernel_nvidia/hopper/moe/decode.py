@@ -3,8 +3,10 @@
 At a few tokens per expert both GEMMs of a GPT-OSS expert stream E2M1 weights (half a
 byte a value plus an E8M0 scale per 32) for very few FLOPs, so what bounds them is the
 memory system and the instructions spent decoding each value. These kernels read the
-canonical layout (``w [E, N, K/2]``, ``scale [E, N, K/32]``, no weight preprocessing)
-and keep every decoded value in registers:
+canonical layout (``w [E, N, K/2]``, ``scale [E, N, K/32]``, no weight preprocessing) or,
+with ``PACKED``, the same tensors with the bits of each word placed for a shorter decode
+(:mod:`.packed`: 12 instructions a word instead of 17, K-adjacent pairs), and keep every
+decoded value in registers:
 
 - **Weights are the A operand of ``mma.sync.m16n8k16`` (bf16, fp32 accumulation); the
   tokens of one expert are its N side** (8 or 16 columns). A lane loads 16 contiguous
