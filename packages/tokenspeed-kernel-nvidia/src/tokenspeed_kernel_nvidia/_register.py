@@ -141,9 +141,8 @@ def register_hopper() -> None:
     """In-tree Hopper kernels (Gluon, :mod:`tokenspeed_kernel_nvidia.hopper`): need only triton."""
     if importlib.util.find_spec("triton") is None:
         return
-    register_kernel(
-        "moe_apply",
-        name="hopper.moe_apply",
+    # hopper.moe_apply and hopper.moe_apply_packed: one implementation, two weight layouts.
+    bf16_moe = dict(
         solution="hopper",
         # bf16 activations only: the weights are decoded to bf16 for bf16 MMAs.
         formats=[{"x": "bf16", "w": "mxfp4"}],
@@ -159,27 +158,20 @@ def register_hopper() -> None:
         priority=Priority.PERFORMANT,
         # No atomics: the k slots are summed in slot order.
         tags=("cuda_graph_safe", "deterministic"),
+    )
+    register_kernel(
+        "moe_apply",
+        name="hopper.moe_apply",
         impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply",
         # GPU tests, numerics and bench on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe.
         hardware_validated=True,
         doc="Hopper MXFP4 MoE (Gluon): weights decoded in registers into mma.sync (decode) or wgmma (prefill), "
         "canonical layout",
+        **bf16_moe,
     )
     register_kernel(
         "moe_apply",
         name="hopper.moe_apply_packed",
-        solution="hopper",
-        formats=[{"x": "bf16", "w": "mxfp4"}],
-        traits={
-            "activation": ("swiglu", "silu"),
-            "clamp": (False, True),
-            "bias": (False, True),
-            "gate_up_interleaved": (False, True),
-            "up_offset": ANY,
-        },
-        capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
-        priority=Priority.PERFORMANT,
-        tags=("cuda_graph_safe", "deterministic"),
         impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply_packed",
         # The same tensors with the bits of each code word permuted (hopper.moe.packed): its own layout.
         weight_preprocessor="tokenspeed_kernel_nvidia.hopper.moe.packed:preprocess_weights",
@@ -188,6 +180,7 @@ def register_hopper() -> None:
         hardware_validated=True,
         doc="Hopper MXFP4 MoE (Gluon), hopper.moe_apply on a bit-placed layout: 12 decode instructions a code "
         "word instead of 17",
+        **bf16_moe,
     )
     register_kernel(
         "moe_apply",
