@@ -237,3 +237,27 @@ def test_packed_prefill_gemms_cross_compile_with_wgmma_and_no_hazards(monkeypatc
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{kwargs['BLOCK_T']}k16\.f32\.bf16\.bf16", ptx)
         assert "mul.rn.bf16x2" in ptx and "HGMMA.64x" in sass
         assert_no_spills_or_hazards(sass)
+
+
+@pytest.mark.slow
+def test_the_prefill_gemm_refuses_fp8_on_packed_codes_at_compile_time(monkeypatch):
+    """The e4m3 decode reads canonical nibbles: ``FP8`` with ``PACKED`` is a compile-time error, not a
+    silently ignored flag (the host refuses it earlier, with an error naming ``weights``)."""
+    from test_hopper_moe_prefill import _prefill_launches
+    from triton.compiler.errors import CompilationError
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import prefill
+
+    calls, _ = _prefill_launches(monkeypatch, 1200, fp8=True)
+    fn, _grid, args, kwargs = next(c for c in calls if c[0] is prefill.moe_prefill_gemm)
+    assert kwargs["FP8"] is True and kwargs["PACKED"] is False
+    with pytest.raises(CompilationError) as info:
+        compile_launch(fn, args, {**kwargs, "PACKED": True}, "sm90")
+    assert "packed layout" in repr(info.value.__cause__ or info.value.__context__)
+    with pytest.raises(ValueError, match="weights: the W4A8 decode reads canonical codes"):
+        w = _weights(4, 128, 64)
+        x = torch.randn(2, 128).to(torch.bfloat16)
+        tw, ids = tk.moe_route(torch.randn(2, 4), 2, solution="reference")
+        prefill.run_prefill(x, tw, ids, w, GPT_OSS, torch.empty_like(x), tiles=None, two_step=False, fp8=True,
+                            packed=True)  # fmt: skip

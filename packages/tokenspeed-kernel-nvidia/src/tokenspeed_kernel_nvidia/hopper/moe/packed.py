@@ -20,8 +20,9 @@ codes ``2 p`` and ``2 p + 1``, K-adjacent, and decodes with fewer instructions i
   times.)
 
 12 instructions a word instead of 17 (the sm90 cross-compile of the decode GEMM's K loop: 1018
-instructions instead of 1260, ``tools/decode_sass_counts.py --packed``); and because a bf16x2 register now
-holds two K-adjacent values, the activations enter the MMA without being rearranged in registers.
+instructions instead of 1260, ``tools/decode_sass_counts.py --packed``). A bf16x2 register now holds two
+K-adjacent values, so the activations' K permutation (:func:`.decode._arrange_b`, the prefill ``kperm``) moves
+K-adjacent pairs as units.
 The W4A8 decode (a per-byte table) needs canonical nibbles, so ``hopper.moe_apply_w4a8`` keeps the
 canonical layout; a layer uses one or the other (``moe_plan`` picks).
 """

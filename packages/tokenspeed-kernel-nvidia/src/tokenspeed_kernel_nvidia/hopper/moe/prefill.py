@@ -360,6 +360,7 @@ def _decode(words, sc, rmax, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.
             FP8: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
     """One K step's A operand: bf16 (:func:`.decode._decode_a`; ``PACKED``: the layout of
     :mod:`.packed`) or, with ``FP8`` (canonical codes only), e4m3."""
+    gl.static_assert(not (FP8 and PACKED), "the e4m3 decode reads canonical codes, not the packed layout")
     if FP8:
         return _decode_a_fp8(words, sc, rmax, BLOCK_M, WARPS, AL)
     else:
