@@ -100,8 +100,8 @@ def _check_refines(fn, args, kwargs, key_of=None):
     """Conflicts: our key maps two argument lists to different Triton specialisations."""
     params, binder = _triton_binder(fn)
     n = len(args)
-    keyf = L._key_function(params[:n], [L._kind(a) for a in args])
-    key_of = key_of or keyf
+    keyfs = [L._key_function(params[:n], [L._kind(a) for a in args])]
+    key_of = key_of or (lambda *cand: L._args_key(keyfs, params[:n], cand))
     seen: dict = {}
     conflicts = []
     lists = [args]

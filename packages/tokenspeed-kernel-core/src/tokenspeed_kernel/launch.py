@@ -15,9 +15,12 @@ launches it through the C launcher directly::
     _rmsnorm[grid](x, w, y, n, eps, BLOCK=1024, num_warps=8)   # same call as the JIT function
 
 The key is computed from the arguments with a function generated for the kernel's
-parameter list: per tensor its dtype and whether its address is 16-byte aligned,
-per int whether it is 1, divisible by 16 and which integer type it fits, per
-float/bool/None its type, plus the keyword arguments (constexprs and options),
+parameter list and the argument kinds it has seen (up to four per argument count: a
+position that takes None or a tensor): a guard chain checks each position's type
+(an int within i32), then one flat tuple holds per tensor its dtype and whether its
+address is 16-byte aligned, per int whether it is 1 or divisible by 16; arguments of
+other kinds (an int past i32, a tensor subclass) get a slower tagged key per
+position. Then the keyword arguments (constexprs and options),
 the current device and the Triton settings that change code (``knobs.runtime.debug``,
 ``knobs.compilation.instrumentation_mode``; like Triton's own cache, not the kernel's
 globals, which are constants in every kernel of the packages). That is at least as
@@ -51,6 +54,7 @@ does not depend on Triton.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import weakref
@@ -66,28 +70,41 @@ _ENV_JIT = os.environ.get("TOKENSPEED_KERNEL_LAUNCH", "").strip().lower() == "ji
 
 #: Triton's integer types by range (``native_specialize_impl``): i32, i64, else u64.
 _I32_MIN, _I32_END, _I64_END = -(2**31), 2**31, 2**63
+#: generated key functions per positional-arg count (argument kinds that vary: None or a tensor).
+_MAX_KEY_FUNCTIONS = 4
+
+
+#: ``jit_launches`` blocks open in any thread: while none is, a launch reads no thread-local state
+#: (``getattr`` on a ``threading.local`` cost about 0.4 us a launch on the 2-core machine).
+_jit_blocks = 0
+_blocks_lock = threading.Lock()
 
 
 def _jit_forced() -> bool:
-    return _ENV_JIT or getattr(_state, "jit", False)
+    return _ENV_JIT or (_jit_blocks > 0 and getattr(_state, "jit", False))
 
 
 @contextlib.contextmanager
 def jit_launches() -> Iterator[None]:
     """Within the block, every :class:`CachedLaunch` on this thread takes Triton's JIT path."""
+    global _jit_blocks
     before = getattr(_state, "jit", False)
     _state.jit = True
+    with _blocks_lock:
+        _jit_blocks += 1
     try:
         yield
     finally:
         _state.jit = before
+        with _blocks_lock:
+            _jit_blocks -= 1
 
 
 def _slow_spec(a: Any) -> tuple:
     """A tagged key component for an argument whose kind differs from the generated fast path's.
 
-    The tags are strings, which a fast-path component never starts with, so the two cannot collide.
-    Raises ``_Uncacheable`` for kinds Triton specialises in ways this module does not model.
+    Such a key starts with the string ``"slow"``, where a generated function's key starts with its
+    tag (an int), so the two cannot collide. Raises ``_Uncacheable`` for kinds Triton specialises in ways this module does not model.
     """
     t = type(a)
     if a is None:
@@ -115,14 +132,20 @@ def _kind(a: Any) -> str:
         return "other"
 
 
-def _key_function(params: list[Any], kinds: list[str]) -> Any:
-    """A function ``key(*args)`` for positional ``args`` of the first-seen ``kinds``.
+#: a tag per generated key function, first in its keys (two functions' keys never collide).
+_tags = itertools.count()
 
-    Each position gets the expression of its kind with a type guard; another kind at
-    that position goes through :func:`_slow_spec`. Constexpr positions contribute
-    their value.
+
+def _key_function(params: list[Any], kinds: list[str]) -> Any:
+    """A function ``key(*args)`` for positional ``args`` of the given ``kinds``, or None for other kinds.
+
+    One guard chain checks every position's type (and, for an int, the i32 range); when it holds,
+    the key is one flat tuple: the function's tag, then per tensor its dtype (and alignment bit),
+    per int one class (1, divisible by 16, other), per constexpr its value (a float, bool or None
+    adds nothing: its kind is the guard's). A flat tuple of plain values is built and hashed once per
+    call, where a tuple per argument cost a tuple each (the hit path's largest part on CPU).
     """
-    parts = []
+    guards, parts = [], [str(next(_tags))]
     for i, (p, kind) in enumerate(zip(params, kinds)):
         a = f"a{i}"
         if p.is_constexpr:
@@ -131,33 +154,44 @@ def _key_function(params: list[Any], kinds: list[str]) -> Any:
         spec = not p.do_not_specialize
         align = not p.do_not_specialize_on_alignment
         if kind == "tensor":
-            fast = f"({a}.dtype, {a}.data_ptr() & 15 == 0)" if spec and align else f"({a}.dtype,)"
-            parts.append(f"({fast} if type({a}) is _T or type({a}) is _P else _slow({a}))")
+            guards.append(f"(type({a}) is _T or type({a}) is _P)")
+            parts.append(f"{a}.dtype")
+            if spec and align:
+                parts.append(f"{a}.data_ptr() & 15 == 0")
         elif kind == "int":
-            fields = [f"_I32_MIN <= {a} < _I32_END", f"{a} < _I64_END"]
+            guards.append(f"type({a}) is int and _I32_MIN <= {a} < _I32_END")
             if spec:
-                fields = [f"{a} == 1", *fields]
-                if align:
-                    fields.append(f"{a} & 15 == 0")
-            parts.append(f"(({', '.join(fields)},) if type({a}) is int else _slow({a}))")
+                parts.append(f"(1 if {a} == 1 else 2 if {a} & 15 == 0 else 0)" if align else f"{a} == 1")
         elif kind == "float":
-            parts.append(f"(0 if type({a}) is float else _slow({a}))")
+            guards.append(f"type({a}) is float")
         elif kind == "bool":
-            parts.append(f"(1 if type({a}) is bool else _slow({a}))")
-        else:  # None
-            parts.append(f"(None if {a} is None else _slow({a}))")
+            guards.append(f"type({a}) is bool")
+        elif kind == "none":
+            guards.append(f"{a} is None")
+        else:
+            raise _Uncacheable(kind)
     names = ", ".join(f"a{i}" for i in range(len(kinds)))
-    src = f"def key({names}):\n    return ({', '.join(parts)}{',' if len(parts) == 1 else ''})\n"
+    src = (
+        f"def key({names}):\n"
+        f"    if {' and '.join(guards) or 'True'}:\n"
+        f"        return ({', '.join(parts)},)\n"
+        f"    return None\n"
+    )
     ns: dict[str, Any] = {
-        "_T": torch.Tensor,
-        "_P": torch.nn.Parameter,
-        "_slow": _slow_spec,
-        "_I32_MIN": _I32_MIN,
-        "_I32_END": _I32_END,
-        "_I64_END": _I64_END,
-    }
+        "_T": torch.Tensor, "_P": torch.nn.Parameter, "_I32_MIN": _I32_MIN, "_I32_END": _I32_END,
+    }  # fmt: skip
     exec(compile(src, f"<tokenspeed_kernel launch key {len(kinds)} args>", "exec"), ns)
     return ns["key"]
+
+
+def _args_key(keyfs: list[Any], params: list[Any], args: tuple) -> tuple:
+    """The specialisation part of a launch key: the first generated function whose guards hold,
+    else a tagged tuple of :func:`_slow_spec` per position (raises ``_Uncacheable``)."""
+    for keyf in keyfs:
+        key = keyf(*args)
+        if key is not None:
+            return key
+    return ("slow", *(a if p.is_constexpr else _slow_spec(a) for p, a in zip(params, args)))
 
 
 class _Entry:
@@ -178,7 +212,7 @@ class CachedLaunch:
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", repr(fn))
         self._cache: dict[Any, _Entry | None] = {}
-        self._keys: dict[int, Any] = {}  # positional-arg count -> key function
+        self._keys: dict[int, list[Any]] = {}  # positional-arg count -> key functions (one per argument kinds)
         self._lock = threading.Lock()
         params = getattr(fn, "params", None)
         self._params = list(params) if params is not None else None
@@ -210,18 +244,20 @@ class CachedLaunch:
             self._bind_runtime()
         # Triton 3.6 keeps the hooks in a HookChain (empty unless a profiler added one); older ones a callable or None.
         hook = self._knobs.launch_enter_hook
-        if self._cacheable and type(grid) is tuple and not getattr(hook, "calls", hook) and not _jit_forced():
-            keyf = self._keys.get(len(args))
-            if keyf is not None:
+        if (
+            self._cacheable
+            and type(grid) is tuple
+            and not getattr(hook, "calls", hook)
+            and not ((_ENV_JIT or _jit_blocks) and _jit_forced())
+        ):
+            keyfs = self._keys.get(len(args))
+            if keyfs is not None:
                 dev = self._getdev()
                 try:
-                    key = (
-                        keyf(*args),
-                        tuple(kwargs.items()),
-                        dev,
-                        self._knobs.debug,
-                        self._compilation.instrumentation_mode,
-                    )
+                    spec = keyfs[0](*args)
+                    if spec is None:  # other argument kinds than the first call's
+                        spec = _args_key(keyfs, self._params, args)
+                    key = (spec, tuple(kwargs.items()), dev, self._knobs.debug, self._compilation.instrumentation_mode)
                     entry = self._cache.get(key, False)
                 except (_Uncacheable, TypeError):
                     entry = None
@@ -236,9 +272,9 @@ class CachedLaunch:
                     self._check_kwargs(kwargs)
                     self.fn[grid](*args, **kwargs)
                     return
-                self._miss(key, grid, args, kwargs)
+                self._miss(grid, args, kwargs)
                 return
-            self._miss(None, grid, args, kwargs)
+            self._miss(grid, args, kwargs)
             return
         self._check_kwargs(kwargs)
         self.fn[grid](*args, **kwargs)
@@ -254,8 +290,8 @@ class CachedLaunch:
             self._getdev = torch._C._cuda_getDevice
             self._getstream = torch._C._cuda_getCurrentRawStream
 
-    def _miss(self, key: Any, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-        """JIT path; then remember the compiled kernel under ``key`` (computed here when None)."""
+    def _miss(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        """JIT path; then remember the compiled kernel under this call's key."""
         self._check_kwargs(kwargs)
         self.misses += 1
         kernel = self.fn[grid](*args, **kwargs)
@@ -266,14 +302,20 @@ class CachedLaunch:
         n = len(args)
         try:
             with self._lock:
-                keyf = self._keys.get(n)
-                if keyf is None:
-                    keyf = self._keys[n] = _key_function(params[:n], [_kind(a) for a in args])
-            if key is None:
-                key = (
-                    keyf(*args), tuple(kwargs.items()), self._getdev(), self._knobs.debug,
-                    self._compilation.instrumentation_mode,
-                )  # fmt: skip
+                keyfs = self._keys.get(n)
+                if keyfs is None:
+                    keyfs = self._keys[n] = []
+                if len(keyfs) < _MAX_KEY_FUNCTIONS and all(kf(*args) is None for kf in keyfs):
+                    kinds = [_kind(a) for a in args]
+                    if "other" not in kinds:  # tensor descriptors, tuples: the tagged slow key names them
+                        keyf = _key_function(params[:n], kinds)
+                        if keyf(*args) is not None:  # (an int past i32 fails its own guard: slow key)
+                            keyfs.append(keyf)
+            # computed again: the hit path's key came from the functions before this miss added one
+            key = (
+                _args_key(keyfs, params, args), tuple(kwargs.items()), self._getdev(), self._knobs.debug,
+                self._compilation.instrumentation_mode,
+            )  # fmt: skip
             hash(key)
         except (_Uncacheable, TypeError):
             return
