@@ -110,3 +110,38 @@ def test_a_tensor_passed_twice_is_not_remembered_for_calls_that_pass_two():
     tk.mm.__dict__.pop("_memo", None)
     op_module._bind_memoised(tk.mm, (a, a), {})  # a miss with an alias: not remembered
     assert not tk.mm.__dict__.get("_memo")
+
+
+def test_a_key_tells_apart_strides_value_types_and_values():
+    """Whatever the checks read is in the key: the same shape with other strides, a bool where a float was
+    (``True == 1.0`` and both hash alike), another value; each of these calls runs ``bind`` and fails there."""
+    xm, wm = _meta(torch.randn(2, 8)), _meta(torch.ones(8))
+    tk.rmsnorm.__dict__.pop("_memo", None)
+    op_module._bind_memoised(tk.rmsnorm, (xm, wm, 1.0), {})
+    assert len(tk.rmsnorm.__dict__["_memo"]) == 1
+    strided = torch.empty_strided((2, 8), (16, 2), dtype=xm.dtype, device="meta")
+    with pytest.raises(ValueError, match="x"):
+        op_module._bind_memoised(tk.rmsnorm, (strided, wm, 1.0), {})
+    with pytest.raises(TypeError, match="eps"):
+        op_module._bind_memoised(tk.rmsnorm, (xm, wm, True), {})
+    with pytest.raises(ValueError, match="eps"):
+        op_module._bind_memoised(tk.rmsnorm, (xm, wm, -1.0), {})
+    with pytest.raises(ValueError, match="residual"):  # a keyword: its own call pattern
+        op_module._bind_memoised(tk.rmsnorm, (xm, wm, 1.0), {"residual": _meta(torch.randn(2, 7))})
+    got = op_module._bind_memoised(tk.rmsnorm, (xm, wm, 1.0), {})
+    assert got[4][0] is xm and got[4][2] == 1.0
+
+
+def test_a_generated_key_and_the_generic_key_give_the_same_entry_contents():
+    """A call pattern whose kinds have no generated function (an object of another kind) takes the generic
+    key; both paths serve what bind gives."""
+    a, b = _meta(torch.randn(4, 8)), _meta(torch.randn(5, 8))
+    tk.mm.__dict__.pop("_memo", None)
+    tk.mm.__dict__.pop("_memo_keys", None)
+    first = op_module._bind_memoised(tk.mm, (a, b), {})
+    a2, b2 = _meta(torch.randn(4, 8)), _meta(torch.randn(5, 8))
+    got = op_module._bind_memoised(tk.mm, (a2, b2), {})
+    assert got[:4] == first[:4] and got[4][0] is a2 and got[4][1] is b2
+    assert [len(v) for v in tk.mm.__dict__["_memo_keys"].values()] == [1]
+    key = op_module._memo_key(tk.mm, (a2, b2), {}, (a2, b2))
+    assert type(key[0]) is int  # the generated function's tag

@@ -21,7 +21,10 @@ imports, so a dispatched call can be captured in a CUDA graph.
 Validation can be memoised (``Op(memo_bind=True)``, :func:`_bind_memoised`): a call whose arguments have the
 metadata of an earlier valid call (per tensor: type, shape, strides, dtype,
 device; every other argument by type and value) reuses that call's selection key
-and rebuilds the kernel's arguments from the new call's objects. Only where the
+and rebuilds the kernel's arguments from the new call's objects. The key comes from a
+function generated per call pattern (positional count, keyword names) and argument
+kinds: one guard chain, one flat tuple (:func:`_memo_key_function`); arguments of
+other kinds take the generic description (:func:`_describe`). Only where the
 checks read nothing but that metadata: never with a CPU tensor (whose values the
 checks read), under ``TOKENSPEED_KERNEL_DEBUG=1``, or with an argument of another
 kind (MoE weights, generators), which runs ``bind`` every time. An object that
@@ -39,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import itertools
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,8 +104,10 @@ class Op(OpContract):
     #: an op that writes in place and also returns one new tensor (gdn_decode's output).
     mutating_result: bool = False
     #: memoise validation by call metadata (module doc): for ops whose checks cost more than
-    #: describing their arguments (measured on the 2-core machine: mm 5.3 -> 3.9 us, apply_rotary
-    #: 8.1 -> 5.7, mha_decode_with_kvcache 14.0 -> 8.6; rmsnorm's 2.3 us bind would get slower).
+    #: describing their arguments (bind -> memo hit on the 2-core machine, meta tensors, two runs: mm
+    #: 5.4-5.6 -> 3.4-4.2 us, apply_rotary 5.2-6.2 -> 3.9, kvcache_store 5.6-6.4 -> 4.0-4.2,
+    #: mha_decode_with_kvcache 9.6-12.9 -> 5.0-5.4; rmsnorm's 2.2-2.9 us bind is about even with its
+    #: 2.5 us memo, moe_route's 1.3 us bind beats its 2.1-2.5 us memo).
     memo_bind: bool = False
     #: keyword arguments a kernel receives only if its signature names them (module doc).
     hints: tuple[str, ...] = ()
@@ -239,51 +246,147 @@ def _plain_dataclass(a: Any) -> bool:
     return all(type(getattr(a, f.name)) in _VALUE_TYPES for f in dataclasses.fields(a))
 
 
+def _memo_kind(a: Any) -> Any:
+    """What a generated memo key function guards a position on: the argument's kind, or None (no function)."""
+    t = type(a)
+    if t is _T or t is _P:
+        return "tensor"
+    if t in _VALUE_TYPES:
+        return t
+    if t is tuple and all(type(x) is int for x in a):
+        return "ints"
+    if getattr(a, "__memo_key__", None) is not None:
+        return ("memo_key", t)
+    if _plain_dataclass(a):
+        return ("dataclass", t)
+    return None
+
+
+def _memo_key_function(kinds: list[Any]) -> Any:
+    """``key(*flat)`` for a call's arguments (positional, then keyword values) of these kinds, or None when
+    one differs: the same facts as :func:`_describe` gives, in one flat tuple behind one guard chain."""
+    guards, parts, ns = [], [str(next(_memo_tags))], {"_T": _T, "_P": _P, "_ints": _all_ints}
+    for i, kind in enumerate(kinds):
+        a = f"a{i}"
+        if kind == "tensor":
+            guards.append(f"(type({a}) is _T or type({a}) is _P) and not {a}.is_cpu")
+            parts += [f"{a}.shape", f"{a}.stride()", f"{a}.dtype", f"{a}.device"]
+        elif kind == "ints":
+            guards.append(f"type({a}) is tuple and _ints({a})")
+            parts.append(a)
+        elif kind is type(None):
+            guards.append(f"{a} is None")
+        elif isinstance(kind, type):  # a value type: the guard fixes the type, the key holds the value
+            ns[f"_t{i}"] = kind
+            guards.append(f"type({a}) is _t{i}")
+            parts.append(a)
+        else:  # ("memo_key", type) or ("dataclass", type)
+            ns[f"_t{i}"] = kind[1]
+            guards.append(f"type({a}) is _t{i}")
+            parts.append(f"{a}.__memo_key__" if kind[0] == "memo_key" else a)
+    names = ", ".join(f"a{i}" for i in range(len(kinds)))
+    src = (
+        f"def key({names}):\n"
+        f"    if {' and '.join(guards) or 'True'}:\n"
+        f"        return ({', '.join(parts)},)\n"
+        f"    return None\n"
+    )
+    exec(compile(src, f"<tokenspeed_kernel memo key {len(kinds)} args>", "exec"), ns)
+    return ns["key"]
+
+
+def _all_ints(a: tuple) -> bool:
+    return all(type(x) is int for x in a)
+
+
+_memo_tags = itertools.count()
+#: generated memo key functions per call pattern (argument kinds that vary: None or a tensor).
+_MAX_MEMO_FUNCTIONS = 4
+
+
+def _memo_key(op: Op, args: tuple, kwargs: dict, flat: tuple) -> Any:
+    """The memo key of a call, or ``_MISS``: a generated function's flat key when one of the call pattern's
+    (positional count, keyword names) guards holds, else the tuple of :func:`_describe` per argument."""
+    keys = op.__dict__.get("_memo_keys")
+    if keys is None:
+        keys = {}
+        object.__setattr__(op, "_memo_keys", keys)
+    pattern = (len(args), *kwargs)
+    fns = keys.get(pattern)
+    if fns is None:
+        fns = keys[pattern] = []
+    for fn in fns:
+        key = fn(*flat)
+        if key is not None:
+            return key
+    if len(fns) < _MAX_MEMO_FUNCTIONS:
+        kinds = [_memo_kind(a) for a in flat]
+        if None not in kinds:
+            fn = _memo_key_function(kinds)
+            key = fn(*flat)
+            if key is not None:  # (a CPU tensor fails its own guard: it is never served)
+                fns.append(fn)
+                return key
+    parts = [_describe(a) for a in args]
+    for name in kwargs:
+        parts.append(name)
+        parts.append(_describe(kwargs[name]))
+    return _MISS if _MISS in parts else tuple(parts)
+
+
 def _bind_memoised(op: Op, args: tuple, kwargs: dict) -> KernelCall:
     """``op.bind(*args, **kwargs)``, or its memoised result for a call of the same metadata (module doc)."""
     memo = op.__dict__.get("_memo")
     if memo is None:
         memo = {}
         object.__setattr__(op, "_memo", memo)
-    parts = [_describe(a) for a in args]
-    for name in kwargs:
-        parts.append(name)
-        parts.append(_describe(kwargs[name]))
-    if _MISS in parts or debug_checks_enabled():
+    if debug_checks_enabled():
         return op.bind(*args, **kwargs)
-    key = tuple(parts)
+    flat = (*args, *kwargs.values())
+    key = _memo_key(op, args, kwargs, flat)
+    if key is _MISS:
+        return op.bind(*args, **kwargs)
     entry = memo.get(key)
     if entry is not None:
-        device, signature, traits, sizes, recipe_args, recipe_kwargs = entry
-        flat = (*args, *kwargs.values())
-        return (
-            device, signature, traits, sizes,
-            tuple(flat[i] if i >= 0 else c for i, c in recipe_args),
-            {k: (flat[i] if i >= 0 else c) for k, (i, c) in recipe_kwargs.items()},
-        )  # fmt: skip
+        device, signature, traits, sizes, get_args, names, get_kwargs, consts = entry
+        ext = (*flat, *consts) if consts else flat
+        return device, signature, traits, sizes, get_args(ext), dict(zip(names, get_kwargs(ext)))
     result = op.bind(*args, **kwargs)
     device, signature, traits, sizes, kargs, kkwargs = result
-    flat = (*args, *kwargs.values())
     tensors = [a for a in flat if type(a) is _T or type(a) is _P]
     if len({id(a) for a in tensors}) != len(tensors):
         return result  # one tensor passed twice: a recipe by identity could not tell the two places apart
-    recipe_args = [_recipe(v, flat) for v in kargs]
-    recipe_kwargs = {k: _recipe(v, flat) for k, v in kkwargs.items()}
-    if all(r is not None for r in recipe_args) and all(r is not None for r in recipe_kwargs.values()):
+    consts: list[Any] = []
+    recipe_args = [_recipe(v, flat, consts) for v in kargs]
+    recipe_kwargs = [_recipe(v, flat, consts) for v in kkwargs.values()]
+    if None not in recipe_args and None not in recipe_kwargs:
         if len(memo) >= _MAX_MEMO:  # shapes that vary per call (token counts): start over
             memo.clear()
-        memo[key] = (device, signature, traits, sizes, tuple(recipe_args), recipe_kwargs)
+        memo[key] = (
+            device, signature, traits, sizes, _getter(recipe_args), tuple(kkwargs), _getter(recipe_kwargs),
+            tuple(consts),
+        )  # fmt: skip
     return result
 
 
-def _recipe(v: Any, flat: tuple) -> tuple[int, Any] | None:
-    """How a kernel argument is rebuilt: ``(index, None)`` for an object of the call (by identity),
-    ``(-1, v)`` for a plain value bind computed (a function of the key), None when neither."""
+def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
+    """``ext -> tuple(ext[i] for i in indices)``, as one C call."""
+    if not indices:
+        return lambda ext: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda ext: (ext[i],)
+    return operator.itemgetter(*indices)
+
+
+def _recipe(v: Any, flat: tuple, consts: list) -> int | None:
+    """Where a kernel argument comes from in ``(*flat, *consts)``: the index of an object of the call (by
+    identity), or of a plain value bind computed (a function of the key, appended to ``consts``); None when
+    neither."""
     for i, a in enumerate(flat):
         if v is a and type(a) not in _VALUE_TYPES:
-            return (i, None)
-    if type(v) in _VALUE_TYPES or (type(v) is tuple and all(type(x) is int for x in v)):
-        return (-1, v)
-    if _plain_dataclass(v):
-        return (-1, v)
+            return i
+    if type(v) in _VALUE_TYPES or (type(v) is tuple and all(type(x) is int for x in v)) or _plain_dataclass(v):
+        consts.append(v)
+        return len(flat) + len(consts) - 1
     return None

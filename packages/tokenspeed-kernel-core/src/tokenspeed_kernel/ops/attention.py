@@ -688,6 +688,7 @@ mha_decode_with_kvcache = Op(
 )
 kvcache_store = Op(
     name="kvcache_store",
+    memo_bind=True,
     family="attention",
     roles=("kv",),
     traits={},
