@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 12, call 1 (81f8d56): where each decode-step op's host time goes
+# session 12, call 1 (a1ec667): where each decode-step op's host time goes
 # (tools/host_breakdown.py), and a cProfile of the GPT-OSS-20B decode step (24 layers)
 export WHL_DIR=.whl-moe; rm -rf /tmp/site
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
