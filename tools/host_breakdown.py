@@ -9,6 +9,7 @@ round-robin rounds, median kept):
 - ``bind``: the op's argument checks alone; ``memo``: the memoised checks (ops with ``memo_bind``);
 - ``select``: the cached selection alone;
 - ``direct``: the selected kernel's function with the bound arguments (wrapper + launches);
+  ``direct_no_graph`` the same without the eager graph replay (``moe_apply``);
 
 then ``cProfile`` tables of ``direct`` and ``public`` (``prof-<op>-<i>-{direct,public}.txt``),
 and the costs of a launch's parts: the C launch of a 6-pointer kernel given tensors or
@@ -75,6 +76,7 @@ def _thunks(op: str, fn, call: dict):
     """The timed pieces of one call (module doc) and the selected kernel's name."""
     from tokenspeed_kernel.core import op as opm
     from tokenspeed_kernel.core.selection import select_for_device
+    from tokenspeed_kernel.graphs import no_eager_graphs
 
     d, sig, traits, sizes, kargs, kkwargs = fn.bind(**call)
     sel = select_for_device(op, sig, traits, sizes, d, None, None)
@@ -86,6 +88,13 @@ def _thunks(op: str, fn, call: dict):
     }
     if fn.memo_bind:
         thunks["memo"] = lambda: opm._bind_memoised(fn, (), call)
+    if op in ("moe_apply", "top_k_top_p_sample"):  # paths that replay an eager graph: also without one
+
+        def direct_no_graph():
+            with no_eager_graphs():
+                return sel.fn(*kargs, **kkwargs)
+
+        thunks["direct_no_graph"] = direct_no_graph
     return thunks, sel.spec.name
 
 
