@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# session 12, call 1 (a1ec667): where each decode-step op's host time goes
-# (tools/host_breakdown.py), and a cProfile of the GPT-OSS-20B decode step (24 layers)
-export WHL_DIR=.whl-moe; rm -rf /tmp/site
+# session 12, call 1: the cached-launch GPU tests on the new launch key; before (f5f5e2c's wheels, .anchors/before)
+# and after (this checkout) in alternating processes: the anchor's host table + the GPT-OSS-20B decode step
+# (24 layers) eager vs graph; where each decode-step op's host time goes (tools/host_breakdown.py); bench --host
+export WHL_DIR=.whl-moe; rm -rf /tmp/site /tmp/site-before
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
-R=$PWD; mkdir -p $OUT/r; cd /tmp
-timeout 200 python3 $R/tools/host_breakdown.py --out $OUT/r/breakdown > $OUT/r/breakdown.log 2>&1; echo "breakdown rc $?"; cat $OUT/r/breakdown.log | cut -c1-250
-timeout 200 python3 $R/tools/host_probe.py --out $OUT/r/probe --skip-ops --layers 24 --decode-configs full --rounds 3 --profile > $OUT/r/probe.log 2>&1; echo "probe rc $?"; tail -4 $OUT/r/probe.log
+R=$PWD; mkdir -p $OUT/r
+(cd /tmp && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py > $OUT/r/launch-tests.log 2>&1); echo "launch tests rc $?"; tail -2 $OUT/r/launch-tests.log
+export PROBE_ARGS="--layers 24 --decode-configs full --rounds 3"
+for s in host-before host-after host-before host-after; do
+  OUT=$OUT/r timeout 150 bash tools/gpu_session.sh $s > $OUT/r/$s.$(date +%H%M%S).log 2>&1; echo "$s rc $?"
+done
+grep -h "eager\|rmsnorm\|mm\|mha" $OUT/r/host-*.log | cut -c1-200
+cd /tmp
+timeout 200 python3 $R/tools/host_breakdown.py --out $OUT/r/breakdown > $OUT/r/breakdown.log 2>&1; echo "breakdown rc $?"; cut -c1-230 $OUT/r/breakdown.log
+timeout 240 python3 -m tokenspeed_kernel bench --host --quiet --json $OUT/r/host-default.json --md $OUT/r/host-default.md > $OUT/r/host-default.log 2>&1; echo "bench-host rc $?"; grep "^| " $OUT/r/host-default.md | cut -c1-220
 cd $OUT && tar czf r.tgz r && rm -rf r
