@@ -34,16 +34,23 @@ __all__ = ["GptOssModel", "layer_prefill", "layer_decode", "plan_layer"]
 
 
 def _qkv(
-    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, ops: Any
+    cfg: GptOssConfig,
+    layer: GptOssLayer,
+    h: torch.Tensor,
+    cos_sin: torch.Tensor,
+    positions: torch.Tensor,
+    ops: Any,
+    *,
+    contiguous_v: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (rotated: new contiguous tensors) and v, views of one projection. ``apply_rotary`` and
+    ``kvcache_store`` read strided rows, so only a v that attention reads (prefill) is copied."""
     qkv = ops.mm(h, layer.qkv_weight, layer.qkv_bias)
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-    q = q.reshape(-1, nq, d).contiguous()
-    k = k.reshape(-1, nkv, d).contiguous()
-    v = v.reshape(-1, nkv, d).contiguous()
-    q, k = ops.apply_rotary(q, k, cos_sin, positions, style="neox")
-    return q, k, v
+    v = v.reshape(-1, nkv, d)
+    q, k = ops.apply_rotary(q.reshape(-1, nq, d), k.reshape(-1, nkv, d), cos_sin, positions, style="neox")
+    return q, k, (v.contiguous() if contiguous_v else v)
 
 
 def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any) -> torch.Tensor:
@@ -98,7 +105,7 @@ def layer_prefill(
         ``[T, H]``, the layer's output (residual stream).
     """
     h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
-    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops)
+    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops, contiguous_v=True)
     if cache is not None:
         ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
     attn = ops.mha_prefill(
@@ -135,7 +142,7 @@ def layer_decode(
         attention_plan: the step's ``tk.mha_plan(cache_seqlens=...)`` (host lengths), or None.
     """
     h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
-    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops)
+    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops, contiguous_v=False)
     ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
     attn = ops.mha_decode_with_kvcache(
         q, cache.k[layer.index], cache.v[layer.index], page_table, cache_seqlens,
