@@ -13,9 +13,15 @@ import torch
 
 
 def mm_dense(a, b, bias, *, a_scale, b_scale, out_dtype, out):
+    if out is None and (bias is None or bias.dtype == a.dtype):
+        # One C++ call (ATen's linear is this addmm / mm for 2-D a): no Python-side transpose or cast.
+        return _linear(a, b, bias)
     if bias is None:
         return torch.mm(a, b.t(), out=out)
     return torch.addmm(bias.to(a.dtype), a, b.t(), out=out)
+
+
+_linear = torch.nn.functional.linear
 
 
 def mm_fp8(a, b, bias, *, a_scale, b_scale, out_dtype, out):
