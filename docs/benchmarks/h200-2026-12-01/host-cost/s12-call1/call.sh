@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# session 12, call 1: the cached-launch GPU tests on the new launch key; before (f5f5e2c's wheels, .anchors/before)
+# session 12, call 1: GPU tests (cached launch vs JIT on the new launch key, cuBLAS mm paths, GPT-OSS model); before (f5f5e2c's wheels, .anchors/before)
 # and after (this checkout) in alternating processes: the anchor's host table + the GPT-OSS-20B decode step
 # (24 layers) eager vs graph; where each decode-step op's host time goes (tools/host_breakdown.py); bench --host
 export WHL_DIR=.whl-moe; rm -rf /tmp/site /tmp/site-before
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 R=$PWD; mkdir -p $OUT/r
-(cd /tmp && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py > $OUT/r/launch-tests.log 2>&1); echo "launch tests rc $?"; tail -2 $OUT/r/launch-tests.log
+(cd /tmp && timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py $R/packages/tokenspeed-kernel-nvidia/tests/test_cublas_gpu.py $R/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py > $OUT/r/launch-tests.log 2>&1); echo "launch tests rc $?"; tail -2 $OUT/r/launch-tests.log
 export PROBE_ARGS="--layers 24 --decode-configs full --rounds 3"
 for s in host-before host-after host-before host-after; do
   OUT=$OUT/r timeout 150 bash tools/gpu_session.sh $s > $OUT/r/$s.$(date +%H%M%S).log 2>&1; echo "$s rc $?"
