@@ -56,7 +56,7 @@ from .profiling import kernel_scope, profiler_active
 from .selection import Target, select_for_device
 from .settings import debug_checks_enabled
 
-__all__ = ["Op", "Reference", "KernelCall", "kernel_call", "hinted_kwargs"]
+__all__ = ["Op", "PreparedCall", "Reference", "KernelCall", "kernel_call", "hinted_kwargs"]
 
 #: What ``bind`` returns: (device, format signature, traits, sizes, kernel args, kernel kwargs).
 KernelCall = tuple[torch.device, tuple[str, ...], Mapping[str, object], tuple[int, ...], tuple, dict]
@@ -154,6 +154,22 @@ class Op(OpContract):
             with kernel_scope(self.name, sel.spec.name):
                 return sel.fn(*kargs, **kkwargs)
         return sel.fn(*kargs, **kkwargs)
+
+    def prepare(
+        self, *args: Any, solution: Target | None = None, override: Target | None = None, **kwargs: Any
+    ) -> PreparedCall:
+        """Validate and select once for calls of these arguments' metadata; returns a :class:`PreparedCall`.
+
+        Calling the result with arguments of the same metadata (tensors of the same shapes, strides,
+        dtypes and device; the same other values; the same keywords) runs the kernel selected now,
+        without checking or selecting again: an engine prepares once per step shape (or per layer) and
+        calls many times, as FlashInfer's plan/run does. The caller owns that promise; with
+        ``TOKENSPEED_KERNEL_DEBUG=1`` every call is checked against it, and a call whose metadata
+        differs raises. Nothing runs now. An object of another kind (MoE weights) is passed by
+        position too: a call may pass another one of the same kind and tensor metadata (another
+        layer's weights). Values of CPU tensors are not checked again either.
+        """
+        return PreparedCall(self, args, kwargs, solution, override)
 
     def call_key(self, *args: Any, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, object], dict[str, int]]:
         """What selection sees for a call: (format signature, complete traits, sizes by name).
@@ -390,3 +406,81 @@ def _recipe(v: Any, flat: tuple, consts: list) -> int | None:
         consts.append(v)
         return len(flat) + len(consts) - 1
     return None
+
+
+class PreparedCall:
+    """One op call validated and selected once (:meth:`Op.prepare`): calling it runs the kernel directly.
+
+    ``kernel``: the selected kernel's name. A call must pass as many positional arguments and the same
+    keyword names as :meth:`Op.prepare` got (``TypeError`` otherwise); the kernel receives the call's own
+    objects where ``bind`` passed the prepared call's (by position), and the plain values ``bind`` computed.
+    """
+
+    __slots__ = (
+        "_call",
+        "_consts",
+        "_fn",
+        "_get_args",
+        "_get_kwargs",
+        "_key",
+        "_kw_names",
+        "_n",
+        "_names",
+        "_selection",
+        "kernel",
+        "op",
+    )  # fmt: skip
+
+    def __init__(self, op: Op, args: tuple, kwargs: dict, solution: Target | None, override: Target | None) -> None:
+        flat = (*args, *kwargs.values())
+        device, signature, traits, sizes, kargs, kkwargs = op.bind(*args, **kwargs)
+        sel = select_for_device(op.name, signature, traits, sizes, device, solution, override)
+        if op.hints and kkwargs:
+            kkwargs = hinted_kwargs(op.hints, sel.fn, dict(kkwargs))
+        tensors = [a for a in flat if type(a) is _T or type(a) is _P]
+        if len({id(a) for a in tensors}) != len(tensors):
+            raise ValueError(f"{op.name}.prepare: one tensor passed twice; pass distinct tensors (or call the op)")
+        consts: list[Any] = []
+        recipe_args = [_recipe(v, flat, consts) for v in kargs]
+        recipe_kwargs = [_recipe(v, flat, consts) for v in kkwargs.values()]
+        if None in recipe_args or None in recipe_kwargs:
+            raise TypeError(f"{op.name}.prepare: its checks build kernel arguments a prepared call cannot rebuild")
+        self.op, self.kernel, self._fn, self._selection = op, sel.spec.name, sel.fn, sel
+        self._n, self._kw_names = len(args), tuple(kwargs)
+        self._get_args, self._names, self._get_kwargs = _getter(recipe_args), tuple(kkwargs), _getter(recipe_kwargs)
+        self._consts = tuple(consts)
+        self._key = (device, tuple(signature), _trait_items(traits), tuple(sizes))
+        self._call = (signature, traits)
+
+    def __repr__(self) -> str:
+        return f"<tokenspeed_kernel prepared {self.op.name} -> {self.kernel}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) != self._n or tuple(kwargs) != self._kw_names:
+            raise TypeError(
+                f"{self.op.name} (prepared): expected {self._n} positional arguments and keywords "
+                f"{list(self._kw_names)}, got {len(args)} and {list(kwargs)}"
+            )
+        if debug_checks_enabled():
+            self._check(args, kwargs)
+        ext = (*args, *kwargs.values(), *self._consts)
+        kargs = self._get_args(ext)
+        kkwargs = dict(zip(self._names, self._get_kwargs(ext))) if self._names else {}
+        hook = profiling.dispatch_hook
+        if hook is not None:
+            hook(self.op.name, self._call[0], self._call[1], kargs, kkwargs)
+        if profiler_active():
+            with kernel_scope(self.op.name, self.kernel):
+                return self._fn(*kargs, **kkwargs)
+        return self._fn(*kargs, **kkwargs)
+
+    def _check(self, args: tuple, kwargs: dict) -> None:
+        """Debug mode: the call's own checks, and the metadata the prepared call stands for."""
+        device, signature, traits, sizes, _, _ = self.op.bind(*args, **kwargs)
+        got = (device, tuple(signature), _trait_items(traits), tuple(sizes))
+        if got != self._key:
+            raise ValueError(f"{self.op.name} (prepared for {self._key}): this call is {got}; prepare it anew")
+
+
+def _trait_items(traits: Mapping[str, object] | tuple) -> tuple:
+    return traits if type(traits) is tuple else tuple(traits.items())
