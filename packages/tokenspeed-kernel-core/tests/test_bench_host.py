@@ -17,7 +17,7 @@ def test_host_bench_writes_every_column_for_the_decode_step_cases(tmp_path):
     assert len(rows) == len(HOST_CASES["rmsnorm"])  # the decode step's calls: plain and with a residual
     for r in rows:
         assert r["kernel"] == "reference.rmsnorm" and "tokens=1 hidden=2880" in r["case"]
-        for col in ("public_us", "public_before_us", "direct_us"):
+        for col in ("public_us", "public_before_us", "direct_us", "prepared_us"):
             assert r[col] > 0, (col, r)
         assert abs(r["dispatch_us"] - (r["public_us"] - r["direct_us"])) < 1e-9
         assert "graph_us" not in r  # CPU: no graph column
@@ -26,6 +26,7 @@ def test_host_bench_writes_every_column_for_the_decode_step_cases(tmp_path):
     assert "launch_cache" in data and data["meta"]["calls"] == 5
     md = out_md.read_text()
     assert "| rmsnorm |" in md and "before (JIT launch, no eager graph)" in md and "bench --host rmsnorm" in md
+    assert "prepared call" in md
 
 
 def test_host_bench_refuses_flags_it_does_not_take(capsys):

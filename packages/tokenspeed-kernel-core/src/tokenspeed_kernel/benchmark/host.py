@@ -19,7 +19,10 @@ synchronisation (so a call costs what the slower of host and device costs), in
 - ``torch_us``: the torch equivalent where one exists (``TORCH_EQUIVALENTS``);
 - ``plan_us``: for the attention ops, the public op given an attention plan of the
   call's lengths (``tk.mha_plan``, built once before the timing, as an engine builds
-  one per step for every layer).
+  one per step for every layer);
+- ``prepared_us``: the call prepared once (``op.prepare(**call)``, validation and selection
+  done before the timing) and called with the same arguments; ``prepared - direct`` is
+  what dispatch costs a prepared call. Empty where the op cannot be prepared (the sampler).
 
 On a CPU the graph column is empty and the times are the host path with the
 kernel (a PyTorch reference, or Triton's interpreter) included.
@@ -201,8 +204,12 @@ def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls
         def planned():
             return fn(**call, plan=plan)
 
+    try:
+        prepared = fn.prepare(**call)
+    except TypeError:  # bind builds kernel arguments per call (the sampler's [B] constants)
+        prepared = None
     samples: dict[str, list[float]] = {
-        "public_us": [], "public_before_us": [], "direct_us": [], "torch_us": [], "plan_us": [],
+        "public_us": [], "public_before_us": [], "direct_us": [], "torch_us": [], "plan_us": [], "prepared_us": [],
     }  # fmt: skip
     per_round = max(1, calls // ROUNDS)
     for _ in range(ROUNDS):
@@ -214,6 +221,8 @@ def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls
             samples["torch_us"].append(per_call_us(thunk, per_round, device))
         if planned is not None:
             samples["plan_us"].append(per_call_us(planned, per_round, device))
+        if prepared is not None:
+            samples["prepared_us"].append(per_call_us(lambda: prepared(**call), per_round, device))
     for name, vals in samples.items():
         if vals:
             row[name] = statistics.median(vals)
@@ -232,7 +241,16 @@ def _fmt(v: Any) -> str:
 def _line(row: Mapping[str, Any]) -> str:
     if "error" in row:
         return f"{row['op']:28s} error: {row['error']}"
-    cols = ("public_us", "public_before_us", "direct_us", "dispatch_us", "graph_us", "torch_us", "plan_us")
+    cols = (
+        "public_us",
+        "public_before_us",
+        "direct_us",
+        "dispatch_us",
+        "graph_us",
+        "torch_us",
+        "plan_us",
+        "prepared_us",
+    )
     return f"{row['op']:28s} {row['kernel']:34s} " + " ".join(f"{c[:-3]}={_fmt(row.get(c))}" for c in cols)
 
 
@@ -254,18 +272,19 @@ def write_host_markdown(rows: list[dict[str, Any]], path: str, meta: Mapping[str
         lines += [f"Command: `{meta['command']}`", ""]
     lines += [
         "| op | case | kernel | public op, eager | before (JIT launch, no eager graph) | kernel directly | dispatch "
-        "| graph replay | torch equivalent | public op with a plan |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| graph replay | torch equivalent | public op with a plan | prepared call |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | | | | |")
             continue
         torch_col = f"{r['torch']} {r['torch_us']:.1f}" if "torch_us" in r else ""
         lines.append(
             f"| {r['op']} | {r['case']} | {r['kernel']} | {_fmt(r['public_us'])} | {_fmt(r['public_before_us'])} | "
             f"{_fmt(r['direct_us'])} | "
-            f"{_fmt(r['dispatch_us'])} | {_fmt(r.get('graph_us'))} | {torch_col} | {_fmt(r.get('plan_us'))} |"
+            f"{_fmt(r['dispatch_us'])} | {_fmt(r.get('graph_us'))} | {torch_col} | {_fmt(r.get('plan_us'))} | "
+            f"{_fmt(r.get('prepared_us'))} |"
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
