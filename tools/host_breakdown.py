@@ -7,7 +7,7 @@ round-robin rounds, median kept):
 
 - ``public``: the public op (keyword arguments, as ``bench --host`` calls it);
 - ``bind``: the op's argument checks alone; ``memo``: the memoised checks (ops with ``memo_bind``);
-- ``select``: the cached selection alone;
+- ``select``: the cached selection alone; ``prepared``: the call prepared once (``op.prepare``);
 - ``direct``: the selected kernel's function with the bound arguments (wrapper + launches);
   ``direct_no_graph`` the same without the eager graph replay (``moe_apply``);
 
@@ -88,6 +88,11 @@ def _thunks(op: str, fn, call: dict):
     }
     if fn.memo_bind:
         thunks["memo"] = lambda: opm._bind_memoised(fn, (), call)
+    try:
+        prepared = fn.prepare(**call)
+        thunks["prepared"] = lambda: prepared(**call)
+    except TypeError:
+        pass
     if op in ("moe_apply", "top_k_top_p_sample"):  # paths that replay an eager graph: also without one
 
         def direct_no_graph():
