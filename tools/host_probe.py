@@ -68,7 +68,8 @@ def main() -> None:
     p.add_argument(
         "--decode-configs", default="full,triton,hopper.moe_apply",
         help="selection configs (full, triton, or a moe_apply kernel); a +plan suffix gives each step an attention plan "
-        "(code that has tk.mha_plan: not the old wheels of gpu_session.sh host-before)",
+        "(code that has tk.mha_plan: not the old wheels of gpu_session.sh host-before); +prepared decodes through "
+        "prepared calls (GptOssModel(prepared_decode=True); not in the old wheels either)",
     )  # fmt: skip
     p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
@@ -192,8 +193,9 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
     for conf in args.decode_configs.split(","):
         base, _, suffix = conf.partition("+")
         planned = suffix == "plan"
-        if suffix and not planned:
-            raise SystemExit(f"--decode-configs: unknown suffix +{suffix} in {conf!r} (only +plan)")
+        prepared = suffix == "prepared"
+        if suffix and not (planned or prepared):
+            raise SystemExit(f"--decode-configs: unknown suffix +{suffix} in {conf!r} (+plan or +prepared)")
         if base == "full":
             make_ctx = contextlib.nullcontext
         elif base == "triton":
@@ -201,7 +203,7 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         else:  # a moe_apply kernel forced (its weights converted by the plan)
             make_ctx = functools.partial(tk.kernel_override, moe_apply=(base, "triton.moe_apply"))
         with make_ctx():
-            model = m.GptOssModel(cfg, weights, max_positions=4096)
+            model = m.GptOssModel(cfg, weights, max_positions=4096, prepared_decode=prepared)
         cache = model.new_cache(1, 4096, page_size=16)
         cache.reserve(0, 4096)
         sampler = m.Sampler(m.SamplingParams(), 1, model.device)

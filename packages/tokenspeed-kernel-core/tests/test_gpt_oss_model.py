@@ -205,6 +205,39 @@ def test_attention_plans_give_the_same_generation(tiny):
                        cuda_graph=True, attention_plans=True)  # fmt: skip
 
 
+def test_prepared_decode_gives_the_same_generation(tiny):
+    """Decode steps through calls prepared at the first step (``prepared_decode``) equal the plain steps bit for
+    bit on a ragged batch, with and without attention plans; each layer's sites hold its ten op calls."""
+    cfg, weights = tiny
+    for plans in (False, True):
+        plain = _generate(cfg, weights, PROMPTS, 5, page_size=4, attention_plans=plans)
+        model = m.GptOssModel(cfg, weights, dtype=torch.float32, max_positions=64, prepared_decode=True)
+        with tk.kernel_override("reference"):
+            prepared = m.generate(model, PROMPTS, 5, return_logits=True, page_size=4, attention_plans=plans)
+        assert prepared.tokens == plain.tokens
+        for x, y in zip(prepared.decode_logits, plain.decode_logits, strict=True):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+        (sites,) = model._decode_sites.values()
+        assert [name for name, _ in sites[0].prepared] == [
+            "rmsnorm", "mm", "apply_rotary", "kvcache_store", "mha_decode_with_kvcache", "mm", "rmsnorm", "mm",
+            "moe_route", "moe_apply",
+        ]  # fmt: skip
+        assert all(kernel.startswith("reference.") for _, kernel in sites[0].prepared)
+    with pytest.raises(ValueError, match="prepared_decode"):
+        m.GptOssModel(cfg, weights, max_positions=64, prepared_decode=True, ops=object())
+
+
+def test_prepared_sites_refuse_another_call_sequence():
+    from tokenspeed_kernel.models.gpt_oss.prepared import PreparedSites
+
+    sites = PreparedSites()
+    x, w = torch.randn(2, 8), torch.ones(8)
+    y = sites.rmsnorm(x, w, 1e-5)
+    assert torch.equal(sites.restart().rmsnorm(x, w, 1e-5), y)
+    with pytest.raises(RuntimeError, match="call 0 is mm, it was rmsnorm"):
+        sites.restart().mm(x, torch.randn(3, 8))
+
+
 def test_greedy_follows_the_logits(tiny):
     cfg, weights = tiny
     out = _generate(cfg, weights, PROMPTS, 5)
@@ -277,6 +310,22 @@ def test_cuda_graph_decode_equals_eager():
         clear = (top2.values[:, 0] - top2.values[:, 1]) > 0.1
         sampled = torch.tensor([toks[j] for toks in graph.tokens], device=y.device)
         assert (sampled == top2.indices[:, 0])[clear].all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prepared_decode_equals_plain_decode_on_gpu():
+    """The selected kernels through prepared calls (``prepared_decode``) against the plain public ops,
+    teacher-forced on the same tokens: the same kernels, so the same logits (atomics aside)."""
+    cfg = m.GptOssConfig.small()
+    weights = m.random_weights(cfg, seed=1, device="cuda")
+    plain = m.generate(m.GptOssModel(cfg, weights, max_positions=64), PROMPTS, 9, return_logits=True)
+    model = m.GptOssModel(cfg, weights, max_positions=64, prepared_decode=True)
+    prepared = m.generate(model, PROMPTS, 9, return_logits=True, teacher_tokens=torch.tensor(plain.tokens))
+    for x, y in zip(prepared.decode_logits, plain.decode_logits, strict=True):
+        torch.testing.assert_close(x.float(), y.float(), atol=2e-2, rtol=2e-2)
+    (sites,) = model._decode_sites.values()
+    assert not any(kernel.startswith("reference.") for _, kernel in sites[0].prepared), sites[0].prepared
 
 
 @pytest.mark.gpu

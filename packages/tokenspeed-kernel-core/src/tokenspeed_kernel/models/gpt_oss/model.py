@@ -28,6 +28,7 @@ import tokenspeed_kernel as tk
 
 from .config import GptOssConfig, yarn_cos_sin_cache
 from .kvcache import PagedKVCache
+from .prepared import PreparedSites
 from .weights import GptOssLayer, GptOssWeights
 
 __all__ = ["GptOssModel", "layer_prefill", "layer_decode", "plan_layer"]
@@ -170,6 +171,9 @@ class GptOssModel:
             ``tokenspeed_kernel.compile.ops`` to compile :meth:`prefill` / :meth:`decode`.
         fp8_activations: the MoE layers allow kernels that round activations to fp8 e4m3 (W4A8,
             ``moe_apply(fp8_activations=True)``); off by default.
+        prepared_decode: :meth:`decode` calls each op of a layer through a call prepared at its first
+            decode of that batch shape (``Op.prepare``: validation and selection once, not per call; the
+            kernels chosen then stay, whatever override is active later). Only with ``ops`` = ``tokenspeed_kernel``.
     """
 
     def __init__(
@@ -181,8 +185,13 @@ class GptOssModel:
         max_positions: int = 4096,
         ops: Any = tk,
         fp8_activations: bool = False,
+        prepared_decode: bool = False,
     ) -> None:
+        if prepared_decode and ops is not tk:
+            raise ValueError("prepared_decode: prepared calls need ops=tokenspeed_kernel (not a compiled namespace)")
         self.ops = ops
+        self.prepared_decode = prepared_decode
+        self._decode_sites: dict[tuple, list[PreparedSites]] = {}
         self.device = weights.device
         self.dtype = dtype
         self.cfg = cfg if len(weights.layers) == cfg.num_hidden_layers else cfg.with_layers(len(weights.layers))
@@ -301,7 +310,8 @@ class GptOssModel:
             logits ``[B, V]`` in the model's dtype.
         """
         x = self.embed_tokens[tokens]
-        for layer in self.layers:
+        sites = self._sites(tokens, page_table, attention_plan) if self.prepared_decode else None
+        for i, layer in enumerate(self.layers):
             x = layer_decode(
                 self.cfg,
                 layer,
@@ -312,7 +322,18 @@ class GptOssModel:
                 slots,
                 cache_seqlens,
                 page_table,
-                ops=self.ops,
+                ops=self.ops if sites is None else sites[i].restart(),
                 attention_plan=attention_plan,
             )
-        return self._logits(x)
+        if sites is None:
+            return self._logits(x)
+        ops = sites[-1].restart()
+        return ops.mm(ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+
+    def _sites(self, tokens: torch.Tensor, page_table: torch.Tensor, plan: tk.AttentionPlan | None) -> list:
+        """The prepared call sites of a decode of this shape: one per layer, one for the logits."""
+        key = (tokens.shape[0], page_table.shape[1], plan is None, tokens.device)
+        sites = self._decode_sites.get(key)
+        if sites is None:
+            sites = self._decode_sites[key] = [PreparedSites(tk) for _ in range(len(self.layers) + 1)]
+        return sites
