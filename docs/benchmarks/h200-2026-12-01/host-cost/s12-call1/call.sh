@@ -6,7 +6,7 @@ export WHL_DIR=.whl-moe; rm -rf /tmp/site /tmp/site-before
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 R=$PWD; mkdir -p $OUT/r
-(cd /tmp && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py $R/packages/tokenspeed-kernel-nvidia/tests/test_cublas_gpu.py $R/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py > $OUT/r/launch-tests.log 2>&1); echo "launch tests rc $?"; tail -2 $OUT/r/launch-tests.log
+(cd /tmp && timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py $R/packages/tokenspeed-kernel-nvidia/tests/test_cublas_gpu.py $R/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py > $OUT/r/launch-tests.log 2>&1); echo "launch tests rc $?"; tail -2 $OUT/r/launch-tests.log
 export PROBE_ARGS="--layers 24 --decode-configs full --rounds 3"
 for s in host-before host-after; do
   OUT=$OUT/r timeout 100 bash tools/gpu_session.sh $s > $OUT/r/$s.$(date +%H%M%S).log 2>&1; echo "$s rc $?"
