@@ -21,14 +21,15 @@ their addresses, ``torch.empty``.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 import statistics
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_probe import profile  # the same cProfile table as the probe's
 
 
 def main() -> None:
@@ -64,7 +65,7 @@ def main() -> None:
             print(f"{op}/{i} {kernel}: " + " ".join(f"{k} {v:.1f}" for k, v in row.items() if isinstance(v, float)),
                   flush=True)  # fmt: skip
             for k in ("direct", "public"):
-                _profile(os.path.join(args.out, f"prof-{op}-{i}-{k}.txt"), thunks[k])
+                profile(args.out, f"{op}-{i}-{k}", thunks[k], n=1000)
 
     res["launch"] = _launch_parts(args.calls)
     print("launch parts:", {k: round(v, 2) for k, v in res["launch"].items()}, flush=True)
@@ -101,22 +102,6 @@ def _thunks(op: str, fn, call: dict):
 
         thunks["direct_no_graph"] = direct_no_graph
     return thunks, sel.spec.name
-
-
-def _profile(path: str, fn, n: int = 1000) -> None:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-    with open(path, "w") as f:
-        f.write(f"{n} calls\n" + s.getvalue())
 
 
 def _launch_parts(calls: int) -> dict[str, float]:

@@ -63,6 +63,8 @@ from typing import Any
 
 import torch
 
+from .core.codegen import guarded_tuple_function
+
 __all__ = ["CachedLaunch", "cached", "jit_launches", "launch_cache_info"]
 
 _state = threading.local()
@@ -170,18 +172,10 @@ def _key_function(params: list[Any], kinds: list[str]) -> Any:
             guards.append(f"{a} is None")
         else:
             raise _Uncacheable(kind)
-    names = ", ".join(f"a{i}" for i in range(len(kinds)))
-    src = (
-        f"def key({names}):\n"
-        f"    if {' and '.join(guards) or 'True'}:\n"
-        f"        return ({', '.join(parts)},)\n"
-        f"    return None\n"
-    )
     ns: dict[str, Any] = {
         "_T": torch.Tensor, "_P": torch.nn.Parameter, "_I32_MIN": _I32_MIN, "_I32_END": _I32_END,
     }  # fmt: skip
-    exec(compile(src, f"<tokenspeed_kernel launch key {len(kinds)} args>", "exec"), ns)
-    return ns["key"]
+    return guarded_tuple_function(len(kinds), guards, parts, ns, "launch key")
 
 
 def _args_key(keyfs: list[Any], params: list[Any], args: tuple) -> tuple:

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from . import profiling
+from .codegen import guarded_tuple_function
 from .contracts import OpContract, add_to_catalog, size_bucket
 from .profiling import kernel_scope, profiler_active
 from .selection import Target, select_for_device
@@ -300,15 +301,7 @@ def _memo_key_function(kinds: list[Any]) -> Any:
             ns[f"_t{i}"] = kind[1]
             guards.append(f"type({a}) is _t{i}")
             parts.append(f"{a}.__memo_key__" if kind[0] == "memo_key" else a)
-    names = ", ".join(f"a{i}" for i in range(len(kinds)))
-    src = (
-        f"def key({names}):\n"
-        f"    if {' and '.join(guards) or 'True'}:\n"
-        f"        return ({', '.join(parts)},)\n"
-        f"    return None\n"
-    )
-    exec(compile(src, f"<tokenspeed_kernel memo key {len(kinds)} args>", "exec"), ns)
-    return ns["key"]
+    return guarded_tuple_function(len(kinds), guards, parts, ns, "memo key")
 
 
 def _all_ints(a: tuple) -> bool:
