@@ -203,7 +203,8 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         else:  # a moe_apply kernel forced (its weights converted by the plan)
             make_ctx = functools.partial(tk.kernel_override, moe_apply=(base, "triton.moe_apply"))
         with make_ctx():
-            model = m.GptOssModel(cfg, weights, max_positions=4096, prepared_decode=prepared)
+            # (the keyword only when asked: the old wheels of host-before do not have it)
+            model = m.GptOssModel(cfg, weights, max_positions=4096, **({"prepared_decode": True} if prepared else {}))
         cache = model.new_cache(1, 4096, page_size=16)
         cache.reserve(0, 4096)
         sampler = m.Sampler(m.SamplingParams(), 1, model.device)

@@ -119,7 +119,7 @@ def _check_refines(fn, args, kwargs, key_of=None):
     return conflicts, len(lists)
 
 
-def test_launch_key_refines_triton_specialisation(recorded):
+def test_launch_key_refines_triton_specialisation(recorded, on_device):
     checked = 0
     for fn, args, kwargs in recorded:
         conflicts, n = _check_refines(fn, args, kwargs)
@@ -128,7 +128,7 @@ def test_launch_key_refines_triton_specialisation(recorded):
     assert checked > 200
 
 
-def test_refinement_check_has_teeth(recorded):
+def test_refinement_check_has_teeth(recorded, on_device):
     """A key without the alignment bit conflates argument lists Triton tells apart: the check sees it."""
     fn, args, kwargs = next((f, a, k) for f, a, k in recorded if any(isinstance(x, torch.Tensor) for x in a))
 
@@ -188,7 +188,26 @@ def _cached(fake):
     return c
 
 
-def test_hit_passes_the_binders_argument_list(recorded):
+def _same_args(got, want, *, addresses: bool) -> bool:
+    """``got`` is ``want`` position by position: the same object, or (``addresses``) a tensor's address."""
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor) and addresses:
+            if type(g) is not int or g != w.data_ptr():
+                return False
+        elif g is not w and not (type(g) is type(w) and not isinstance(w, torch.Tensor) and g == w):
+            return False
+    return True
+
+
+@pytest.fixture
+def on_device(monkeypatch):
+    """Generated key functions take these CPU tensors for device tensors (their guard reads ``is_cpu``)."""
+    monkeypatch.setattr(L, "_DEVICE_ATTR", "is_cpu")
+
+
+def test_hit_passes_the_binders_argument_list(recorded, on_device):
     for fn, args, kwargs in recorded:
         fake = _FakeJit(fn)
         c = _cached(fake)
@@ -199,10 +218,24 @@ def test_hit_passes_the_binders_argument_list(recorded):
         hit = fake.log[1][1]
         assert hit[:5] == (3, 2, 1, 1234, function), fn.__name__
         assert hit[9] == ("meta", tuple(fake.binder(*args, **kwargs)[1]))
-        assert list(hit[13:]) == bound, fn.__name__  # same objects, same order: positional, constexprs, defaults
+        # Same order: positional, constexprs, defaults; each tensor as its address (the C launcher takes an int
+        # as the pointer), every other argument the same object.
+        assert _same_args(hit[13:], bound, addresses=True), fn.__name__
 
 
-def test_a_new_specialisation_misses_and_runs_its_own_kernel(recorded):
+def test_a_host_tensor_reaches_the_launcher_as_a_tensor(recorded):
+    """With the real guard (``is_cuda``), CPU tensors fail the generated function: the hit passes them as they
+    are, so Triton's launcher still refuses a host pointer with its own error."""
+    fn, args, kwargs = next((f, a, k) for f, a, k in recorded if any(isinstance(x, torch.Tensor) for x in a))
+    fake = _FakeJit(fn)
+    c = _cached(fake)
+    c[(1,)](*args, **kwargs)
+    c[(1,)](*args, **kwargs)
+    assert [e[0] for e in fake.log] == ["jit", "hit"]
+    assert _same_args(fake.log[1][1][13:], fake.log[0][2], addresses=False)
+
+
+def test_a_new_specialisation_misses_and_runs_its_own_kernel(recorded, on_device):
     fn, args, kwargs = next((f, a, k) for f, a, k in recorded if any(isinstance(x, torch.Tensor) for x in a))
     i = next(i for i, x in enumerate(args) if isinstance(x, torch.Tensor))
     fake = _FakeJit(fn)
@@ -269,7 +302,7 @@ def test_runtime_binding_of_a_gpu_process_caches(monkeypatch, recorded):
         c[(2,)](*args, **kwargs)
     assert [e[0] for e in fake.log] == ["jit", "hit", "hit"]
     assert fake.log[1][1][3] == 99
-    assert L.launch_cache_info([c]) == {fn.__name__: {"cached": 1, "uncacheable": 0, "misses": 1}}
+    assert L.launch_cache_info([c]) == {fn.__name__: {"cached": 1, "uncacheable": 0, "misses": 1, "unmodelled": 0}}
 
 
 def test_launchers_are_held_only_by_their_functions():

@@ -26,6 +26,9 @@ from tokenspeed_kernel.launch import jit_launches, launch_cache_info
 from tokenspeed_kernel.numerics.cases import all_op_cases, call_for_kernel, clone_call, get_op_cases, standard_cases
 from tokenspeed_kernel.numerics.inputs import make_generator
 
+#: kernels launched with TMA tensor descriptors (JIT path every call).
+DESCRIPTOR_KERNELS = {"moe_prefill_gemm"}
+
 pytestmark = pytest.mark.gpu
 
 IN_TREE = ("triton.", "hopper.")
@@ -122,6 +125,11 @@ def test_cached_launch_matches_jit_and_graph_replays(op):
                 assert not bad, f"{where}: graph replay differs: {bad}"
             ran += 1
     assert ran, f"{op}: no in-tree kernel took any gpu case"
-    # The calls above went through the cache: every launcher used holds a compiled kernel, none is uncacheable.
-    used = {k: v for k, v in launch_cache_info().items() if v["misses"]}
+    # The calls above went through the cache: every launcher used holds a compiled kernel, none is uncacheable,
+    # but those whose arguments are TMA tensor descriptors (the Hopper MoE prefill GEMMs), which the key does not
+    # model: they take the JIT path by design (launch.py's module doc).
+    info = launch_cache_info()
+    used = {k: v for k, v in info.items() if v["misses"] and k not in DESCRIPTOR_KERNELS}
     assert used and all(v["cached"] and not v["uncacheable"] for v in used.values()), used
+    unmodelled = {k for k, v in info.items() if v["unmodelled"]}
+    assert unmodelled <= DESCRIPTOR_KERNELS, unmodelled

@@ -12,15 +12,31 @@ from typing import Any
 __all__ = ["guarded_tuple_function"]
 
 
-def guarded_tuple_function(n: int, guards: list[str], parts: list[str], namespace: dict[str, Any], label: str) -> Any:
+def guarded_tuple_function(
+    n: int,
+    guards: list[str],
+    parts: list[str],
+    namespace: dict[str, Any],
+    label: str,
+    *,
+    prelude: list[str] = (),  # type: ignore[assignment]
+    second: list[str] | None = None,
+) -> Any:
     """``f(a0, ..., a{n-1})``: the tuple of the expressions ``parts`` when every expression of ``guards``
-    holds, else None. ``namespace``: the names the expressions use; ``label`` names the code object."""
+    holds, else None. ``prelude``: statements run after the guards (locals the expressions use);
+    ``second``: expressions of a second tuple, returned with the first as a pair. ``namespace``: the
+    names the expressions use; ``label`` names the code object."""
     names = ", ".join(f"a{i}" for i in range(n))
+    body = "".join(f"    {stmt}\n" for stmt in prelude)
+    result = f"({', '.join(parts)},)"
+    if second is not None:
+        result = f"({result}, ({', '.join(second)}{',' if len(second) == 1 else ''}))"
     src = (
         f"def key({names}):\n"
-        f"    if {' and '.join(guards) or 'True'}:\n"
-        f"        return ({', '.join(parts)},)\n"
-        f"    return None\n"
+        f"    if not ({' and '.join(guards) or 'True'}):\n"
+        f"        return None\n"
+        f"{body}"
+        f"    return {result}\n"
     )
     exec(compile(src, f"<tokenspeed_kernel {label} {n} args>", "exec"), namespace)
     return namespace["key"]
