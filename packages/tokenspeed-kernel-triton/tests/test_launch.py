@@ -328,3 +328,13 @@ def test_launchers_are_held_only_by_their_functions():
     gc.collect()
     assert held() is None
     assert "stand_in_kernel" not in launch_cache_info()
+
+
+def test_host_cdiv_and_next_power_of_2_are_tritons():
+    """The wrappers' plain host helpers give ``triton.cdiv`` / ``triton.next_power_of_2``'s values (those are
+    ConstexprFunctions: microseconds a host call)."""
+    import triton
+
+    assert all(L.cdiv(a, b) == triton.cdiv(a, b) for a in range(-64, 600) for b in range(1, 70))
+    assert all(L.next_power_of_2(n) == triton.next_power_of_2(n) for n in range(0, 1 << 17))
+    assert L.next_power_of_2(2**40 + 1) == 2**41

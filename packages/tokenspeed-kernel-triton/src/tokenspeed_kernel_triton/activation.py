@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ._host import RowConfig, RowsOut, as_rows, row_config
 
@@ -70,8 +70,8 @@ def _launch(
     y = RowsOut(out, (*x.shape[:-1], inter), x.dtype, x.device)
     if x2.shape[0] and inter:
         cfg = row_config(SWIGLU_CONFIGS, x.device)
-        block = min(cfg.block, triton.next_power_of_2(inter))
-        cached(_swiglu_kernel)[(x2.shape[0], triton.cdiv(inter, block))](
+        block = min(cfg.block, next_power_of_2(inter))
+        cached(_swiglu_kernel)[(x2.shape[0], cdiv(inter, block))](
             x2, y.rows, inter, x2.stride(0), y.rows.stride(0),
             alpha, limit if limit is not None else 0.0, up_offset,
             INTERLEAVED=interleaved,

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv
 
 from ._host import arch_family
 
@@ -771,7 +771,7 @@ def gdn_chunk_prefill_with_config(
         max_chunks = t // CHUNK + batch  # sum cdiv(len, C) <= sum (len // C + 1)
     else:
         cu = cf = None
-        max_chunks = triton.cdiv(t, CHUNK)
+        max_chunks = cdiv(t, CHUNK)
     search_steps = (batch - 1).bit_length()  # ceil(log2 B)
     w = torch.empty((t, hv, dk), dtype=q.dtype, device=device)
     u = torch.empty((t, hv, dv), dtype=q.dtype, device=device)
@@ -786,7 +786,7 @@ def gdn_chunk_prefill_with_config(
         DOT_FP32=dot_fp32, CHUNK=CHUNK, SUB=_SUB, num_warps=cfg.wy.num_warps, num_stages=cfg.wy.num_stages,
     )  # fmt: skip
     bv = min(cfg.state.block, dv)
-    cached(_gdn_state_kernel)[(batch, hv, triton.cdiv(dv, bv))](
+    cached(_gdn_state_kernel)[(batch, hv, cdiv(dv, bv))](
         k, w, u, gcum, hbuf, initial_state, final, cu, cf,
         t, hv, group, k.stride(0), k.stride(1),
         K=dk, V=dv, BV=bv, VARLEN=varlen, HAS_INIT=initial_state is not None, STORE_FINAL=final is not None,
@@ -794,7 +794,7 @@ def gdn_chunk_prefill_with_config(
         num_warps=cfg.state.num_warps, num_stages=cfg.state.num_stages,
     )  # fmt: skip
     bv = min(cfg.out.block, dv)
-    cached(_gdn_output_kernel)[(max_chunks, hv, triton.cdiv(dv, bv))](
+    cached(_gdn_output_kernel)[(max_chunks, hv, cdiv(dv, bv))](
         q, k, u, gcum, hbuf, o, cu, cf,
         t, batch, hv, group, search_steps, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), o.stride(1),
@@ -846,7 +846,7 @@ def gdn_decode_with_config(q, k, v, g, beta, state, *, scale, state_indices, use
         return o
     cfg = config if config is not None else gdn_decode_config(batch, q.device)
     bv = min(cfg.block, dv)
-    cached(_gdn_decode_kernel)[(batch, hv, triton.cdiv(dv, bv))](
+    cached(_gdn_decode_kernel)[(batch, hv, cdiv(dv, bv))](
         q, k, v, g, beta, state, state_indices, o,
         hv, hv // h, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

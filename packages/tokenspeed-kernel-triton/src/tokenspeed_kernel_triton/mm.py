@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernel.core.formats import fp8_granularity
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ._host import arch_family
 from ._mxfp4 import E2M1_REBIAS, e2m1_word_planes, e8m0_to_float, unpack_mxfp4, unpack_mxfp4_words
@@ -586,13 +586,13 @@ def split_k_plan(cfg: MMConfig, tiles: int, k: int) -> tuple[int, int]:
     """``(splits, k_per_split)`` for ``tiles`` output tiles over ``k``: at most ``cfg.split_k``
     slices, fewer when ``tiles`` alone reach ``cfg.split_target`` programs; every slice
     gets at least one BLOCK_K step and ``k_per_split`` is a multiple of BLOCK_K."""
-    steps = max(1, triton.cdiv(k, cfg.block_k))
+    steps = max(1, cdiv(k, cfg.block_k))
     splits = cfg.split_k
     if cfg.split_target:
-        splits = min(splits, max(1, triton.cdiv(cfg.split_target, tiles)))
+        splits = min(splits, max(1, cdiv(cfg.split_target, tiles)))
     splits = max(1, min(splits, steps))
-    per = triton.cdiv(steps, splits)
-    return triton.cdiv(steps, per), per * cfg.block_k
+    per = cdiv(steps, splits)
+    return cdiv(steps, per), per * cfg.block_k
 
 
 def mm_with_config(
@@ -635,7 +635,7 @@ def mm_with_config(
         b_mode = _scale_mode(b_scale, n, k, weight=True)
     a_scale_strides = _scale_strides(a_scale, a_mode)
     b_scale_strides = _scale_strides(b_scale, b_mode)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     splits, k_per_split = split_k_plan(cfg, tiles, k)
     target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
     cached(_mm_kernel)[(tiles, splits)](
@@ -666,7 +666,7 @@ def mm_with_config(
 
 def _reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, splits: int) -> None:
     m, n = out.shape
-    cached(_split_k_reduce_kernel)[(m, triton.cdiv(n, _REDUCE_BLOCK_N))](
+    cached(_split_k_reduce_kernel)[(m, cdiv(n, _REDUCE_BLOCK_N))](
         ws, bias, out, m * n, n, splits, out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, BLOCK_N=_REDUCE_BLOCK_N, num_warps=4,
     )  # fmt: skip
@@ -684,11 +684,11 @@ def _gemv(
     n = words.shape[0]
     # Rows per program: M itself rounded up (at most the config's), so M = 1 does no
     # wasted FMAs; more rows than that take more programs along grid axis 2.
-    block_m = min(cfg.block_m, triton.next_power_of_2(m))
-    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, block_m)
+    block_m = min(cfg.block_m, next_power_of_2(m))
+    tiles = cdiv(n, cfg.block_n) * cdiv(m, block_m)
     splits, k_per_split = split_k_plan(cfg, tiles, k)
     target = out if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
-    cached(_mxfp4_gemv_kernel)[(triton.cdiv(n, cfg.block_n), splits, triton.cdiv(m, block_m))](
+    cached(_mxfp4_gemv_kernel)[(cdiv(n, cfg.block_n), splits, cdiv(m, block_m))](
         a, words, scales, target, bias,
         m, n, k, k_per_split,
         a.stride(0), a.stride(1), words.stride(0), scales.stride(0), scales.stride(1), out.stride(0), out.stride(1),

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ._host import RowConfig, as_rows, row_config
 from ._mxfp4 import unpack_mxfp4
@@ -275,20 +275,20 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     dev = x.device
     if granularity == "block128":
-        nb = triton.cdiv(k, 128)
+        nb = cdiv(k, 128)
         scales = torch.empty((m, nb), dtype=torch.float32, device=dev)
         if m and nb:
             cfg = row_config(QUANTIZE_FP8_BLOCK128_CONFIGS, dev)
-            blocks = min(cfg.rows, triton.next_power_of_2(nb))
-            cached(_fp8_block128_kernel)[(m, triton.cdiv(nb, blocks))](
+            blocks = min(cfg.rows, next_power_of_2(nb))
+            cached(_fp8_block128_kernel)[(m, cdiv(nb, blocks))](
                 x, q, scales, k, nb, x.stride(0), q.stride(0), scales.stride(0),
                 BLOCKS=blocks, num_warps=cfg.num_warps, **cfg.launch,
             )  # fmt: skip
         return q, scales
     cfg = row_config(QUANTIZE_FP8_CONFIGS, dev)
-    block_k = max(16, min(cfg.block, triton.next_power_of_2(max(k, 1))))
+    block_k = max(16, min(cfg.block, next_power_of_2(max(k, 1))))
     block_m = cfg.rows
-    grid = (triton.cdiv(m, block_m),)
+    grid = (cdiv(m, block_m),)
     common = dict(BLOCK_M=block_m, BLOCK_K=block_k, num_warps=cfg.num_warps, **cfg.launch)
     if scale is not None:
         if m and k:
@@ -310,9 +310,9 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     if not (m and k):
         scales.fill_(1.0)
         return q, scales
-    n_partials = min(triton.cdiv(m, block_m), _MAX_PARTIALS)
-    rows_per_program = triton.cdiv(triton.cdiv(m, block_m), n_partials) * block_m
-    n_partials = triton.cdiv(m, rows_per_program)
+    n_partials = min(cdiv(m, block_m), _MAX_PARTIALS)
+    rows_per_program = cdiv(cdiv(m, block_m), n_partials) * block_m
+    n_partials = cdiv(m, rows_per_program)
     partials = torch.empty((n_partials,), dtype=torch.float32, device=dev)
     cached(_amax_partial_kernel)[(n_partials,)](
         x, partials, m, k, x.stride(0), rows_per_program,
@@ -320,7 +320,7 @@ def quantize_fp8(x: torch.Tensor, *, granularity: str, scale: torch.Tensor | Non
     )  # fmt: skip
     cached(_fp8_rows_kernel)[grid](
         x, q, scales, partials, n_partials, m, k, x.stride(0), q.stride(0),
-        MODE=_MODE_PER_TENSOR, BLOCK_P=triton.next_power_of_2(n_partials), **common,
+        MODE=_MODE_PER_TENSOR, BLOCK_P=next_power_of_2(n_partials), **common,
     )  # fmt: skip
     return q, scales
 
@@ -342,9 +342,9 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n_groups = k // 32
     if x2.shape[0] and n_groups:
         cfg = row_config(QUANTIZE_MXFP4_CONFIGS, x.device)
-        groups = min(cfg.rows, triton.next_power_of_2(n_groups))
+        groups = min(cfg.rows, next_power_of_2(n_groups))
         b2, s2 = blocks.view(-1, k // 2), scales.view(-1, n_groups)
-        cached(_mxfp4_quantize_kernel)[(x2.shape[0], triton.cdiv(n_groups, groups))](
+        cached(_mxfp4_quantize_kernel)[(x2.shape[0], cdiv(n_groups, groups))](
             x2, b2, s2, n_groups, x2.stride(0), b2.stride(0), s2.stride(0),
             GROUPS=groups, num_warps=cfg.num_warps, **cfg.launch,
         )  # fmt: skip
@@ -365,9 +365,9 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype: torch
     n_rows = b2.shape[0]
     if n_rows and k:
         cfg = row_config(DEQUANTIZE_MXFP4_CONFIGS, blocks.device)
-        block_k = max(32, min(cfg.block, triton.next_power_of_2(k)))
+        block_k = max(32, min(cfg.block, next_power_of_2(k)))
         o2 = out.view(-1, k)
-        cached(_mxfp4_dequantize_kernel)[(triton.cdiv(n_rows, cfg.rows), triton.cdiv(k, block_k))](
+        cached(_mxfp4_dequantize_kernel)[(cdiv(n_rows, cfg.rows), cdiv(k, block_k))](
             b2, s2, o2, n_rows, k, b2.stride(0), s2.stride(0), o2.stride(0),
             BLOCK_R=cfg.rows, BLOCK_K=block_k, num_warps=cfg.num_warps, **cfg.launch,
         )  # fmt: skip

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ._host import RowConfig, RowsOut, arch_family, as_rows
 
@@ -209,16 +209,16 @@ def _launch_plan(n_rows: int, h: int, has_residual: bool, device: torch.device, 
     if one_pass and cfg.two_tiles:
         # largest power of two <= H, then the rest rounded up to a power of two
         block = 1 << (h.bit_length() - 1)
-        tail = triton.next_power_of_2(h - block) if h > block else 0
+        tail = next_power_of_2(h - block) if h > block else 0
     elif one_pass:
-        block, tail = triton.next_power_of_2(h), 0
+        block, tail = next_power_of_2(h), 0
     else:
         block, tail = cfg.block, 0
     kwargs = dict(
         HAS_RESIDUAL=has_residual, ONE_PASS=one_pass, BLOCK=block, BLOCK_TAIL=tail, ROWS=cfg.rows,
         num_warps=cfg.num_warps, **cfg.launch,
     )  # fmt: skip
-    return (triton.cdiv(n_rows, cfg.rows),), kwargs
+    return (cdiv(n_rows, cfg.rows),), kwargs
 
 
 def rmsnorm_with_config(

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ._host import RowConfig, row_config
 
@@ -121,8 +121,8 @@ def apply_rotary(
     if t == 0 or d == 0 or max(hq, hk) == 0:
         return q_out, k_out
     cfg = row_config(ROTARY_CONFIGS, q.device)
-    block_h = min(cfg.rows, triton.next_power_of_2(max(hq, hk)))
-    cached(_rotary_kernel)[(t, triton.cdiv(max(hq, hk), block_h))](
+    block_h = min(cfg.rows, next_power_of_2(max(hq, hk)))
+    cached(_rotary_kernel)[(t, cdiv(max(hq, hk), block_h))](
         q, k, q_out, k_out, cos_sin_cache, positions,
         hq, hk, d, cos_sin_cache.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
@@ -130,7 +130,7 @@ def apply_rotary(
         cos_sin_cache.stride(0),
         GPTJ=style == "gptj",
         BLOCK_H=block_h,
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_D=next_power_of_2(d),
         num_warps=cfg.num_warps,
         **cfg.launch,
     )  # fmt: skip

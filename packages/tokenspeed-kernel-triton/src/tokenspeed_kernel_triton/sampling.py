@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ._host import RowConfig, arch_family, row_config
 
@@ -745,9 +745,9 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     if v == 0:
         raise ValueError("logits: argmax needs at least one column")
     cfg = row_config(ARGMAX_CONFIGS, logits.device)
-    block = min(cfg.block, triton.next_power_of_2(v))
-    steps = min(cfg.rows, triton.cdiv(v, block))
-    n_chunks = triton.cdiv(v, block * steps)
+    block = min(cfg.block, next_power_of_2(v))
+    steps = min(cfg.rows, cdiv(v, block))
+    n_chunks = cdiv(v, block * steps)
     if n_chunks == 1:
         # One chunk per row: stage one's index is the answer.
         values = torch.empty((b,), dtype=torch.float32, device=logits.device)
@@ -760,7 +760,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     cached(_argmax_chunk_kernel)[(b, n_chunks)](
         logits, values, indices, v, logits.stride(0), n_chunks, BLOCK=block, STEPS=steps, num_warps=cfg.num_warps
     )
-    cached(_argmax_reduce_kernel)[(b,)](values, indices, out, n_chunks, BLOCK_C=triton.next_power_of_2(n_chunks))
+    cached(_argmax_reduce_kernel)[(b,)](values, indices, out, n_chunks, BLOCK_C=next_power_of_2(n_chunks))
     return out
 
 
@@ -818,8 +818,8 @@ def top_k_top_p_sample(
     cfg = sample_config(logits.device)
     dev = logits.device
     levels = _KEY_LEVELS[logits.dtype]
-    block = min(cfg.block, triton.next_power_of_2(v))
-    n_chunks = triton.cdiv(v, block * cfg.steps)
+    block = min(cfg.block, next_power_of_2(v))
+    n_chunks = cdiv(v, block * cfg.steps)
     # per-row scratch: int32 slots + histograms (zeroed: counters and atomics start at 0),
     # fp64 slots + per-chunk partials, chunk maxima, the candidate list
     scratch_i32 = torch.zeros((b, _INT_SLOTS.value + (levels + 3) * _BUCKETS.value), dtype=torch.int32, device=dev)
@@ -836,7 +836,7 @@ def top_k_top_p_sample(
         )
     cached(_candidates_kernel)[grid](
         logits, top_k, top_p, temperature, pmax, scratch_i32, scratch_f64, cand_i, cand_e, v, stride, n_chunks,
-        LEVELS=levels, CAP=cfg.cap, BLOCK_C=triton.next_power_of_2(n_chunks), **common,
+        LEVELS=levels, CAP=cfg.cap, BLOCK_C=next_power_of_2(n_chunks), **common,
     )  # fmt: skip
     for p in (1, 2, 3):
         cached(_topp_pass_kernel)[grid](

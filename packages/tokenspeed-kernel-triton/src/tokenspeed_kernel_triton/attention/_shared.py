@@ -13,14 +13,6 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def score_scales(softmax_scale: float, logit_cap: float) -> tuple[float, float, float]:
     """Kernel scalars: ``qk_scale`` (no cap), ``cap_scale`` and ``cap_log2`` (with cap).
 

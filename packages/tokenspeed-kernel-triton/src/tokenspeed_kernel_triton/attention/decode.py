@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
-from ._shared import LN2, LOG2E, add_sink, cdiv, mma, next_power_of_2, normalize, online_softmax_step, score_scales
+from ._shared import LN2, LOG2E, add_sink, mma, normalize, online_softmax_step, score_scales
 from ._shared import scores_log2 as _scores_log2
 from .configs import decode_config
 from .prefill import dot_precision, launch_options

@@ -20,13 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv
 
 from ._shared import (
     LN2,
     LOG2E,
     add_sink,
-    cdiv,
     kv_row_offsets,
     mma,
     normalize,

@@ -6,9 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
-from ._shared import cdiv, next_power_of_2
 from .configs import store_config
 
 __all__ = ["kvcache_store"]

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv
 
 from .configs import COMBINE_BLOCK_H, family_of
 
@@ -57,7 +57,7 @@ def sum_slots(src: torch.Tensor, top_k: int, out: torch.Tensor) -> torch.Tensor:
     t, h = out.shape
     if t and h:
         block_h = COMBINE_BLOCK_H[family_of(out.device)]
-        cached(_combine_kernel)[(t, triton.cdiv(h, block_h))](
+        cached(_combine_kernel)[(t, cdiv(h, block_h))](
             src, src.stride(0), src, src, out, out.stride(0), h,
             TOPK=top_k, GATHER=False, WEIGHTED=False, BLOCK_H=block_h,
         )  # fmt: skip
@@ -93,8 +93,8 @@ def moe_combine(
     if t and h:
         block_h = COMBINE_BLOCK_H[family_of(expert_out.device)]
         row_of = torch.empty_like(permutation)
-        cached(_invert_kernel)[(triton.cdiv(t * k, _INVERT_BLOCK),)](permutation, row_of, t * k, BLOCK=_INVERT_BLOCK)
-        cached(_combine_kernel)[(t, triton.cdiv(h, block_h))](
+        cached(_invert_kernel)[(cdiv(t * k, _INVERT_BLOCK),)](permutation, row_of, t * k, BLOCK=_INVERT_BLOCK)
+        cached(_combine_kernel)[(t, cdiv(h, block_h))](
             expert_out, expert_out.stride(0), row_of, topk_weights, result, result.stride(0), h,
             TOPK=k, GATHER=True, WEIGHTED=True, BLOCK_H=block_h,
         )  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 from tokenspeed_kernel.ops.moe import MoEDispatchResult
 
 from .configs import GATHER_BLOCK, SORT_BLOCK, SORT_SCAN_TILE, SORT_SINGLE_PROGRAM_MAX_PAIRS, family_of
@@ -136,13 +136,13 @@ def sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     if num_pairs == 0:
         offsets.zero_()
         return offsets, perm
-    e_pad = triton.next_power_of_2(num_experts)
+    e_pad = next_power_of_2(num_experts)
     family = family_of(dev)
     block = SORT_BLOCK[family]
     if num_pairs <= SORT_SINGLE_PROGRAM_MAX_PAIRS[family]:
         cached(_sort_single_kernel)[(1,)](topk_ids, offsets, perm, num_pairs, num_experts, BLOCK=block, E_PAD=e_pad)
         return offsets, perm
-    num_blocks = triton.cdiv(num_pairs, block)
+    num_blocks = cdiv(num_pairs, block)
     counts = torch.empty((num_blocks, e_pad), dtype=torch.int32, device=dev)
     cached(_count_kernel)[(num_blocks,)](topk_ids, counts, num_pairs, BLOCK=block, E_PAD=e_pad)
     cached(_scan_kernel)[(1,)](
@@ -171,7 +171,7 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> M
     hidden = torch.empty((rows, h), dtype=x.dtype, device=x.device)
     if rows and h:
         block_r, block_h = GATHER_BLOCK[family_of(x.device)]
-        grid = (triton.cdiv(rows, block_r), triton.cdiv(h, block_h))
+        grid = (cdiv(rows, block_r), cdiv(h, block_h))
         cached(_gather_rows_kernel)[grid](
             x, x.stride(0), perm, hidden, hidden.stride(0), rows, h,
             TOPK=topk_ids.shape[1], BLOCK_R=block_r, BLOCK_H=block_h,

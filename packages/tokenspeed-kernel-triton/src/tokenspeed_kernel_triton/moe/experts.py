@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import gemm
@@ -93,13 +92,13 @@ def expert_operand(weights: MoEWeights, which: str) -> ExpertOperand:
 def _grouped_tiles(rows: int, num_experts: int, block_m: int) -> int:
     # Every non-empty expert wastes at most one partial tile, so this bounds the row
     # tiles of any routing; tiles past the real count exit at once.
-    return min(rows, triton.cdiv(rows, block_m) + min(num_experts, rows))
+    return min(rows, cdiv(rows, block_m) + min(num_experts, rows))
 
 
 def _pairs_pad(rows_mode: int, num_pairs: int) -> int:
     # Only the tiny path holds every pair's expert id in registers; elsewhere a
     # constant keeps one compiled kernel for all token counts.
-    return triton.next_power_of_2(num_pairs) if rows_mode == gemm.ROWS_TINY else 1
+    return next_power_of_2(num_pairs) if rows_mode == gemm.ROWS_TINY else 1
 
 
 def _launch_grid(
@@ -127,7 +126,7 @@ def _shared_constexprs(
         W_KIND=op.w_kind, SCALE=op.scale_kind, HAS_BIAS=op.has_bias, DECODE=cfg.decode, SWAP_AB=cfg.swap_ab,
         MMA_FP32=device.type == "cpu", EVEN_K=k % cfg.block_k == 0, USE_DOT=cfg.use_dot, STAGES=cfg.num_stages,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        E_PAD=triton.next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
+        E_PAD=next_power_of_2(num_experts), PAIRS_PAD=_pairs_pad(rows_mode, num_pairs),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -175,7 +174,7 @@ def launch_gate_up(
     """
     i = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
-    tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, triton.cdiv(i, cfg.block_n // 2))
+    tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, cdiv(i, cfg.block_n // 2))
     limit = activation.limit
     cached(gemm.moe_gate_up_kernel)[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map, *op.kernel_args(),
@@ -214,7 +213,7 @@ def launch_down(
     """
     n = y.shape[1]
     bm = _block_m(rows_mode, cfg, block_m)
-    tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, triton.cdiv(n, cfg.block_n))
+    tiles_m, grid = _launch_grid(rows_mode, num_pairs, num_experts, bm, cdiv(n, cfg.block_n))
     cached(gemm.moe_down_kernel)[grid](
         a, a.stride(0), row_map, permutation if permutation is not None else row_map,
         topk_weights if topk_weights is not None else a, *op.kernel_args(),
@@ -321,7 +320,7 @@ def moe_apply(
         if path == "tiny":
             # One row tile holds every token of an expert (an expert appears once
             # per token); more rows than that (repeated ids) loop in the kernel.
-            bm = max(16, triton.next_power_of_2(t))
+            bm = max(16, next_power_of_2(t))
             launch_gate_up(
                 x, topk_ids, None, w13, activation, weights.gate_up_interleaved, inter,
                 rows_mode=gemm.ROWS_TINY, top_k=k, num_pairs=pairs, num_experts=e, cfg=cfg13, block_m=bm,

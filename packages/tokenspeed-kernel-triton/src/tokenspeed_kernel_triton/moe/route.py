@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from .configs import ROUTE_BLOCK_T, family_of
 
@@ -81,9 +81,9 @@ def moe_route(
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     if t:
         block_t = ROUTE_BLOCK_T[family_of(dev)]
-        cached(_route_kernel)[(triton.cdiv(t, block_t),)](
+        cached(_route_kernel)[(cdiv(t, block_t),)](
             router_logits, router_logits.stride(0), weights, ids, t, e,
-            TOPK=top_k, RENORMALIZE=renormalize, BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e),
-            TOPK_PAD=triton.next_power_of_2(top_k),
+            TOPK=top_k, RENORMALIZE=renormalize, BLOCK_T=block_t, E_PAD=next_power_of_2(e),
+            TOPK_PAD=next_power_of_2(top_k),
         )  # fmt: skip
     return weights, ids

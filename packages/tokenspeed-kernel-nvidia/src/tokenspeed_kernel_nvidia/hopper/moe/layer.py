@@ -26,10 +26,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
 from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, packed
@@ -218,13 +217,13 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     n = w.shape[1]
     k_dim = a.shape[1]
     rows_out = n // 2 if gate_up else n
-    grid = (pairs, triton.cdiv(rows_out, block_m // 2 if gate_up else block_m), ksplit)
+    grid = (pairs, cdiv(rows_out, block_m // 2 if gate_up else block_m), ksplit)
     limit = activation.limit
     cached(moe_decode_gemm)[grid](
         a, a.stride(0), ids, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
         bias.stride(0) if bias is not None else 0, tw, y, y.stride(-2), y.stride(0) if y.dim() == 3 else 0, pairs,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
-        K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=triton.next_power_of_2(pairs), GATE_UP=gate_up,
+        K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
         PACKED=packed, num_warps=warps, **pdl_kwargs(),
@@ -350,7 +349,7 @@ def moe_apply(
         _launch(x, ids, w13, s13, weights.w13_bias, tw, ws, gate_up=True, interleaved=weights.gate_up_interleaved,
                 tile=gu_tile, **common)  # fmt: skip
         limit = activation.limit
-        cached(swiglu_splits)[(pairs, triton.cdiv(i, 1024))](
+        cached(swiglu_splits)[(pairs, cdiv(i, 1024))](
             ws, inter, ws.stride(0), i, float(activation.alpha), float(limit if limit is not None else 0.0),
             float(activation.up_offset), KSPLIT=gu_split, INTERLEAVED=weights.gate_up_interleaved,
             HAS_LIMIT=limit is not None, BLOCK=1024, **pdl_kwargs(),
@@ -358,7 +357,7 @@ def moe_apply(
     y = torch.empty((down_tile[4], pairs, h), dtype=torch.float32, device=x.device)
     _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
     block = 1024
-    cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
+    cached(combine_slots)[(t, cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
                                               KSPLIT=down_tile[4], BLOCK=block, **pdl_kwargs())  # fmt: skip
     if out is not None and result is not out:
         out.copy_(result)

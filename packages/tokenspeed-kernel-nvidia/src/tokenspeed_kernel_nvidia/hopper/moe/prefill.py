@@ -67,7 +67,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tokenspeed_kernel.launch import cached
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 from tokenspeed_kernel.ops.moe import w4a8_inter_scale
 
 from .decode import (
@@ -123,9 +123,9 @@ def sort_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch
     if pairs <= SORT_MAX_PAIRS:
         order = torch.empty(pairs, dtype=torch.int32, device=ids.device)
         offsets = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
-        block = max(16, triton.next_power_of_2(pairs))
+        block = max(16, next_power_of_2(pairs))
         cached(sort_pairs)[(1,)](ids, pairs, order, offsets, experts, BLOCK=block,
-                                 E_P2=triton.next_power_of_2(experts + 1), num_warps=max(1, min(16, block // 256)),
+                                 E_P2=next_power_of_2(experts + 1), num_warps=max(1, min(16, block // 256)),
                                  **pdl_kwargs())  # fmt: skip
         return order, offsets
     sorted_ids, order = torch.sort(ids, stable=True)
@@ -640,16 +640,16 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
     fp8 = desc.base.dtype == torch.float8_e4m3fn
     n = w.shape[1]
     k_dim = w.shape[2] * 2
-    n_tiles = triton.cdiv(n // 2, block_m // 2) if gate_up else triton.cdiv(n, block_m)
+    n_tiles = cdiv(n // 2, block_m // 2) if gate_up else cdiv(n, block_m)
     # Every non-empty expert adds at most one partial tile.
-    m_tiles = triton.cdiv(pairs, block_t) + min(experts, pairs)
+    m_tiles = cdiv(pairs, block_t) + min(experts, pairs)
     limit = activation.limit
     cached(moe_prefill_gemm)[(n_tiles, m_tiles)](
         desc, offsets, order, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
         bias.stride(0) if bias is not None else 0, tw, y, y.stride(0),
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         cs if cs is not None else tw, float(out_scale),
-        K=k_dim, N=n, SROW=s.stride(1), E=experts, E_P2=max(32 * warps, triton.next_power_of_2(experts)),
+        K=k_dim, N=n, SROW=s.stride(1), E=experts, E_P2=max(32 * warps, next_power_of_2(experts)),
         GATE_UP=gate_up, INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         # The W4A8 table decodes every scale byte: TWO_STEP (the bf16 decode's variant) would only
         # add a specialization there.
@@ -680,11 +680,11 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     if fp8:
         xscale = torch.empty(pairs, dtype=torch.float32, device=x.device)
         cached(gather_rows_fp8)[(pairs,)](x, x.stride(0), order, xs, xscale, h, TOP_K=k,
-                                          BLOCK=triton.next_power_of_2(h), **pdl_kwargs())  # fmt: skip
+                                          BLOCK=next_power_of_2(h), **pdl_kwargs())  # fmt: skip
         q = w4a8_inter_scale(activation)
     else:
         xscale, q = None, 1.0
-        cached(gather_rows)[(pairs, triton.cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block,
+        cached(gather_rows)[(pairs, cdiv(h, block))](x, x.stride(0), order, xs, h, TOP_K=k, BLOCK=block,
                                                              PACKED=packed, **pdl_kwargs())  # fmt: skip
     inter = torch.empty((pairs, i), dtype=act, device=x.device)
     common = dict(pairs=pairs, experts=experts, activation=activation, two_step=two_step, packed=packed)
@@ -694,7 +694,7 @@ def run_prefill(x, topk_weights, topk_ids, weights, activation, result, *, tiles
     y = torch.empty((1, pairs, h), dtype=torch.float32, device=x.device)
     _launch(_descriptor(inter, down_tile[1]), offsets, order, weights.w2, weights.w2_scale, weights.w2_bias, tw,
             y[0], gate_up=False, interleaved=True, tile=down_tile, out_scale=1.0 / q, **common)  # fmt: skip
-    cached(combine_slots)[(t, triton.cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k, KSPLIT=1,
+    cached(combine_slots)[(t, cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k, KSPLIT=1,
                                                       BLOCK=block, **pdl_kwargs())  # fmt: skip
     if scratch is not None:
         scratch.update(order=order, offsets=offsets, xs=xs, inter=inter, y=y[0], xscale=xscale)
