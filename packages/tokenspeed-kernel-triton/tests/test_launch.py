@@ -338,3 +338,22 @@ def test_host_cdiv_and_next_power_of_2_are_tritons():
     assert all(L.cdiv(a, b) == triton.cdiv(a, b) for a in range(-64, 600) for b in range(1, 70))
     assert all(L.next_power_of_2(n) == triton.next_power_of_2(n) for n in range(0, 1 << 17))
     assert L.next_power_of_2(2**40 + 1) == 2**41
+
+
+def test_a_second_argument_kinds_hit_passes_addresses_too(recorded, on_device):
+    """A position that is None in one call and a tensor in another (an optional residual) gets a second
+    generated function; both calls hit, each with its own kernel and every tensor as its address."""
+    params_of = {fn: _triton_binder(fn)[0] for fn, _, _ in recorded}
+    fn, args, kwargs, i = next(
+        (f, a, k, i) for f, a, k in recorded for i, x in enumerate(a) if x is None and not params_of[f][i].is_constexpr
+    )
+    other = (*args[:i], torch.zeros(8), *args[i + 1 :])
+    fake = _FakeJit(fn)
+    c = _cached(fake)
+    for a in (args, other, args, other):
+        c[(1,)](*a, **kwargs)
+    assert [e[0] for e in fake.log] == ["jit", "jit", "hit", "hit"], fn.__name__
+    assert len(c._keys[len(args)]) == 2
+    assert _same_args(fake.log[2][1][13:], fake.log[0][2], addresses=True)
+    assert _same_args(fake.log[3][1][13:], fake.log[1][2], addresses=True)
+    assert fake.log[3][1][4] == fake.log[1][3] != fake.log[0][3]

@@ -276,9 +276,13 @@ class CachedLaunch:
             if keyfs is not None:
                 dev = self._getdev()
                 try:
-                    got = keyfs[0](*args) if keyfs else None
-                    if got is None:  # other argument kinds than the first call's (or none generated)
-                        spec, largs = _args_key(keyfs, self._params, args), args
+                    got = None
+                    for keyf in keyfs:  # one per argument kinds seen (an optional tensor: None or not)
+                        got = keyf(*args)
+                        if got is not None:
+                            break
+                    if got is None:  # kinds no generated function takes: the tagged slow key
+                        spec, largs = _args_key((), self._params, args), args
                     else:
                         spec, largs = got
                     key = (spec, tuple(kwargs.items()), dev, self._knobs.debug, self._compilation.instrumentation_mode)
