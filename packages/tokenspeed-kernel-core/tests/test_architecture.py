@@ -104,8 +104,9 @@ ALLOWED = {
     "reference": {"core", "ops"},
     "numerics": {"core", "ops", "reference"},
     "benchmark": {"core", "ops", "reference", "numerics", "launch", "graphs"},
-    # the host-path helpers the vendor packages launch through: torch (and Triton, lazily) only
-    "launch": set(),
+    # the host-path helpers the vendor packages launch through: torch (and Triton, lazily), and core's
+    # dependency-free generator of key functions (core.codegen, shared with the validation memo)
+    "launch": {"core"},
     "graphs": set(),
     "compile": {"core", "ops"},
     "testing": {"core"},
@@ -114,6 +115,7 @@ ALLOWED = {
 }
 #: Inside core, each module imports only modules listed before it.
 CORE_ORDER = [
+    "codegen",
     "platform",
     "formats",
     "contracts",
@@ -252,3 +254,10 @@ def test_aliases_of_the_upstream_readme_are_the_op_objects(alias, name):
     assert alias not in tk.all_contracts()  # the catalog holds each op once, under its name
     assert getattr(tk, alias).name == name
     assert f"Also exported as ``{alias}``" in getattr(tk, name).__doc__
+
+
+def test_the_launch_path_imports_only_the_key_generator_from_core():
+    """``launch`` stays a torch-only host helper: of the package, it may use ``core.codegen`` (which imports nothing)."""
+    edges = _imports(_modules())
+    assert edges["tokenspeed_kernel.launch"] <= {"tokenspeed_kernel.core.codegen"}, edges["tokenspeed_kernel.launch"]
+    assert not edges.get("tokenspeed_kernel.core.codegen")
