@@ -76,6 +76,7 @@ def main() -> None:
 def _thunks(op: str, fn, call: dict):
     """The timed pieces of one call (module doc) and the selected kernel's name."""
     from tokenspeed_kernel.core import op as opm
+    from tokenspeed_kernel.core.op import NotPreparable
     from tokenspeed_kernel.core.selection import select_for_device
     from tokenspeed_kernel.graphs import no_eager_graphs
 
@@ -92,7 +93,7 @@ def _thunks(op: str, fn, call: dict):
     try:
         prepared = fn.prepare(**call)
         thunks["prepared"] = lambda: prepared(**call)
-    except TypeError:
+    except NotPreparable:  # the sampler
         pass
     if op in ("moe_apply", "top_k_top_p_sample"):  # paths that replay an eager graph: also without one
 

@@ -79,8 +79,8 @@ _MAX_KEY_FUNCTIONS = 4
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for host ints. Triton 3.6's ``triton.cdiv`` and ``triton.next_power_of_2`` are
     ``ConstexprFunction`` objects: called on the host they cost 2.3-3.3 us on the 2-core machine (an
-    import and two comprehensions a call), about 5 us on the H200 machine, three times a wrapper call
-    (``apply_rotary``, ``moe_route``: session 12's cProfile tables); these are plain functions."""
+    import and two comprehensions a call), 4.7-5.3 us under cProfile on the H200 machine, three times a
+    wrapper call (``apply_rotary``, ``moe_route``: session 12 call 1's cProfile tables); these are plain functions."""
     return -(-a // b)
 
 
@@ -205,14 +205,15 @@ def _key_function(params: list[Any], kinds: list[str]) -> Any:
     return guarded_tuple_function(len(kinds), guards, parts, ns, "launch key", prelude=prelude, second=args)
 
 
-def _args_key(keyfs: list[Any], params: list[Any], args: tuple) -> tuple:
-    """The specialisation part of a launch key: the first generated function whose guards hold,
-    else a tagged tuple of :func:`_slow_spec` per position (raises ``_Uncacheable``)."""
-    for keyf in keyfs:
+def _spec_and_args(keyfs: list[Any], params: list[Any], args: tuple) -> tuple[tuple, tuple]:
+    """The specialisation part of a launch key and the arguments the C launcher gets: the first generated
+    function whose guards hold (tensors as addresses), else a tagged tuple of :func:`_slow_spec` per
+    position and the arguments as they are (raises ``_Uncacheable``)."""
+    for keyf in keyfs:  # one per argument kinds seen (an optional tensor: None or not)
         got = keyf(*args)
         if got is not None:
-            return got[0]
-    return ("slow", *(a if p.is_constexpr else _slow_spec(a) for p, a in zip(params, args)))
+            return got
+    return ("slow", *(a if p.is_constexpr else _slow_spec(a) for p, a in zip(params, args))), args
 
 
 class _Entry:
@@ -276,15 +277,7 @@ class CachedLaunch:
             if keyfs is not None:
                 dev = self._getdev()
                 try:
-                    got = None
-                    for keyf in keyfs:  # one per argument kinds seen (an optional tensor: None or not)
-                        got = keyf(*args)
-                        if got is not None:
-                            break
-                    if got is None:  # kinds no generated function takes: the tagged slow key
-                        spec, largs = _args_key((), self._params, args), args
-                    else:
-                        spec, largs = got
+                    spec, largs = _spec_and_args(keyfs, self._params, args)
                     key = (spec, tuple(kwargs.items()), dev, self._knobs.debug, self._compilation.instrumentation_mode)
                     entry = self._cache.get(key, False)
                 except (_Uncacheable, TypeError):
@@ -341,7 +334,7 @@ class CachedLaunch:
                             keyfs.append(keyf)
             # computed again: the hit path's key came from the functions before this miss added one
             key = (
-                _args_key(keyfs, params, args), tuple(kwargs.items()), self._getdev(), self._knobs.debug,
+                _spec_and_args(keyfs, params, args)[0], tuple(kwargs.items()), self._getdev(), self._knobs.debug,
                 self._compilation.instrumentation_mode,
             )  # fmt: skip
             hash(key)

@@ -179,6 +179,7 @@ ROUNDS = 5
 
 
 def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls: int) -> dict[str, Any]:
+    from ..core.op import NotPreparable
     from ..core.selection import select_for_device
     from ..graphs import no_eager_graphs
     from ..launch import jit_launches
@@ -206,7 +207,7 @@ def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls
 
     try:
         prepared = fn.prepare(**call)
-    except TypeError:  # bind builds kernel arguments per call (the sampler's [B] constants)
+    except NotPreparable:  # bind builds kernel arguments per call (the sampler's [B] constants)
         prepared = None
     samples: dict[str, list[float]] = {
         "public_us": [], "public_before_us": [], "direct_us": [], "torch_us": [], "plan_us": [], "prepared_us": [],

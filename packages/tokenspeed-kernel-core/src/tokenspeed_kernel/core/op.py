@@ -57,7 +57,7 @@ from .profiling import kernel_scope, profiler_active
 from .selection import Target, select_for_device
 from .settings import debug_checks_enabled
 
-__all__ = ["Op", "PreparedCall", "Reference", "KernelCall", "kernel_call", "hinted_kwargs"]
+__all__ = ["Op", "NotPreparable", "PreparedCall", "Reference", "KernelCall", "kernel_call", "hinted_kwargs"]
 
 #: What ``bind`` returns: (device, format signature, traits, sizes, kernel args, kernel kwargs).
 KernelCall = tuple[torch.device, tuple[str, ...], Mapping[str, object], tuple[int, ...], tuple, dict]
@@ -246,7 +246,7 @@ def _describe(a: Any) -> Any:
         return (a.shape, a.stride(), a.dtype, a.device)
     if t in _VALUE_TYPES:
         return (t, a)
-    if t is tuple and all(type(x) is int for x in a):
+    if t is tuple and _all_ints(a):
         return (t, a)
     key = getattr(a, "__memo_key__", None)
     if key is not None:
@@ -270,7 +270,7 @@ def _memo_kind(a: Any) -> Any:
         return "tensor"
     if t in _VALUE_TYPES:
         return t
-    if t is tuple and all(type(x) is int for x in a):
+    if t is tuple and _all_ints(a):
         return "ints"
     if getattr(a, "__memo_key__", None) is not None:
         return ("memo_key", t)
@@ -362,20 +362,29 @@ def _bind_memoised(op: Op, args: tuple, kwargs: dict) -> KernelCall:
         return device, signature, traits, sizes, get_args(ext), dict(zip(names, get_kwargs(ext)))
     result = op.bind(*args, **kwargs)
     device, signature, traits, sizes, kargs, kkwargs = result
+    rebuild = None if _aliased(flat) else _rebuild(flat, kargs, kkwargs)
+    if rebuild is not None:
+        if len(memo) >= _MAX_MEMO:  # shapes that vary per call (token counts): start over
+            memo.clear()
+        memo[key] = (device, signature, traits, sizes, *rebuild)
+    return result
+
+
+def _aliased(flat: tuple) -> bool:
+    """One tensor passed twice: a rebuild by identity could not tell the two places apart."""
     tensors = [a for a in flat if type(a) is _T or type(a) is _P]
-    if len({id(a) for a in tensors}) != len(tensors):
-        return result  # one tensor passed twice: a recipe by identity could not tell the two places apart
+    return len({id(a) for a in tensors}) != len(tensors)
+
+
+def _rebuild(flat: tuple, kargs: tuple, kkwargs: dict) -> tuple | None:
+    """How a later call's kernel arguments come from its own arguments ``flat``: ``(get_args, keyword
+    names, get_kwargs, consts)``, each getter reading ``(*flat, *consts)``; None when one cannot be rebuilt."""
     consts: list[Any] = []
     recipe_args = [_recipe(v, flat, consts) for v in kargs]
     recipe_kwargs = [_recipe(v, flat, consts) for v in kkwargs.values()]
-    if None not in recipe_args and None not in recipe_kwargs:
-        if len(memo) >= _MAX_MEMO:  # shapes that vary per call (token counts): start over
-            memo.clear()
-        memo[key] = (
-            device, signature, traits, sizes, _getter(recipe_args), tuple(kkwargs), _getter(recipe_kwargs),
-            tuple(consts),
-        )  # fmt: skip
-    return result
+    if None in recipe_args or None in recipe_kwargs:
+        return None
+    return _getter(recipe_args), tuple(kkwargs), _getter(recipe_kwargs), tuple(consts)
 
 
 def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
@@ -395,10 +404,14 @@ def _recipe(v: Any, flat: tuple, consts: list) -> int | None:
     for i, a in enumerate(flat):
         if v is a and type(a) not in _VALUE_TYPES:
             return i
-    if type(v) in _VALUE_TYPES or (type(v) is tuple and all(type(x) is int for x in v)) or _plain_dataclass(v):
+    if type(v) in _VALUE_TYPES or (type(v) is tuple and _all_ints(v)) or _plain_dataclass(v):
         consts.append(v)
         return len(flat) + len(consts) - 1
     return None
+
+
+class NotPreparable(TypeError):
+    """``Op.prepare`` of an op whose ``bind`` builds kernel arguments per call (the sampler's ``[B]`` constants)."""
 
 
 class PreparedCall:
@@ -419,7 +432,6 @@ class PreparedCall:
         "_kw_names",
         "_n",
         "_names",
-        "_selection",
         "kernel",
         "op",
     )  # fmt: skip
@@ -430,18 +442,14 @@ class PreparedCall:
         sel = select_for_device(op.name, signature, traits, sizes, device, solution, override)
         if op.hints and kkwargs:
             kkwargs = hinted_kwargs(op.hints, sel.fn, dict(kkwargs))
-        tensors = [a for a in flat if type(a) is _T or type(a) is _P]
-        if len({id(a) for a in tensors}) != len(tensors):
+        if _aliased(flat):
             raise ValueError(f"{op.name}.prepare: one tensor passed twice; pass distinct tensors (or call the op)")
-        consts: list[Any] = []
-        recipe_args = [_recipe(v, flat, consts) for v in kargs]
-        recipe_kwargs = [_recipe(v, flat, consts) for v in kkwargs.values()]
-        if None in recipe_args or None in recipe_kwargs:
-            raise TypeError(f"{op.name}.prepare: its checks build kernel arguments a prepared call cannot rebuild")
-        self.op, self.kernel, self._fn, self._selection = op, sel.spec.name, sel.fn, sel
+        rebuild = _rebuild(flat, kargs, kkwargs)
+        if rebuild is None:
+            raise NotPreparable(f"{op.name}.prepare: its checks build kernel arguments a prepared call cannot rebuild")
+        self.op, self.kernel, self._fn = op, sel.spec.name, sel.fn
         self._n, self._kw_names = len(args), tuple(kwargs)
-        self._get_args, self._names, self._get_kwargs = _getter(recipe_args), tuple(kkwargs), _getter(recipe_kwargs)
-        self._consts = tuple(consts)
+        self._get_args, self._names, self._get_kwargs, self._consts = rebuild
         self._key = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         self._call = (signature, traits)
 

@@ -240,8 +240,9 @@ class GptOssModel:
             dtype=self.dtype,
         )
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.mm(self.ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+    def _logits(self, x: torch.Tensor, ops: Any = None) -> torch.Tensor:
+        ops = self.ops if ops is None else ops
+        return ops.mm(ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def prefill(
         self,
@@ -325,10 +326,7 @@ class GptOssModel:
                 ops=self.ops if sites is None else sites[i].restart(),
                 attention_plan=attention_plan,
             )
-        if sites is None:
-            return self._logits(x)
-        ops = sites[-1].restart()
-        return ops.mm(ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        return self._logits(x, None if sites is None else sites[-1].restart())
 
     def _sites(self, tokens: torch.Tensor, page_table: torch.Tensor, plan: tk.AttentionPlan | None) -> list:
         """The prepared call sites of a decode of this shape: one per layer, one for the logits."""

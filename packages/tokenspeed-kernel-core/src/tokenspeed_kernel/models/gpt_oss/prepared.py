@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import tokenspeed_kernel as tk
+from tokenspeed_kernel.core.op import NotPreparable
 
 __all__ = ["PreparedSites"]
 
@@ -37,7 +38,7 @@ class _Site:
         op = getattr(owner._ops, self.name)
         try:
             call = op.prepare(*args, **kwargs)
-        except TypeError:  # bind builds arguments per call (the sampler): the op itself
+        except NotPreparable:  # bind builds arguments per call (the sampler): the op itself
             call = op
         calls.append((self.name, call))
         return call(*args, **kwargs)
