@@ -300,30 +300,43 @@ def prefill_breakdown(w, gen, tokens_list, log):
     return rows
 
 
-def prefill_sweep(w, gen, tokens_list, log, deadline):
-    """``moe_apply`` alone (no route), each tile for both GEMMs, next to the peer in the same process."""
+def prefill_sweep(w, gen, tokens_list, log, deadline, layouts=("canonical",)):
+    """``moe_apply`` alone (no route), each tile for both GEMMs, on the weights of each of ``layouts``
+    (``canonical``; ``packed``: converted once by ``hopper.moe_apply_packed``'s plan)."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
+    weights = {}
+    for lay in layouts:
+        if lay == "canonical":
+            weights[lay] = w
+        elif lay == "packed":
+            plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override="hopper.moe_apply_packed")
+            weights[lay] = tk.moe_process_weights(plan, w)
+        else:
+            raise SystemExit(f"--prefill-layouts: expected canonical or packed, got {lay!r}")
     res = []
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
         out = torch.empty_like(x)
         for cfg in PREFILL_SWEEP:
-            if time.time() > deadline:
-                log("  prefill sweep: budget spent")
-                return res
             pair = cfg if isinstance(cfg[0], tuple) else (cfg, cfg)
             tiles = (layer.PrefillTile(*pair[0]), layer.PrefillTile(*pair[1]))
-            try:
-                tm = time_fn(lambda: layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, out=out),
-                             device="cuda", graph=True, warmup_ms=5, rep_ms=40)  # fmt: skip
-                res.append({"tokens": t, "tiles": [list(pair[0]), list(pair[1])], "apply_us": tm.median_us})
-            except Exception as exc:
-                res.append({"tokens": t, "tiles": [list(pair[0]), list(pair[1])], "error": str(exc)[:300]})
-            log(f"  prefill sweep {res[-1]}")
+            for lay, wl in weights.items():
+                if time.time() > deadline:
+                    log("  prefill sweep: budget spent")
+                    return res
+                row = {"tokens": t, "tiles": [list(tiles[0]), list(tiles[1])], "layout": lay}
+                try:
+                    tm = time_fn(lambda: layer.moe_apply(x, tw, ids, wl, GPT_OSS, tiles=tiles, out=out),
+                                 device="cuda", graph=True, warmup_ms=5, rep_ms=40)  # fmt: skip
+                    row["apply_us"] = tm.median_us
+                except Exception as exc:
+                    row["error"] = str(exc)[:300]
+                res.append(row)
+                log(f"  prefill sweep {res[-1]}")
     return res
 
 
@@ -333,6 +346,8 @@ def _apply_best_prefill(rows, log):
 
     best = {}
     for r in rows:
+        if r.get("layout") != rows[0].get("layout"):  # the table follows the first layout swept
+            continue
         if "apply_us" in r and (r["tokens"] not in best or r["apply_us"] < best[r["tokens"]]["apply_us"]):
             best[r["tokens"]] = r
     if not best:
@@ -588,8 +603,13 @@ def main(argv=None) -> int:
     p.add_argument("--skip-prefill-numerics", action="store_true", help="with --prefill: the sweep only")
     p.add_argument(
         "--prefill-tiles",
-        help="the sweep's tiles, ';'-separated: 'block_m,block_t,warps,stages' "
+        help="the sweep's tiles, ';'-separated: 'block_m,block_t,warps,stages[,unroll[,chunks]]' "
         "for both GEMMs or 'gate_up/down' (default: PREFILL_SWEEP)",
+    )
+    p.add_argument(
+        "--prefill-layouts",
+        default="canonical",
+        help="the sweep's weight layouts, ','-separated: canonical, packed (the table follows the first)",
     )
     p.add_argument("--prefill-breakdown", metavar="TOKENS", help="each prefill launch alone at these token counts")
     p.add_argument("--sort-bench", metavar="PAIRS", help="the prefill path's sort alone at these pair counts")
@@ -636,7 +656,7 @@ def main(argv=None) -> int:
     w = _weights(E, H, I, gen)
     if args.prefill:
         result["prefill_sweep"] = prefill_sweep(w, gen, [int(v) for v in args.prefill_tokens.split(",")], log,
-                                                t0 + args.budget_s)  # fmt: skip
+                                                t0 + args.budget_s, tuple(args.prefill_layouts.split(",")))  # fmt: skip
         result["prefill_tiles_used"] = _apply_best_prefill(result["prefill_sweep"], log)
         save()
     if args.prefill_breakdown:

@@ -128,10 +128,10 @@ def test_sort_pairs_cross_compiles_for_sm90_without_spills(monkeypatch, pairs):
 def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.prefill import PrefillTile
 
-    assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4, 1)
+    assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4, 1, 1)
     for args, word in [((128, 64, 2), "warps"), ((64, 64, 8), "block_m"), ((128, 48, 8), "block_t"),
                        ((128, 64, 8, 1), "stages"), ((128, 64, 8, 4, 3), "unroll"),
-                       ((64, 16, 4, 2, 4), "stages")]:  # fmt: skip
+                       ((64, 16, 4, 2, 4), "stages"), ((64, 32, 4, 2, 2, 3), "chunks")]:  # fmt: skip
         with pytest.raises(ValueError, match=word):
             PrefillTile(*args)
 
@@ -245,6 +245,9 @@ CROSS = [
     ("unroll_2_even_steps_T300", 300, (64, 16, 4, 2, 2), {"h": 1024, "i": 1024}),
     ("unroll_4_T300", 300, (64, 16, 4, 4, 4), {}),  # 45 steps: one left after the rounds
     ("unroll_4_three_left_T300", 300, (64, 32, 4, 8, 4), {"h": 448, "i": 448}),
+    ("chunks_2_unroll_2_T1024", 1024, (64, 32, 4, 2, 2, 2), {}),
+    ("chunks_2_unroll_4_T512", 512, (64, 16, 4, 4, 4, 2), {}),
+    ("chunks_2_unroll_1_bt64_T300", 300, (64, 64, 4, 3, 1, 2), {}),
 ]
 
 
@@ -279,10 +282,13 @@ def test_prefill_gemms_cross_compile_for_sm90_with_wgmma_and_no_hazards(monkeypa
     tiles = None if tile is None else (prefill.PrefillTile(*tile), prefill.PrefillTile(*tile))
     for kwargs, ck, ptx, sass in compiled_gemms(monkeypatch, tokens, tiles, **wkw):
         bt, stages = kwargs["BLOCK_T"], kwargs["STAGES"]
-        ring = stages * bt * 64 * 2
-        # The down epilogue converts the fp32 accumulator's layout through shared memory.
+        chunks = kwargs.get("CHUNKS", 1)
+        ring = stages * bt * chunks * 64 * 2
+        # The down epilogue converts the fp32 accumulator's layout through shared memory (after the
+        # ring is dead with one chunk; next to it with two, as ptxas places it).
         scratch = 0 if kwargs["GATE_UP"] else kwargs["BLOCK_M"] * bt * 4
-        assert ring <= ck.metadata.shared <= max(ring, scratch) + 1024, (ck.metadata.shared, ring, scratch)
+        bound = max(ring, scratch) if chunks == 1 else ring + scratch
+        assert ring <= ck.metadata.shared <= bound + 1024, (ck.metadata.shared, ring, scratch)
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bt}k16\.f32\.bf16\.bf16", ptx)
         assert "cp.async.bulk.tensor.2d" in ptx  # the activations by TMA
         assert "mul.rn.bf16x2" in ptx  # the E8M0 scale on decoded pairs
@@ -309,6 +315,11 @@ GPU_CASES = [
     ("unroll_2_h1024_T500", 32, 500, {"hidden": 1024}, "random", (128, 16, 8, 2, 2)),
     ("unroll_4_T600", 128, 600, {}, "random", (64, 16, 4, 4, 4)),
     ("unroll_4_h448_T300", 32, 300, {"hidden": 448}, "random", (64, 32, 4, 8, 4)),
+    # Two chunks a program: experts with one chunk (the one-chunk loop), two, and more (several programs).
+    ("chunks_2_unroll_2_T1024", 128, 1024, {}, "random", (64, 32, 4, 2, 2, 2)),
+    ("chunks_2_unroll_4_one_hot_expert_T300", 128, 300, {}, "hot", (64, 16, 4, 4, 4, 2)),
+    ("chunks_2_unroll_1_20b_T500", 32, 500, {"bias": False, "interleaved": False}, "random", (64, 64, 4, 3, 1, 2)),
+    ("chunks_2_bt64_8_warps_T4096", 128, 4096, {}, "random", (128, 64, 8, 2, 2, 2)),
 ]
 
 

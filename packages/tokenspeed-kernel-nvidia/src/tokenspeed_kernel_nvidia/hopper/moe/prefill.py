@@ -368,71 +368,213 @@ def _decode(words, sc, rmax, BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.
 
 
 @gluon.jit
-def _issue(a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: gl.constexpr):
-    """TMA of K step ``step``'s activation tile into its ring slot (nothing past the last step)."""
+def _issue(a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: gl.constexpr, BLOCK_T: gl.constexpr,
+           CHUNKS: gl.constexpr, NCH: gl.constexpr):  # fmt: skip
+    """TMA of K step ``step``'s activation tiles (one a live chunk) into its ring slot (nothing past the
+    last step)."""
     slot = step % STAGES
-    mbarrier.expect(bars.index(slot), a_desc.block_type.nbytes, pred=step < NK)
-    tma.async_copy_global_to_shared(a_desc, [start, step * 64], bars.index(slot), ring.index(slot), pred=step < NK)
+    mbarrier.expect(bars.index(slot), NCH * a_desc.block_type.nbytes, pred=step < NK)
+    if CHUNKS == 1:
+        tma.async_copy_global_to_shared(a_desc, [start, step * 64], bars.index(slot), ring.index(slot), pred=step < NK)
+    else:
+        for c in gl.static_range(NCH):
+            tma.async_copy_global_to_shared(a_desc, [start + c * BLOCK_T, step * 64], bars.index(slot),
+                                            ring.index(slot).slice(c * BLOCK_T, BLOCK_T), pred=step < NK)  # fmt: skip
 
 
 @gluon.jit
-def _mma(a, acc, ring, bars, step, STAGES: gl.constexpr):
-    """Start step ``step``'s MMA once its activation tile landed."""
+def _mma(a, acc0, acc1, ring, bars, step, STAGES: gl.constexpr, BLOCK_T: gl.constexpr, CHUNKS: gl.constexpr,
+         NCH: gl.constexpr):  # fmt: skip
+    """Start step ``step``'s MMAs (one a live chunk, all on the one decoded ``a``) once its activation
+    tiles landed."""
     slot = step % STAGES
     mbarrier.wait(bars.index(slot), (step // STAGES) & 1)
-    return warpgroup_mma(a, ring.index(slot).permute((1, 0)), acc, is_async=True)
-
-
-@gluon.jit
-def _wait(acc, a):
-    """Wait for the MMAs in flight. Their bf16 A operands are the wait's dependencies (live until
-    then). Triton 3.6 takes no 8-bit dependencies, so for fp8 operands the accumulator alone is;
-    the loops decode nothing between an MMA and its wait, and the sm90 cross-compile tests check
-    every W4A8 tile's SASS for a write to an in-flight MMA's registers."""
-    if a.dtype.primitive_bitwidth == 8:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if CHUNKS == 1:
+        acc0 = warpgroup_mma(a, ring.index(slot).permute((1, 0)), acc0, is_async=True)
     else:
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-    return acc
+        acc0 = warpgroup_mma(a, ring.index(slot).slice(0, BLOCK_T).permute((1, 0)), acc0, is_async=True)
+        if NCH == 2:
+            acc1 = warpgroup_mma(a, ring.index(slot).slice(BLOCK_T, BLOCK_T).permute((1, 0)), acc1, is_async=True)
+    return acc0, acc1
 
 
 @gluon.jit
-def _wait2(acc, a0, a1):
-    """:func:`_wait` for a round of two steps."""
+def _wait(acc0, acc1, a0, a1, a2, a3, NA: gl.constexpr, NCH: gl.constexpr):
+    """Wait for the MMAs in flight: ``NA`` steps' (``a0`` .. ``a3``, the first ``NA`` of them real) on
+    ``NCH`` accumulators. Their bf16 A operands are the wait's dependencies (live until then).
+    Triton 3.6 takes no 8-bit dependencies, so for fp8 operands the accumulators alone are; the loops
+    decode nothing between an MMA and its wait, and the sm90 cross-compile tests check every W4A8
+    tile's SASS for a write to an in-flight MMA's registers."""
     if a0.dtype.primitive_bitwidth == 8:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if NCH == 2:
+            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+        else:
+            acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
+    elif NCH == 2:
+        if NA == 1:
+            acc0, acc1, a0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, a0))
+        elif NA == 2:
+            acc0, acc1, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, a0, a1))
+        else:
+            acc0, acc1, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, a0, a1, a2, a3))
     else:
-        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-    return acc
+        if NA == 1:
+            acc0, a0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, a0))
+        elif NA == 2:
+            acc0, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, a0, a1))
+        else:
+            acc0, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, a0, a1, a2, a3))
+    return acc0, acc1
 
 
 @gluon.jit
-def _wait4(acc, a0, a1, a2, a3):
-    """:func:`_wait` for a round of four steps."""
-    if a0.dtype.primitive_bitwidth == 8:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    else:
-        acc, a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1, a2, a3))
-    return acc
-
-
-@gluon.jit
-def _retire(acc, a, a_desc, ring, bars, start, step, NK: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for step ``step``'s MMA (``a``, its A operand, live until then); its slot then takes
-    step ``step + STAGES``."""
-    acc = _wait(acc, a)
-    _issue(a_desc, ring, bars, start, step + STAGES, NK, STAGES)
-    return acc
-
-
-@gluon.jit
-def _one_step(acc, words, sc, rmax, a_desc, ring, bars, start, kb, NK: gl.constexpr, STAGES: gl.constexpr,
-              BLOCK_M: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr, TWO_STEP: gl.constexpr,
-              FP8: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
-    """K step ``kb`` alone (the tail of the unrolled loops): decode, MMA, retire."""
+def _one_step(acc0, acc1, words, sc, rmax, a_desc, ring, bars, start, kb, NK: gl.constexpr, STAGES: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, AL: gl.constexpr,
+              TWO_STEP: gl.constexpr, FP8: gl.constexpr, PACKED: gl.constexpr, CHUNKS: gl.constexpr,
+              NCH: gl.constexpr):  # fmt: skip
+    """K step ``kb`` alone (the tail of the unrolled loops): decode, MMAs, retire (its slot then takes
+    step ``kb + STAGES``)."""
     a = _decode(words, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-    acc = _mma(a, acc, ring, bars, kb, STAGES)
-    return _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
+    acc0, acc1 = _mma(a, acc0, acc1, ring, bars, kb, STAGES, BLOCK_T, CHUNKS, NCH)
+    acc0, acc1 = _wait(acc0, acc1, a, a, a, a, 1, NCH)
+    _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES, BLOCK_T, CHUNKS, NCH)
+    return acc0, acc1
+
+
+@gluon.jit
+def _epilogue(acc, e, start, end, pid_n, order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha, limit,
+              up_offset, cs_ptr, out_scale, s_base, K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr,
+              GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, FP8: gl.constexpr,
+              PACKED: gl.constexpr, MMA: gl.constexpr):  # fmt: skip
+    """The stores of one chunk's accumulator (sorted rows ``start .. start + BLOCK_T``, those under
+    ``end`` live): bias and SwiGLU into ``inter`` (gate/up), or routing weight into ``y`` (down)."""
+    rows_t = start + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, MMA))
+    live = rows_t < end
+    m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
+    n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
+    if FP8:
+        # The weights' row factors (the table's offsets) and the activations' scales.
+        rf = _w4a8_row_factor(_row_scale_max(s_base, n_rows, n_ok, K, SROW, WARPS, gl.SliceLayout(1, MMA)))
+        if GATE_UP:
+            cs = gl.load(cs_ptr + rows_t, mask=live, other=0.0)
+            acc = acc * rf[:, None] * cs[None, :]
+        else:
+            acc = acc * (rf * out_scale)[:, None]
+    if HAS_BIAS:
+        bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok, other=0.0)
+        acc = acc + bias.to(gl.float32)[:, None]
+    if GATE_UP:
+        hv = gate_up_swiglu(acc, BLOCK_M, BLOCK_T, alpha, limit, up_offset, HAS_LIMIT)
+        HL: gl.constexpr = hv.type.layout
+        jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
+        rows = gl.convert_layout(rows_t, gl.SliceLayout(0, HL))
+        ok = gl.convert_layout(live, gl.SliceLayout(0, HL))
+        # The down GEMM's B operand: stored with its K (the intermediate features) permuted.
+        if FP8:
+            ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm8(jj)[:, None]
+            hv = hv * out_scale
+        else:
+            ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj, PACKED)[:, None]
+        gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
+    else:
+        # Through shared memory into a layout whose lanes store 16 contiguous bytes of a pair's
+        # row: a quarter of the pointers the MMA layout needs (those set the register peak).
+        OUT: gl.constexpr = gl.BlockedLayout([4, 1], [8, 4], [1, WARPS], [0, 1])
+        acc = gl.convert_layout(acc, OUT)
+        rows_o = start + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT))
+        live_o = rows_o < end
+        pair = gl.load(order_ptr + rows_o, mask=live_o, other=0)
+        acc = acc * gl.load(tw_ptr + pair, mask=live_o, other=0.0)[None, :]
+        o_rows = pid_n * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, OUT))
+        ptrs = y_ptr + pair[None, :].to(gl.int64) * stride_y + o_rows[:, None]
+        gl.store(ptrs, acc, mask=(o_rows < N)[:, None] & live_o[None, :])
+
+
+@gluon.jit
+def _gemm_tile(
+    a_desc, ring, bars, e, start, end, pid_n, wa, sa, wb, sb, rmax, w_base, s_base, w_rows, w_ok,
+    order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha, limit, up_offset, cs_ptr, out_scale,
+    K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr,
+    GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+    UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr, PACKED: gl.constexpr,
+    CHUNKS: gl.constexpr, NCH: gl.constexpr, MMA: gl.constexpr, AL: gl.constexpr, LW: gl.constexpr,
+):  # fmt: skip
+    """The K loop and the epilogues of one program whose first ``NCH`` chunks of ``BLOCK_T`` sorted
+    pairs hold pairs of expert ``e``: each K step's weights are decoded once and feed one MMA a live
+    chunk."""
+    NK: gl.constexpr = K // 64
+    for j in gl.static_range(STAGES):
+        _issue(a_desc, ring, bars, start, j, NK, STAGES, BLOCK_T, CHUNKS, NCH)
+    acc0 = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
+    acc1 = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
+    if UNROLL == 1:
+        for kb in range(NK):
+            a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            wa, sa = wb, sb
+            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
+            acc0, acc1 = _mma(a, acc0, acc1, ring, bars, kb, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _wait(acc0, acc1, a, a, a, a, 1, NCH)
+            _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES, BLOCK_T, CHUNKS, NCH)
+    elif UNROLL == 2:
+        # Two steps a round: both decoded into their own registers, both steps' MMAs in flight, one
+        # wait and one round of barriers for the two (the per-step overhead halves).
+        for r in range(NK // 2):
+            kb = 2 * r
+            a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
+            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 3, kb + 3 < NK, K, SROW, LW)
+            acc0, acc1 = _mma(a0, acc0, acc1, ring, bars, kb, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _mma(a1, acc0, acc1, ring, bars, kb + 1, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _wait(acc0, acc1, a0, a1, a1, a1, 2, NCH)
+            _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES, BLOCK_T, CHUNKS, NCH)
+            _issue(a_desc, ring, bars, start, kb + 1 + STAGES, NK, STAGES, BLOCK_T, CHUNKS, NCH)
+        if NK % 2 == 1:
+            acc0, acc1 = _one_step(acc0, acc1, wa, sa, rmax, a_desc, ring, bars, start, NK - 1, NK, STAGES, BLOCK_M,
+                                   BLOCK_T, WARPS, AL, TWO_STEP, FP8, PACKED, CHUNKS, NCH)  # fmt: skip
+    else:
+        # Four steps a round, as two (STAGES >= 4: the round's four activation tiles are in the
+        # ring together); the last NK % 4 steps one at a time.
+        wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, 2, 2 < NK, K, SROW, LW)
+        wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, 3, 3 < NK, K, SROW, LW)
+        for r in range(NK // 4):
+            kb = 4 * r
+            a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            a2 = _decode(wc, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            a3 = _decode(wd, sd, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
+            wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 4, kb + 4 < NK, K, SROW, LW)
+            wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 5, kb + 5 < NK, K, SROW, LW)
+            wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, kb + 6, kb + 6 < NK, K, SROW, LW)
+            wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, kb + 7, kb + 7 < NK, K, SROW, LW)
+            acc0, acc1 = _mma(a0, acc0, acc1, ring, bars, kb, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _mma(a1, acc0, acc1, ring, bars, kb + 1, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _mma(a2, acc0, acc1, ring, bars, kb + 2, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _mma(a3, acc0, acc1, ring, bars, kb + 3, STAGES, BLOCK_T, CHUNKS, NCH)
+            acc0, acc1 = _wait(acc0, acc1, a0, a1, a2, a3, 4, NCH)
+            for j in gl.static_range(4):
+                _issue(a_desc, ring, bars, start, kb + j + STAGES, NK, STAGES, BLOCK_T, CHUNKS, NCH)
+        T0: gl.constexpr = NK - NK % 4
+        if NK % 4 >= 1:
+            acc0, acc1 = _one_step(acc0, acc1, wa, sa, rmax, a_desc, ring, bars, start, T0, NK, STAGES, BLOCK_M,
+                                   BLOCK_T, WARPS, AL, TWO_STEP, FP8, PACKED, CHUNKS, NCH)  # fmt: skip
+        if NK % 4 >= 2:
+            acc0, acc1 = _one_step(acc0, acc1, wb, sb, rmax, a_desc, ring, bars, start, T0 + 1, NK, STAGES, BLOCK_M,
+                                   BLOCK_T, WARPS, AL, TWO_STEP, FP8, PACKED, CHUNKS, NCH)  # fmt: skip
+        if NK % 4 >= 3:
+            acc0, acc1 = _one_step(acc0, acc1, wc, sc, rmax, a_desc, ring, bars, start, T0 + 2, NK, STAGES, BLOCK_M,
+                                   BLOCK_T, WARPS, AL, TWO_STEP, FP8, PACKED, CHUNKS, NCH)  # fmt: skip
+    for j in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(j))
+    _epilogue(acc0, e, start, end, pid_n, order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha, limit,
+              up_offset, cs_ptr, out_scale, s_base, K, N, SROW, GATE_UP, INTERLEAVED, HAS_BIAS, HAS_LIMIT, BLOCK_M,
+              BLOCK_T, WARPS, FP8, PACKED, MMA)  # fmt: skip
+    if NCH == 2:
+        _epilogue(acc1, e, start + BLOCK_T, end, pid_n, order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha,
+                  limit, up_offset, cs_ptr, out_scale, s_base, K, N, SROW, GATE_UP, INTERLEAVED, HAS_BIAS, HAS_LIMIT,
+                  BLOCK_M, BLOCK_T, WARPS, FP8, PACKED, MMA)  # fmt: skip
 
 
 @gluon.jit
@@ -443,7 +585,7 @@ def moe_prefill_gemm(
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_T: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
     UNROLL: gl.constexpr, TWO_STEP: gl.constexpr, FP8: gl.constexpr, PDL: gl.constexpr,
-    PACKED: gl.constexpr = False,
+    PACKED: gl.constexpr = False, CHUNKS: gl.constexpr = 1,
 ):  # fmt: skip
     """One GEMM of the prefill path; see the module docstring.
 
@@ -453,6 +595,11 @@ def moe_prefill_gemm(
     pair of each sorted row. ``w``/``s``/``b``: canonical MXFP4 codes, scales and bias of every
     expert. ``y``: gate/up: ``inter [pairs, N / 2]`` bf16 in sorted order, K-permuted; down: fp32
     ``[pairs, N]`` at the original pair index, times ``tw[pair]``.
+
+    ``CHUNKS`` (1 or 2): a program's M tile is ``CHUNKS`` chunks of ``BLOCK_T`` pairs. Each K step's
+    weights are decoded once for all of them, and a chunk holding no pair of the tile's expert gets no
+    MMA and no TMA (the program takes the one-chunk loop): an expert with up to ``BLOCK_T`` pairs pays
+    for ``BLOCK_T`` columns of MMA, one with up to ``2 BLOCK_T`` decodes its weights once.
 
     ``FP8`` (W4A8): the activations are e4m3 (``kperm8`` order), the weights are decoded to e4m3 and
     the MMAs are fp8. ``PACKED``: bf16 only, the codes are in the layout of :mod:`.packed` (``xs`` and
@@ -464,9 +611,11 @@ def moe_prefill_gemm(
     weight codes are read before the grid wait; the activations (the previous launch's output) after it.
     (Issuing the activations' TMA first, the order before PDL, measured no different: session 7, call 5.)
     """
+    gl.static_assert(CHUNKS == 1 or CHUNKS == 2, "CHUNKS: 1 or 2")
+    gl.static_assert(not (FP8 and PACKED), "the e4m3 decode reads canonical codes, not the packed layout")
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
-    e, start, end = _tile_of(off_ptr, pid_m, E, E_P2, BLOCK_T, WARPS)
+    e, start, end = _tile_of(off_ptr, pid_m, E, E_P2, BLOCK_T * CHUNKS, WARPS)
     if e < E:
         MMA_K: gl.constexpr = 32 if FP8 else 16
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -485,129 +634,43 @@ def moe_prefill_gemm(
             rmax = rmax[:, None]
         else:
             rmax = 0
-        ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_T, 64], a_desc.layout)
+        ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_T * CHUNKS, 64], a_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(STAGES):
             mbarrier.init(bars.index(j), count=1)
         NK: gl.constexpr = K // 64
-        acc = gl.zeros([BLOCK_M, BLOCK_T], gl.float32, MMA)
         # The first two steps' codes before the grid wait (the weights are never written).
         wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, 0, True, K, SROW, LW)
         wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, 1, 1 < NK, K, SROW, LW)
         _grid_wait(PDL)
         _grid_release(PDL)
-        for j in gl.static_range(STAGES):
-            _issue(a_desc, ring, bars, start, j, NK, STAGES)
-        if UNROLL == 1:
-            for kb in range(NK):
-                a = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                wa, sa = wb, sb
-                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
-                acc = _mma(a, acc, ring, bars, kb, STAGES)
-                acc = _retire(acc, a, a_desc, ring, bars, start, kb, NK, STAGES)
-        elif UNROLL == 2:
-            # Two steps a round: both decoded into their own registers, both MMAs in flight, one
-            # wait and one round of barriers for the two (the per-step overhead halves).
-            for r in range(NK // 2):
-                kb = 2 * r
-                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 2, kb + 2 < NK, K, SROW, LW)
-                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 3, kb + 3 < NK, K, SROW, LW)
-                acc = _mma(a0, acc, ring, bars, kb, STAGES)
-                acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
-                acc = _wait2(acc, a0, a1)
-                _issue(a_desc, ring, bars, start, kb + STAGES, NK, STAGES)
-                _issue(a_desc, ring, bars, start, kb + 1 + STAGES, NK, STAGES)
-            if NK % 2 == 1:
-                acc = _one_step(acc, wa, sa, rmax, a_desc, ring, bars, start, NK - 1, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP, FP8, PACKED)  # fmt: skip
+        if CHUNKS == 1:
+            _gemm_tile(a_desc, ring, bars, e, start, end, pid_n, wa, sa, wb, sb, rmax, w_base, s_base, w_rows,
+                       w_ok, order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha, limit, up_offset, cs_ptr,
+                       out_scale, K, N, SROW, GATE_UP, INTERLEAVED, HAS_BIAS, HAS_LIMIT, BLOCK_M, BLOCK_T, WARPS,
+                       STAGES, UNROLL, TWO_STEP, FP8, PACKED, CHUNKS, 1, MMA, AL, LW)  # fmt: skip
+        elif end - start > BLOCK_T:
+            _gemm_tile(a_desc, ring, bars, e, start, end, pid_n, wa, sa, wb, sb, rmax, w_base, s_base, w_rows,
+                       w_ok, order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha, limit, up_offset, cs_ptr,
+                       out_scale, K, N, SROW, GATE_UP, INTERLEAVED, HAS_BIAS, HAS_LIMIT, BLOCK_M, BLOCK_T, WARPS,
+                       STAGES, UNROLL, TWO_STEP, FP8, PACKED, CHUNKS, 2, MMA, AL, LW)  # fmt: skip
         else:
-            # Four steps a round, as two (STAGES >= 4: the round's four activation tiles are in the
-            # ring together); the last NK % 4 steps one at a time.
-            wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, 2, 2 < NK, K, SROW, LW)
-            wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, 3, 3 < NK, K, SROW, LW)
-            for r in range(NK // 4):
-                kb = 4 * r
-                a0 = _decode(wa, sa, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                a1 = _decode(wb, sb, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                a2 = _decode(wc, sc, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                a3 = _decode(wd, sd, rmax, BLOCK_M, WARPS, AL, TWO_STEP, FP8, PACKED)
-                wa, sa = _load_codes(w_base, s_base, w_rows, w_ok, kb + 4, kb + 4 < NK, K, SROW, LW)
-                wb, sb = _load_codes(w_base, s_base, w_rows, w_ok, kb + 5, kb + 5 < NK, K, SROW, LW)
-                wc, sc = _load_codes(w_base, s_base, w_rows, w_ok, kb + 6, kb + 6 < NK, K, SROW, LW)
-                wd, sd = _load_codes(w_base, s_base, w_rows, w_ok, kb + 7, kb + 7 < NK, K, SROW, LW)
-                acc = _mma(a0, acc, ring, bars, kb, STAGES)
-                acc = _mma(a1, acc, ring, bars, kb + 1, STAGES)
-                acc = _mma(a2, acc, ring, bars, kb + 2, STAGES)
-                acc = _mma(a3, acc, ring, bars, kb + 3, STAGES)
-                acc = _wait4(acc, a0, a1, a2, a3)
-                for j in gl.static_range(4):
-                    _issue(a_desc, ring, bars, start, kb + j + STAGES, NK, STAGES)
-            T0: gl.constexpr = NK - NK % 4
-            if NK % 4 >= 1:
-                acc = _one_step(acc, wa, sa, rmax, a_desc, ring, bars, start, T0, NK, STAGES, BLOCK_M, WARPS, AL, TWO_STEP,
-                                FP8, PACKED)  # fmt: skip
-            if NK % 4 >= 2:
-                acc = _one_step(acc, wb, sb, rmax, a_desc, ring, bars, start, T0 + 1, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP, FP8, PACKED)  # fmt: skip
-            if NK % 4 >= 3:
-                acc = _one_step(acc, wc, sc, rmax, a_desc, ring, bars, start, T0 + 2, NK, STAGES, BLOCK_M, WARPS, AL,
-                                TWO_STEP, FP8, PACKED)  # fmt: skip
-        for j in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(j))
-
-        # -- epilogue -------------------------------------------------------------------------
-        rows_t = start + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, MMA))
-        live = rows_t < end
-        m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
-        n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
-        if FP8:
-            # The weights' row factors (the table's offsets) and the activations' scales.
-            rf = _w4a8_row_factor(_row_scale_max(s_base, n_rows, n_ok, K, SROW, WARPS, gl.SliceLayout(1, MMA)))
-            if GATE_UP:
-                cs = gl.load(cs_ptr + rows_t, mask=live, other=0.0)
-                acc = acc * rf[:, None] * cs[None, :]
-            else:
-                acc = acc * (rf * out_scale)[:, None]
-        if HAS_BIAS:
-            bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok, other=0.0)
-            acc = acc + bias.to(gl.float32)[:, None]
-        if GATE_UP:
-            hv = gate_up_swiglu(acc, BLOCK_M, BLOCK_T, alpha, limit, up_offset, HAS_LIMIT)
-            HL: gl.constexpr = hv.type.layout
-            jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
-            rows = gl.convert_layout(rows_t, gl.SliceLayout(0, HL))
-            ok = gl.convert_layout(live, gl.SliceLayout(0, HL))
-            # The down GEMM's B operand: stored with its K (the intermediate features) permuted.
-            if FP8:
-                ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm8(jj)[:, None]
-                hv = hv * out_scale
-            else:
-                ptrs = y_ptr + rows[None, :].to(gl.int64) * stride_y + _kperm(jj, PACKED)[:, None]
-            gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
-        else:
-            # Through shared memory into a layout whose lanes store 16 contiguous bytes of a pair's
-            # row: a quarter of the pointers the MMA layout needs (those set the register peak).
-            OUT: gl.constexpr = gl.BlockedLayout([4, 1], [8, 4], [1, WARPS], [0, 1])
-            acc = gl.convert_layout(acc, OUT)
-            rows_o = start + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT))
-            live_o = rows_o < end
-            pair = gl.load(order_ptr + rows_o, mask=live_o, other=0)
-            acc = acc * gl.load(tw_ptr + pair, mask=live_o, other=0.0)[None, :]
-            o_rows = pid_n * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, OUT))
-            ptrs = y_ptr + pair[None, :].to(gl.int64) * stride_y + o_rows[:, None]
-            gl.store(ptrs, acc, mask=(o_rows < N)[:, None] & live_o[None, :])
+            _gemm_tile(a_desc, ring, bars, e, start, end, pid_n, wa, sa, wb, sb, rmax, w_base, s_base, w_rows,
+                       w_ok, order_ptr, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, alpha, limit, up_offset, cs_ptr,
+                       out_scale, K, N, SROW, GATE_UP, INTERLEAVED, HAS_BIAS, HAS_LIMIT, BLOCK_M, BLOCK_T, WARPS,
+                       STAGES, UNROLL, TWO_STEP, FP8, PACKED, CHUNKS, 1, MMA, AL, LW)  # fmt: skip
 
 
 class PrefillTile(tuple):
-    """``(block_m, block_t, warps, stages, unroll)``: weight rows per program (16 a warp: the wgmma's M
-    side), sorted pairs per program (its N side), warps, activation tiles in flight (the TMA ring),
-    and K steps a round (1, 2 or 4: the round's steps decoded, in flight and retired together)."""
+    """``(block_m, block_t, warps, stages, unroll, chunks)``: weight rows per program (16 a warp: the
+    wgmma's M side), sorted pairs per MMA (its N side), warps, activation tiles in flight (the TMA
+    ring), K steps a round (1, 2 or 4: the round's steps decoded, in flight and retired together), and
+    chunks of ``block_t`` pairs per program (1 or 2: the weights decoded once for both, the MMA and TMA
+    of a chunk without pairs skipped; :func:`moe_prefill_gemm`)."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4, unroll: int = 1):
+    def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4, unroll: int = 1, chunks: int = 1):
         if warps not in (4, 8):
             raise ValueError(f"warps: expected 4 or 8 (one or two warpgroups), got {warps}")
         if block_m != 16 * warps:
@@ -622,7 +685,9 @@ class PrefillTile(tuple):
             raise ValueError(
                 f"stages: expected at least unroll = {unroll} (a round's tiles share the ring), got {stages}"
             )
-        return super().__new__(cls, (block_m, block_t, warps, stages, unroll))
+        if chunks not in (1, 2):
+            raise ValueError(f"chunks: expected 1 or 2, got {chunks}")
+        return super().__new__(cls, (block_m, block_t, warps, stages, unroll, chunks))
 
 
 @functools.cache
@@ -636,13 +701,13 @@ def _descriptor(t, block_t: int) -> TensorDescriptor:
 
 def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up, interleaved, activation, tile,
             two_step, cs=None, out_scale=1.0, packed=False):  # fmt: skip
-    block_m, block_t, warps, stages, unroll = tile
+    block_m, block_t, warps, stages, unroll, chunks = tile
     fp8 = desc.base.dtype == torch.float8_e4m3fn
     n = w.shape[1]
     k_dim = w.shape[2] * 2
     n_tiles = cdiv(n // 2, block_m // 2) if gate_up else cdiv(n, block_m)
     # Every non-empty expert adds at most one partial tile.
-    m_tiles = cdiv(pairs, block_t) + min(experts, pairs)
+    m_tiles = cdiv(pairs, block_t * chunks) + min(experts, pairs)
     limit = activation.limit
     cached(moe_prefill_gemm)[(n_tiles, m_tiles)](
         desc, offsets, order, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
@@ -654,7 +719,7 @@ def _launch(desc, offsets, order, w, s, bias, tw, y, *, pairs, experts, gate_up,
         # The W4A8 table decodes every scale byte: TWO_STEP (the bf16 decode's variant) would only
         # add a specialization there.
         BLOCK_M=block_m, BLOCK_T=block_t, WARPS=warps, STAGES=stages, UNROLL=unroll, TWO_STEP=two_step and not fp8,
-        FP8=fp8, PACKED=packed, num_warps=warps, **pdl_kwargs(),
+        FP8=fp8, PACKED=packed, CHUNKS=chunks, num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
 
 
