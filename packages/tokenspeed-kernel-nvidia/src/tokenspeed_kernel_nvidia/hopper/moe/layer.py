@@ -117,18 +117,21 @@ PREFILL_MIN_TOKENS = 5
 #:   3606 / 6341 at 4096 / 8192 / 16384, against 2490 / 3919 / 7000 with one step (the table's tile
 #:   before) and 2205 / 3896 / 8028 for 64 pairs with 4 warps. Session 4 had the two-step tile with 4
 #:   stages at 2355 / 6963 (4096 / 16384).
-#: - Two chunks a program (session 13, call 1, packed weights, one process): from 2048 tokens, 32-pair
-#:   chunks with 4 warps at 2048 (1412, against 1469 for the 64-pair tile) and 64-pair chunks with 8
-#:   warps from 4096 (2175 / 7248 at 4096 / 16384, against 2314 / 7784 for the 128-pair tile). At 256 -
-#:   1024 tokens the chunks were slower or even (1024: 957 against 944 for the 64-pair tile).
+#: - Two chunks a program (session 13, calls 1-2; packed weights unless said): 32-pair chunks with 4
+#:   warps at 2048 tokens (1412, against 1469 for the 64-pair tile), 64-pair chunks with 8 warps at 4096
+#:   (2175 and 2067 in two processes, against 2314 and 2086 for the 128-pair tile; canonical weights
+#:   2088 against 2108). At 16384 the two processes disagree (7248 against 7784; 6824 against 6594,
+#:   canonical 7040 against 6652), so the 128-pair tile stays from 8192 tokens. At 256 - 1024 tokens the
+#:   chunks were slower or even (1024: 957 against 944 for the 64-pair tile).
 #:
-#: The bounds lie between measured sizes (256 / 512, 512 / 1024, 1024 / 2048, 2048 / 4096).
+#: The bounds lie between measured sizes (256 / 512, 512 / 1024, 1024 / 2048, 2048 / 4096, 4096 / 16384).
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
     (383, (PrefillTile(64, 16, 4, 4, 4), PrefillTile(64, 16, 4, 4, 4))),
     (767, (PrefillTile(64, 32, 4, 2, 2), PrefillTile(64, 32, 4, 2, 2))),
     (1535, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
     (3071, (PrefillTile(64, 32, 4, 2, 2, 2), PrefillTile(64, 32, 4, 2, 2, 2))),
-    (None, (PrefillTile(128, 64, 8, 2, 2, 2), PrefillTile(128, 64, 8, 2, 2, 2))),
+    (8191, (PrefillTile(128, 64, 8, 2, 2, 2), PrefillTile(128, 64, 8, 2, 2, 2))),
+    (None, (PrefillTile(128, 128, 8, 2, 2), PrefillTile(128, 128, 8, 2, 2))),
 )
 
 
