@@ -267,7 +267,7 @@ def prefill_breakdown(w, gen, tokens_list, log):
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
-        gu, dn = layer._prefill_tiles(t)
+        gu, dn = layer._prefill_tiles(t * K_TOP, E)
         out = torch.empty_like(x)
         sc = {}
         two_step = layer._two_step(w)
@@ -341,7 +341,8 @@ def prefill_sweep(w, gen, tokens_list, log, deadline, layouts=("canonical",)):
 
 
 def _apply_best_prefill(rows, log):
-    """Point layer.PREFILL_TILES at the sweep's fastest tiles per token count (for the bench below)."""
+    """Point layer.PREFILL_TILES at the sweep's fastest tiles per token count (for the bench below; the
+    table's bounds are loads, ``tokens * K_TOP / E`` here)."""
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     best = {}
@@ -355,7 +356,7 @@ def _apply_best_prefill(rows, log):
     ts = sorted(best)
     table = []
     for n, t in enumerate(ts):
-        bound = None if n == len(ts) - 1 else t
+        bound = None if n == len(ts) - 1 else t * K_TOP / E
         table.append((bound, tuple(layer.PrefillTile(*v) for v in best[t]["tiles"])))
     layer.PREFILL_TILES = tuple(table)
     log(f"  prefill tiles used: {table}")

@@ -113,8 +113,8 @@ def timing(act, tokens_list, tiles_list, log):
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         tw, ids = tk.moe_route(torch.randn(t, E, generator=gen).cuda(), K_TOP)
         out = torch.empty_like(x)
-        row = {"tokens": t, "bf16_tiles": [list(v) for v in layer._prefill_tiles(t)],
-               "fp8_table_tiles": [list(v) for v in layer._fp8_tiles(t)]}  # fmt: skip
+        row = {"tokens": t, "bf16_tiles": [list(v) for v in layer._prefill_tiles(t * K_TOP, E)],
+               "fp8_table_tiles": [list(v) for v in layer._fp8_tiles(t * K_TOP, E)]}  # fmt: skip
         fns = {
             "hopper_bf16": lambda: layer.moe_apply(x, tw, ids, w, act, out=out),
             "hopper_w4a8_table": lambda: layer.moe_apply(x, tw, ids, w, act, out=out, fp8=True),

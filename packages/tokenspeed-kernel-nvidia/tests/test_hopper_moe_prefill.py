@@ -163,17 +163,34 @@ def test_the_path_follows_the_token_count_and_the_tiles(monkeypatch):
     assert gu[3]["GATE_UP"] and not down[3]["GATE_UP"]
     # The table's tiles for 256 tokens; N tiles first, then the ragged M bound (every expert adds at
     # most one partial tile).
-    want = layer._prefill_tiles(layer.PREFILL_MIN_TOKENS)
+    want = layer._prefill_tiles(layer.PREFILL_MIN_TOKENS * 4, 8)
     assert (gu[3]["BLOCK_M"], gu[3]["BLOCK_T"], gu[3]["STAGES"]) == tuple(want[0][i] for i in (0, 1, 3))
     pairs = ids.numel()
-    assert gu[1] == (128 // (want[0][0] // 2), -(-pairs // want[0][1]) + 8)
-    assert down[1] == (-(-128 // want[1][0]), -(-pairs // want[1][1]) + 8)
+    assert gu[1] == (128 // (want[0][0] // 2), -(-pairs // (want[0][1] * want[0][5])) + 8)
+    assert down[1] == (-(-128 // want[1][0]), -(-pairs // (want[1][1] * want[1][5])) + 8)
     # Two PrefillTile force the prefill path at any size; mixed tiles are refused naming the argument.
     tile = prefill.PrefillTile(64, 16, 4, 2)
     calls, _ = _prefill_launches(monkeypatch, 3, tiles=(tile, tile), e=8, h=128, i=128)
     assert [c[0] for c in calls].count(prefill.moe_prefill_gemm) == 2
     with pytest.raises(TypeError, match="tiles"):
         _prefill_launches(monkeypatch, 3, tiles=(tile, layer.DecodeTile(64, 8, 4)), e=8, h=128, i=128)
+
+
+def test_the_prefill_tiles_follow_the_load_of_an_expert_and_two_chunks_reach_the_launch(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import layer, prefill
+
+    # GPT-OSS-20B (32 experts) at 2048 tokens loads an expert as the 120B layer (128) at 8192 does.
+    assert layer._prefill_tiles(2048 * 4, 32) == layer._prefill_tiles(8192 * 4, 128)
+    assert layer._prefill_tiles(2048 * 4, 32) != layer._prefill_tiles(2048 * 4, 128)
+    assert layer._fp8_tiles(1024 * 4, 32) == layer._fp8_tiles(4096 * 4, 128) != layer._fp8_tiles(1024 * 4, 128)
+    # A two-chunk program covers 2 * BLOCK_T sorted pairs: the ragged M bound counts those.
+    tile = prefill.PrefillTile(64, 16, 4, 2, 1, 2)
+    calls, ids = _prefill_launches(monkeypatch, 40, tiles=(tile, tile), e=8, h=128, i=128)
+    gemms = [c for c in calls if c[0] is prefill.moe_prefill_gemm]
+    assert len(gemms) == 2
+    for _fn, grid, _args, kwargs in gemms:
+        assert kwargs["CHUNKS"] == 2 and kwargs["BLOCK_T"] == 16
+        assert grid[1] == -(-ids.numel() // 32) + 8
 
 
 def _group_regs(line: str) -> set[int]:

@@ -102,9 +102,16 @@ TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
 #: alone, its best tile) 70.4 / 86.4 / 127.6 / 170.7; in call 3 at 8 tokens 227.1 against 199.8.
 PREFILL_MIN_TOKENS = 5
 
-#: (gate/up tile, down tile) of the prefill path by tokens per call: ``((max_tokens, tiles), ...)``.
-#: Measured on an H200 (docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4 and 7, the
-#: ``moe_apply`` alone, us; the raw sweeps are there):
+#: (gate/up tile, down tile) of the prefill path by the mean load of an expert, ``pairs / experts``
+#: (``pairs = tokens * top_k``): ``((max_load, tiles), ...)``. A tile's cost follows the pairs an expert
+#: gets (how many M tiles re-decode its weights, how much of the last one is padding), not the token
+#: count: GPT-OSS-20B (32 experts) at 2048 tokens loads an expert as the 120B layer (128 experts) at
+#: 8192 does. Keyed by tokens, the 20B prefill at 2048 tokens took the 120B layer's 2048-token tile and
+#: measured 42.7 K tokens/s against 45.2 K before that tile changed (session 13, call 3).
+#:
+#: Measured on an H200 with the GPT-OSS-120B layer (128 experts, top 4: a load of ``tokens / 32``;
+#: docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4 and 7, the ``moe_apply`` alone, us; the
+#: raw sweeps are there):
 #:
 #: - 16 pairs, 4 warps, 4 stages, four K steps a round, at 8 / 64 / 256 tokens (call 7): 197.5 /
 #:   614.0 / 701.0, against 217.1 / 629.8 / 730.6 with two steps and 2 stages (call 3, 8-256
@@ -124,13 +131,14 @@ PREFILL_MIN_TOKENS = 5
 #:   canonical 7040 against 6652), so the 128-pair tile stays from 8192 tokens. At 256 - 1024 tokens the
 #:   chunks were slower or even (1024: 957 against 944 for the 64-pair tile).
 #:
-#: The bounds lie between measured sizes (256 / 512, 512 / 1024, 1024 / 2048, 2048 / 4096, 4096 / 16384).
+#: The bounds lie between measured sizes: loads 8 / 16 (256 / 512 tokens of the 120B layer), 16 / 32,
+#: 32 / 64, 64 / 128 and 128 / 512.
 PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
-    (383, (PrefillTile(64, 16, 4, 4, 4), PrefillTile(64, 16, 4, 4, 4))),
-    (767, (PrefillTile(64, 32, 4, 2, 2), PrefillTile(64, 32, 4, 2, 2))),
-    (1535, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
-    (3071, (PrefillTile(64, 32, 4, 2, 2, 2), PrefillTile(64, 32, 4, 2, 2, 2))),
-    (8191, (PrefillTile(128, 64, 8, 2, 2, 2), PrefillTile(128, 64, 8, 2, 2, 2))),
+    (12, (PrefillTile(64, 16, 4, 4, 4), PrefillTile(64, 16, 4, 4, 4))),
+    (24, (PrefillTile(64, 32, 4, 2, 2), PrefillTile(64, 32, 4, 2, 2))),
+    (48, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
+    (96, (PrefillTile(64, 32, 4, 2, 2, 2), PrefillTile(64, 32, 4, 2, 2, 2))),
+    (255, (PrefillTile(128, 64, 8, 2, 2, 2), PrefillTile(128, 64, 8, 2, 2, 2))),
     (None, (PrefillTile(128, 128, 8, 2, 2), PrefillTile(128, 128, 8, 2, 2))),
 )
 
@@ -140,19 +148,28 @@ PREFILL_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = 
 #: against 1054 for the bf16 path; call 2: 968 against 972).
 FP8_MIN_TOKENS = 1024
 
-#: The W4A8 prefill tiles by tokens per call (as :data:`PREFILL_TILES`). Measured on an H200
-#: (session5, calls 2 and 3, ``moe_apply`` alone, us): 64 pairs, 4 warps, two steps a round at 1024 /
-#: 2048 tokens: 978 / 1392 (128 pairs, 8 warps: 2038 / 2116); 128 pairs with 4 warps, one step at
+#: The W4A8 prefill tiles by the mean load of an expert (as :data:`PREFILL_TILES`). Measured on an H200
+#: with the 120B layer (session5, calls 2 and 3, ``moe_apply`` alone, us): 64 pairs, 4 warps, two steps a
+#: round at 1024 / 2048 tokens: 978 / 1392 (128 pairs, 8 warps: 2038 / 2116); 128 pairs with 4 warps, one step at
 #: 4096 / 8192 / 16384: 2251 / 3501 / 6189 (64 pairs: 2244 / 3839 / 7282; 128 x 128 with 8 warps and
 #: two steps: 2272 / 3589 / 6295).
 FP8_TILES: tuple[tuple[int | None, tuple[PrefillTile, PrefillTile]], ...] = (
-    (3071, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
+    (96, (PrefillTile(64, 64, 4, 2, 2), PrefillTile(64, 64, 4, 2, 2))),
     (None, (PrefillTile(64, 128, 4, 2), PrefillTile(64, 128, 4, 2))),
 )
 
 
-def _fp8_tiles(tokens: int) -> tuple[PrefillTile, PrefillTile]:
-    return _pick(FP8_TILES, tokens)
+def _by_load(table, pairs: int, experts: int):
+    """The entry of a prefill table for ``pairs`` (token, slot) pairs over ``experts`` experts: the first
+    whose bound on the mean load ``pairs / experts`` holds (compared as ``pairs <= bound * experts``)."""
+    for bound, tiles in table:
+        if bound is None or pairs <= bound * experts:
+            return tiles
+    return table[-1][1]
+
+
+def _fp8_tiles(pairs: int, experts: int) -> tuple[PrefillTile, PrefillTile]:
+    return _by_load(FP8_TILES, pairs, experts)
 
 
 def _pick(table, tokens: int):
@@ -162,8 +179,8 @@ def _pick(table, tokens: int):
     return table[-1][1]
 
 
-def _prefill_tiles(tokens: int) -> tuple[PrefillTile, PrefillTile]:
-    return _pick(PREFILL_TILES, tokens)
+def _prefill_tiles(pairs: int, experts: int) -> tuple[PrefillTile, PrefillTile]:
+    return _by_load(PREFILL_TILES, pairs, experts)
 
 
 def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]:
@@ -323,7 +340,8 @@ def moe_apply(
         x = x if x.stride(-1) == 1 else x.contiguous()
         w4a8 = fp8 and (tiles is not None or t >= FP8_MIN_TOKENS)
         run_prefill(x, topk_weights, topk_ids, weights, activation, result,
-                    tiles=tiles or (_fp8_tiles(t) if w4a8 else _prefill_tiles(t)), two_step=_two_step(weights),
+                    tiles=tiles or (_fp8_tiles if w4a8 else _prefill_tiles)(pairs, weights.num_experts),
+                    two_step=_two_step(weights),
                     fp8=w4a8, packed=is_packed)  # fmt: skip
         if out is not None and result is not out:
             out.copy_(result)
