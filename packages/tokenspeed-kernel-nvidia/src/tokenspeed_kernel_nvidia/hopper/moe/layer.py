@@ -106,8 +106,8 @@ PREFILL_MIN_TOKENS = 5
 #: (``pairs = tokens * top_k``): ``((max_load, tiles), ...)``. A tile's cost follows the pairs an expert
 #: gets (how many M tiles re-decode its weights, how much of the last one is padding), not the token
 #: count: GPT-OSS-20B (32 experts) at 2048 tokens loads an expert as the 120B layer (128 experts) at
-#: 8192 does. Keyed by tokens, the 20B prefill at 2048 tokens took the 120B layer's 2048-token tile and
-#: measured 42.7 K tokens/s against 45.2 K before that tile changed (session 13, call 3).
+#: 8192 does. (Keyed by tokens, the 20B prefill at 2048 tokens took the 120B layer's 2048-token tile;
+#: session 13 did not measure the two keyings apart: its end-to-end prefill runs spread by 10 %.)
 #:
 #: Measured on an H200 with the GPT-OSS-120B layer (128 experts, top 4: a load of ``tokens / 32``;
 #: docs/benchmarks/h200-2026-12-01/hopper-moe/session4, calls 1-4 and 7, the ``moe_apply`` alone, us; the
