@@ -92,7 +92,7 @@ LAYER_CASES = [
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
     ("prefill_T64", "prefill", 64, {}),
-    ("prefill_T600_torch_sort", "prefill", 600, {}),  # 2400 pairs: above SORT_MAX_PAIRS
+    ("prefill_T600_two_launch_sort", "prefill", 600, {}),  # 2400 pairs: above SORT_MAX_PAIRS
     ("w4a8_T1024", "prefill", 1024, {"fp8": True}),
 ]
 
@@ -171,7 +171,7 @@ GPU_CASES = [
     ("120b_T3", 128, 3, False),
     ("120b_T8", 128, 8, False),
     ("20b_T64", 32, 64, False),
-    ("120b_T600_torch_sort", 128, 600, False),
+    ("120b_T600_two_launch_sort", 128, 600, False),
     ("120b_T1024_w4a8", 128, 1024, True),
 ]
 

@@ -81,17 +81,19 @@ g = torch.Generator().manual_seed(0)
 cases = []
 bound = prefill.SORT_MAX_PAIRS
 for experts, pairs, kind in [(128, 1200, "random"), (128, 5, "random"), (32, 1, "random"), (20, 300, "random"),
-                             (128, 64, "one hot expert"), (8, bound, "random"), (8, 333, "last expert empty")]:
+                             (128, 64, "one hot expert"), (8, bound, "random"), (8, 333, "last expert empty"),
+                             # several blocks of the two-launch sort, the last one partial
+                             (128, bound + 1, "random"), (128, 3 * prefill.SORT_BLOCK, "one hot expert"),
+                             (20, 4100, "last expert empty")]:
     hi = experts - 1 if kind == "last expert empty" else experts
     ids = torch.randint(0, hi, (pairs,), generator=g).to(torch.int32)
     if kind == "one hot expert":
         ids[:] = 77
-    # The reference: torch's stable sort, and each expert's first row by counting (not by searchsorted,
-    # which the fallback path uses).
+    # The reference: torch's stable sort, and each expert's first row by counting.
     want_order = torch.sort(ids.long(), stable=True)[1]
     counts = torch.bincount(ids.long(), minlength=experts)
     want_off = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
-    for limit in (bound, 0):  # one launch, then the torch fallback
+    for limit in (1 << 30, 0):  # one launch, then the two-launch sort
         prefill.SORT_MAX_PAIRS = limit
         order, off = prefill.sort_by_expert(ids, experts)
         cases.append(order.dtype == off.dtype == torch.int32 and torch.equal(order.long(), want_order)
@@ -105,12 +107,12 @@ def test_sort_by_expert_is_torchs_stable_sort_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", _SORT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"equal": [True] * 14}
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"equal": [True] * 20}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pairs", [20, 1200, 2048])
-def test_sort_pairs_cross_compiles_for_sm90_without_spills(monkeypatch, pairs):
+@pytest.mark.parametrize("pairs", [20, 1200, 2048, 2049, 65536])
+def test_the_sort_kernels_cross_compile_for_sm90_without_spills(monkeypatch, pairs):
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
@@ -119,10 +121,19 @@ def test_sort_pairs_cross_compiles_for_sm90_without_spills(monkeypatch, pairs):
     calls = []
     monkeypatch.setattr(prefill, "cached", lambda fn: _Recorder(fn, calls))
     prefill.sort_by_expert(torch.zeros(pairs, dtype=torch.int32), 128)
-    ((fn, grid, args, kwargs),) = calls
-    assert fn is prefill.sort_pairs and grid == (1,) and kwargs["BLOCK"] >= pairs
-    sass = get_sass(compile_launch(fn, args, dict(kwargs), "sm90").asm["cubin"])
-    assert not re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass), "register spills"
+    if pairs <= prefill.SORT_MAX_PAIRS:
+        ((fn, grid, _args, kwargs),) = calls
+        assert fn is prefill.sort_pairs and grid == (1,) and kwargs["BLOCK"] >= pairs
+    else:
+        blocks = -(-pairs // prefill.SORT_BLOCK)
+        assert [(c[0], c[1]) for c in calls] == [
+            (prefill.block_histograms, (blocks,)),
+            (prefill.scatter_sorted, (blocks,)),
+        ]
+        assert calls[1][3]["NB_P2"] >= blocks
+    for fn, _grid, args, kwargs in calls:
+        sass = get_sass(compile_launch(fn, args, dict(kwargs), "sm90").asm["cubin"])
+        assert not re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass), "register spills"
 
 
 def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():

@@ -204,9 +204,11 @@ def test_gather_rows_fp8_matches_the_reference_quantization_under_the_interprete
 def test_fp8_takes_the_w4a8_launches_from_its_token_count(monkeypatch):
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer, prefill
 
-    # The sort is one launch up to SORT_MAX_PAIRS pairs (torch's sort above: no launch recorded).
+    # The sort is one launch up to SORT_MAX_PAIRS pairs, two above.
     def sort(tokens):
-        return [prefill.sort_pairs] if 4 * tokens <= prefill.SORT_MAX_PAIRS else []
+        if 4 * tokens <= prefill.SORT_MAX_PAIRS:
+            return [prefill.sort_pairs]
+        return [prefill.block_histograms, prefill.scatter_sorted]
 
     calls, _ = _prefill_launches(monkeypatch, layer.FP8_MIN_TOKENS - 1, e=8, h=128, i=128, fp8=True)
     head = [*sort(layer.FP8_MIN_TOKENS - 1), prefill.gather_rows]

@@ -87,18 +87,30 @@ from .decode import (
     pdl_kwargs,
 )
 
-__all__ = ["moe_prefill_gemm", "sort_pairs", "gather_rows", "gather_rows_fp8", "kperm", "kperm_inverse", "kperm8"]
+__all__ = [
+    "moe_prefill_gemm",
+    "sort_pairs",
+    "block_histograms",
+    "scatter_sorted",
+    "gather_rows",
+    "gather_rows_fp8",
+    "kperm",
+    "kperm_inverse",
+    "kperm8",
+]
 
 #: Values a K step of the prefill kernels (one TMA box of activations, 8 code bytes a lane).
 BLOCK_K = 64
 
 #: Calls of at most this many (token, slot) pairs sort them by expert in one launch (:func:`sort_pairs`);
-#: larger ones with ``torch.sort`` and ``torch.searchsorted`` (eight launches: three device copies, two
-#: ``arange``, the radix sort, a cast, the search). Measured on an H200, each alone in a CUDA graph
-#: (docs/benchmarks/h200-2026-12-01/hopper-moe/session6, call 3), us:
-#: ``sort_pairs`` 5.1 / 7.5 / 12.3 / 21.0 / 46.5 at 32 / 256 / 1024 / 2048 / 4096 pairs, torch 17.3 /
-#: 32.0 / 33.0 / 32.8 / 36.1.
+#: larger ones in two (:func:`block_histograms`, :func:`scatter_sorted`: a counting sort over blocks of
+#: ``SORT_BLOCK`` pairs). Measured on an H200, each alone in a CUDA graph (docs/benchmarks/h200-2026-12-01/
+#: hopper-moe/session6, call 3), us: ``sort_pairs`` 5.1 / 7.5 / 12.3 / 21.0 / 46.5 at 32 / 256 / 1024 / 2048 /
+#: 4096 pairs, and the torch sort these two kernels replaced (``torch.sort`` + ``searchsorted``, eight
+#: launches) 17.3 / 32.0 / 33.0 / 32.8 / 36.1; the two kernels: session 13, call 5.
 SORT_MAX_PAIRS = 2048
+#: Pairs a program of the two-launch sort takes (sorted in registers, as :func:`sort_pairs` does).
+SORT_BLOCK = 1024
 
 
 @triton.jit
@@ -108,7 +120,7 @@ def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.
     of two >= ``n``, ``E_P2`` one > ``E``. The sort key ``expert * BLOCK + pair`` keeps equal experts in
     pair order; the padding sorts last (expert ``E``) and lands in bin ``E`` of the histogram, past the
     offsets' prefix sums. An id outside ``[0, E)`` is counted as ``E`` too (no histogram bin out of
-    range): like the torch path, it then belongs to no expert's rows."""
+    range): it then belongs to no expert's rows."""
     _tl_grid_sync(PDL)
     i = tl.arange(0, BLOCK)
     ok = i < n
@@ -121,21 +133,75 @@ def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.
     tl.store(off_ptr + ex, tl.cumsum(counts, 0) - counts, mask=ex <= E)
 
 
+@triton.jit
+def _expert_of(ids_ptr, i, n, E):
+    """The expert of pair ``i``: ``E`` past ``n`` and for an id outside ``[0, E)`` (as :func:`sort_pairs`)."""
+    e = tl.load(ids_ptr + i, mask=i < n, other=E)
+    return tl.where((e >= 0) & (e < E), e, E)
+
+
+@triton.jit
+def block_histograms(ids_ptr, n, hist_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr = False):
+    """The two-launch sort's first launch: ``hist[b, e]``, the pairs of expert ``e`` (bin ``E``: none) among
+    pairs ``b * BLOCK .. (b + 1) * BLOCK``. No atomics: each program writes its own row."""
+    _tl_grid_sync(PDL)
+    b = tl.program_id(0)
+    e = _expert_of(ids_ptr, b * BLOCK + tl.arange(0, BLOCK), n, E)
+    ex = tl.arange(0, E_P2)
+    tl.store(hist_ptr + b * E_P2 + ex, tl.histogram(e, E_P2))
+
+
+@triton.jit
+def scatter_sorted(ids_ptr, n, hist_ptr, nblocks, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr,
+                   NB_P2: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """The two-launch sort's second launch: block ``b``'s pairs at their sorted rows. Expert ``e``'s rows
+    start at ``off[e]`` (the pairs of lower experts, from every block's histogram); its pairs of block ``b``
+    follow those of the blocks before ``b``; within the block a register sort by ``expert * BLOCK + pair``
+    gives each pair its rank. So the order is that of a stable sort, as :func:`sort_pairs`'. Program 0
+    also writes ``off`` (``off[E]``: the pairs with an expert in ``[0, E)``). ``NB_P2``: a power of two >=
+    ``nblocks`` (the histogram rows are read ``ROWS`` at a time)."""
+    _tl_grid_sync(PDL)
+    b = tl.program_id(0)
+    ex = tl.arange(0, E_P2)
+    total = tl.zeros([E_P2], dtype=tl.int32)
+    before = tl.zeros([E_P2], dtype=tl.int32)
+    for r0 in tl.static_range(0, NB_P2, ROWS):
+        r = r0 + tl.arange(0, ROWS)
+        h = tl.load(hist_ptr + r[:, None] * E_P2 + ex[None, :], mask=(r < nblocks)[:, None], other=0)
+        total += tl.sum(h, axis=0)
+        before += tl.sum(tl.where((r < b)[:, None], h, 0), axis=0)
+    start = tl.cumsum(total, 0) - total
+    tl.store(off_ptr + ex, start, mask=(ex <= E) & (b == 0))
+    own = tl.load(hist_ptr + b * E_P2 + ex)
+    # Sorted position p in the block, expert e: row start[e] + before[e] + (p - first position of e here).
+    base = start + before - (tl.cumsum(own, 0) - own)
+    local = tl.sort(_expert_of(ids_ptr, b * BLOCK + tl.arange(0, BLOCK), n, E) * BLOCK + tl.arange(0, BLOCK))
+    se = local // BLOCK
+    pair = b * BLOCK + local % BLOCK
+    row = tl.gather(base, se, 0) + tl.arange(0, BLOCK)
+    tl.store(order_ptr + row, pair, mask=pair < n)
+
+
 def sort_by_expert(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(order, offsets)`` of the flat expert ids ``ids [pairs]`` (int32): the pairs in expert order (a
     stable sort) and each expert's first sorted row, ``offsets [experts + 1]``; no host sync."""
     pairs = ids.numel()
+    order = torch.empty(pairs, dtype=torch.int32, device=ids.device)
+    offsets = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
+    e_p2 = next_power_of_2(experts + 1)
     if pairs <= SORT_MAX_PAIRS:
-        order = torch.empty(pairs, dtype=torch.int32, device=ids.device)
-        offsets = torch.empty(experts + 1, dtype=torch.int32, device=ids.device)
         block = max(16, next_power_of_2(pairs))
-        cached(sort_pairs)[(1,)](ids, pairs, order, offsets, experts, BLOCK=block,
-                                 E_P2=next_power_of_2(experts + 1), num_warps=max(1, min(16, block // 256)),
-                                 **pdl_kwargs())  # fmt: skip
+        cached(sort_pairs)[(1,)](ids, pairs, order, offsets, experts, BLOCK=block, E_P2=e_p2,
+                                 num_warps=max(1, min(16, block // 256)), **pdl_kwargs())  # fmt: skip
         return order, offsets
-    sorted_ids, order = torch.sort(ids, stable=True)
-    bounds = torch.arange(experts + 1, dtype=torch.int32, device=ids.device)
-    return order.to(torch.int32), torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    nblocks = cdiv(pairs, SORT_BLOCK)
+    hist = torch.empty((nblocks, e_p2), dtype=torch.int32, device=ids.device)
+    cached(block_histograms)[(nblocks,)](ids, pairs, hist, experts, BLOCK=SORT_BLOCK, E_P2=e_p2, num_warps=4,
+                                         **pdl_kwargs())  # fmt: skip
+    cached(scatter_sorted)[(nblocks,)](ids, pairs, hist, nblocks, order, offsets, experts, BLOCK=SORT_BLOCK,
+                                       E_P2=e_p2, NB_P2=max(16, next_power_of_2(nblocks)), ROWS=16, num_warps=4,
+                                       **pdl_kwargs())  # fmt: skip
+    return order, offsets
 
 
 @triton.jit
