@@ -105,10 +105,10 @@ BLOCK_K = 64
 #: Calls of at most this many (token, slot) pairs sort them by expert in one launch (:func:`sort_pairs`);
 #: larger ones in two (:func:`block_histograms`, :func:`scatter_sorted`: a counting sort over blocks of
 #: ``SORT_BLOCK`` pairs). Measured on an H200, each alone in a CUDA graph (docs/benchmarks/h200-2026-12-01/
-#: hopper-moe/session6, call 3), us: ``sort_pairs`` 5.1 / 7.5 / 12.3 / 21.0 / 46.5 at 32 / 256 / 1024 / 2048 /
-#: 4096 pairs, and the torch sort these two kernels replaced (``torch.sort`` + ``searchsorted``, eight
-#: launches) 17.3 / 32.0 / 33.0 / 32.8 / 36.1; the two kernels: session 13, call 5.
-SORT_MAX_PAIRS = 2048
+#: hopper-moe/session13, call 5), us: ``sort_pairs`` 12.3 / 20.8 / 46.3 at 1024 / 2048 / 4096 pairs, the two
+#: launches 14.5 / 14.5 / 14.9 (15.6 at 16384, 17.2 at 65536), and the torch sort they replaced
+#: (``torch.sort`` + ``searchsorted``, eight launches) 33.6 / 33.4 / 35.3 (57.6 at 16384).
+SORT_MAX_PAIRS = 1024
 #: Pairs a program of the two-launch sort takes (sorted in registers, as :func:`sort_pairs` does).
 SORT_BLOCK = 1024
 
