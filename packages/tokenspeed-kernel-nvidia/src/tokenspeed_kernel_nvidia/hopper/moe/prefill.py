@@ -114,30 +114,29 @@ SORT_BLOCK = 1024
 
 
 @triton.jit
+def _expert_of(ids_ptr, i, n, E):
+    """The expert of pair ``i``: ``E`` past ``n`` and for an id outside ``[0, E)``."""
+    e = tl.load(ids_ptr + i, mask=i < n, other=E)
+    return tl.where((e >= 0) & (e < E), e, E)
+
+
+@triton.jit
 def sort_pairs(ids_ptr, n, order_ptr, off_ptr, E, BLOCK: tl.constexpr, E_P2: tl.constexpr, PDL: tl.constexpr = False):
     """The (token, slot) pairs sorted by expert, stably, in one program: ``order[i]`` the pair of sorted
-    row ``i`` and ``off[e]`` the first sorted row of expert ``e`` (``off[E] = n``). ``BLOCK`` is a power
+    row ``i`` and ``off[e]`` the first sorted row of expert ``e`` (``off[E]``: the pairs with an expert in
+    ``[0, E)``, ``n`` when every id is one). ``BLOCK`` is a power
     of two >= ``n``, ``E_P2`` one > ``E``. The sort key ``expert * BLOCK + pair`` keeps equal experts in
     pair order; the padding sorts last (expert ``E``) and lands in bin ``E`` of the histogram, past the
     offsets' prefix sums. An id outside ``[0, E)`` is counted as ``E`` too (no histogram bin out of
     range): it then belongs to no expert's rows."""
     _tl_grid_sync(PDL)
     i = tl.arange(0, BLOCK)
-    ok = i < n
-    e = tl.load(ids_ptr + i, mask=ok, other=E)
-    e = tl.where((e >= 0) & (e < E), e, E)
+    e = _expert_of(ids_ptr, i, n, E)
     s = tl.sort(e * BLOCK + i)
-    tl.store(order_ptr + i, s % BLOCK, mask=ok)
+    tl.store(order_ptr + i, s % BLOCK, mask=i < n)
     counts = tl.histogram(e, E_P2)
     ex = tl.arange(0, E_P2)
     tl.store(off_ptr + ex, tl.cumsum(counts, 0) - counts, mask=ex <= E)
-
-
-@triton.jit
-def _expert_of(ids_ptr, i, n, E):
-    """The expert of pair ``i``: ``E`` past ``n`` and for an id outside ``[0, E)`` (as :func:`sort_pairs`)."""
-    e = tl.load(ids_ptr + i, mask=i < n, other=E)
-    return tl.where((e >= 0) & (e < E), e, E)
 
 
 @triton.jit
