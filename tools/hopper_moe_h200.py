@@ -279,7 +279,7 @@ def prefill_breakdown(w, gen, tokens_list, log):
         d_xs, d_in = prefill._descriptor(xs, gu[1]), prefill._descriptor(inter, dn[1])
         y3 = y.unsqueeze(0)
         parts = {
-            "sort": lambda: torch.sort(ids.reshape(-1), stable=True),
+            "sort": lambda: prefill.sort_by_expert(ids.reshape(-1).contiguous(), E),  # the path's own sort
             "gather": lambda: prefill.cached(prefill.gather_rows)[(pairs, 3)](x, x.stride(0), order, xs, H,
                                                                               TOP_K=K_TOP, BLOCK=1024),
             "gate_up": lambda: prefill._launch(d_xs, offsets, order, w.w13, w.w13_scale, w.w13_bias, twf, inter,

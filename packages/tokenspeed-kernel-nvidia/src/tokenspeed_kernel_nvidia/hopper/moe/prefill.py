@@ -6,7 +6,8 @@ kernels keep the decode kernels' register-only weight decode (:mod:`.decode`) an
 warpgroup MMA:
 
 - **Pairs sorted by expert** (a stable sort on the device, no host sync; one launch up to
-  ``SORT_MAX_PAIRS`` pairs: :func:`sort_pairs`): expert ``e`` owns
+  ``SORT_MAX_PAIRS`` pairs, :func:`sort_pairs`, a two-launch counting sort above:
+  :func:`sort_by_expert`): expert ``e`` owns
   sorted rows ``offsets[e] .. offsets[e + 1]``. One program computes one (N tile, M tile) of one
   expert: ``BLOCK_M`` weight rows (the wgmma's M side, 16 a warp) by ``BLOCK_T`` sorted pairs
   (its N side: 16 to 256 tokens, so a small expert does not pay for a 64-row token tile).
