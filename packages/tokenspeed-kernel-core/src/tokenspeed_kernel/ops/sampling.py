@@ -21,6 +21,7 @@ from ..core.contracts import Size
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.validation import check_same_device, check_tensor, readable_values
+from ..launch import current_stream_id as _stream_of
 
 __all__ = ["argmax", "top_k_top_p_sample"]
 
@@ -77,22 +78,12 @@ def _per_row(name: str, value, batch: int, dtype: torch.dtype, device, lo, hi, s
 #: Past :data:`_MAX_ROW_CONSTANTS` entries (parameters that vary per call) new tensors are built per call and not kept.
 _ROW_CONSTANTS: dict[tuple, torch.Tensor] = {}
 _MAX_ROW_CONSTANTS = 512
-_CUDA_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)  # absent from CPU-only builds of torch
-
-
-def _stream_of(device: torch.device) -> int | None:
-    """The id of ``device``'s current stream (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    if _CUDA_STREAM is not None:
-        return _CUDA_STREAM(device.index if device.index is not None else torch.cuda.current_device())[0]
-    return torch.cuda.current_stream(device).stream_id
 
 
 def _row_constant(
     value: int | float, batch: int, dtype: torch.dtype, device: torch.device, stream: int | None
 ) -> torch.Tensor:
-    """The kept ``[batch]`` tensor of ``value`` for ``device`` and its current stream ``stream`` (:func:`_stream_of`)."""
+    """The kept ``[batch]`` tensor of ``value`` for ``device`` and its current stream ``stream`` (``current_stream_id``)."""
     key = (type(value), value, batch, dtype, device, stream)
     t = _ROW_CONSTANTS.get(key)
     if t is not None:
