@@ -434,7 +434,7 @@ def breakdown(w, gen, tokens_list, log):
         y = torch.empty(1, pairs, H, dtype=torch.float32, device="cuda")
         out = torch.empty_like(x)
         gu, dn = (layer.DecodeTile(*v[:4]) for v in layer._tiles(t))  # one K split: each GEMM whole
-        common = dict(pairs=pairs, k=K_TOP, activation=GPT_OSS, two_step=False)
+        common = dict(pairs=pairs, k=K_TOP, activation=GPT_OSS, two_step=False, packed=False)
         parts = {
             "route": lambda: tk.moe_route(logits, K_TOP),
             "gate_up": lambda: layer._launch(x, flat_ids, w.w13, w.w13_scale, w.w13_bias, flat_w, inter,
@@ -545,20 +545,24 @@ def _bf16_experts(w):
     return dense(w.w13, w.w13_scale), dense(w.w2, w.w2_scale)
 
 
-def bench(w, converted, gen, tokens_list, log, grouped=None, pdl_ab=False):
+def bench(w, converted, gen, tokens_list, log, grouped=None, pdl_ab=False, fused_ab=False):
     """The layer (route + apply) per kernel at each token count (``converted``: kernel -> its weights when
     they are not the canonical ``w``, from ``moe_process_weights``); ``pdl_ab``: ``hopper.moe_apply`` also with
-    programmatic dependent launch off (column ``hopper.moe_apply_no_pdl``), in the same process."""
+    programmatic dependent launch off (column ``hopper.moe_apply_no_pdl``), in the same process; ``fused_ab``:
+    both hopper bf16 kernels also with every decode tile's epilogues fused and with none fused (columns
+    ``..._fused`` and ``..._separate``: ``layer.DECODE_TILES`` with the flags set)."""
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
-    from tokenspeed_kernel_nvidia.hopper.moe import decode
-    from tokenspeed_kernel_nvidia.hopper.moe.layer import FP8_MIN_TOKENS
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import FP8_MIN_TOKENS, PREFILL_MIN_TOKENS
 
     names = [s.name for s in tk.registry.for_op("moe_apply")]
     kernels = [n for n in ("hopper.moe_apply", "hopper.moe_apply_packed", "hopper.moe_apply_w4a8", "triton.moe_apply",
                          "triton_kernels.moe_apply") if n in names]  # fmt: skip
     rows = []
     pdl_default = decode.PDL_ENABLED
+    table = layer.DECODE_TILES
+    flagged = {f: tuple((b, tuple(layer.DecodeTile(*v[:5], f) for v in p)) for b, p in table) for f in (False, True)}
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         logits = torch.randn(t, E, generator=gen).cuda()
@@ -566,14 +570,21 @@ def bench(w, converted, gen, tokens_list, log, grouped=None, pdl_ab=False):
         touched = int(torch.unique(ids).numel())
         row = {"tokens": t, "touched_experts": touched}
         out = torch.empty_like(x)
-        runs = [(k, k, pdl_default) for k in kernels]
+        runs = [(k, k, pdl_default, table) for k in kernels]
         if pdl_ab and "hopper.moe_apply" in kernels:
-            runs.insert(1, ("hopper.moe_apply_no_pdl", "hopper.moe_apply", False))
-        for column, kernel, pdl in runs:
+            runs.insert(1, ("hopper.moe_apply_no_pdl", "hopper.moe_apply", False, table))
+        if fused_ab and t < PREFILL_MIN_TOKENS:  # the epilogues of the decode path
+            for k in ("hopper.moe_apply_packed", "hopper.moe_apply"):
+                if k in kernels:
+                    at = [r[0] for r in runs].index(k) + 1
+                    runs[at:at] = [(f"{k}_fused", k, pdl_default, flagged[True]),
+                                   (f"{k}_separate", k, pdl_default, flagged[False])]  # fmt: skip
+        for column, kernel, pdl, tiles in runs:
             if kernel.endswith("_w4a8") and t < FP8_MIN_TOKENS:
                 continue  # offered from FP8_MIN_TOKENS tokens (_register)
             weights = converted.get(kernel, w)
             decode.PDL_ENABLED = pdl
+            layer.DECODE_TILES = tiles
             try:
                 tm = time_fn(_layer_fn(kernel, x, logits, weights, GPT_OSS, out), device="cuda", graph=True,
                              warmup_ms=10, rep_ms=60)  # fmt: skip
@@ -583,6 +594,7 @@ def bench(w, converted, gen, tokens_list, log, grouped=None, pdl_ab=False):
                 row[f"{column}_error"] = str(exc)[:300]
             finally:
                 decode.PDL_ENABLED = pdl_default
+                layer.DECODE_TILES = table
         if grouped is not None:
             try:
                 row["grouped_mm_bf16"] = time_fn(_grouped_mm_fn(x, ids, *grouped), device="cuda", graph=True,
@@ -606,7 +618,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-tokens", default="1,4,16,64")
     p.add_argument(
-        "--sweep-tiles", help="decode tiles for both GEMMs, ';'-separated 'block_m,tokens,warps,stages,ksplit'"
+        "--sweep-tiles",
+        help="decode tiles, ';'-separated 'block_m,tokens,warps,stages,ksplit[,fused]' for both GEMMs or 'gate_up/down'",
     )
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--skip-numerics", action="store_true")
@@ -630,6 +643,9 @@ def main(argv=None) -> int:
     p.add_argument("--grouped-mm", action="store_true", help="add the bf16 torch._grouped_mm column (GEMMs only)")
     p.add_argument(
         "--pdl-ab", action="store_true", help="also time hopper.moe_apply with programmatic dependent launch off"
+    )
+    p.add_argument(
+        "--fused-ab", action="store_true", help="also time the decode path with every tile fused and none fused"
     )
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -693,7 +709,9 @@ def main(argv=None) -> int:
             plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override=s.name)
             converted[s.name] = tk.moe_process_weights(plan, w)
     grouped = _bf16_experts(w) if args.grouped_mm else None
-    result["bench"] = bench(w, converted, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab)
+    result["bench"] = bench(
+        w, converted, gen, [int(v) for v in args.tokens.split(",")], log, grouped, args.pdl_ab, args.fused_ab
+    )
     result["wall_s"] = time.time() - t0
     with open(os.path.join(args.out, "hopper_moe.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -101,7 +101,8 @@ def test_shape_stride_and_slot_limits_raise_naming_the_argument():
         layer.moe_apply(torch.zeros(1, 64, dtype=torch.bfloat16), torch.ones(1, 2), ids, sliced, GPT_OSS)
 
 
-def test_calls_above_the_pair_limit_run_as_token_slices(monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
+def test_calls_above_the_pair_limit_run_as_token_slices(monkeypatch, fused):
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
     from tokenspeed_kernel_nvidia.hopper.moe.decode import MAX_PAIRS
 
@@ -114,16 +115,20 @@ def test_calls_above_the_pair_limit_run_as_token_slices(monkeypatch):
     out = torch.empty_like(x)
     # Decode tiles keep the decode path (from PREFILL_MIN_TOKENS on, calls take the prefill path).
     layer.moe_apply(x, torch.ones(t, k), torch.zeros(t, k, dtype=torch.int32), w, GPT_OSS, out=out,
-                    tiles=layer._tiles(t))  # fmt: skip
+                    tiles=_fused(layer._tiles(t), fused))  # fmt: skip
     combines = [c for c in calls if c[0] is decode.combine_slots]
-    assert [c[1][0] for c in combines] == [512, 3]  # grid rows = tokens of each slice
-    # Each slice's combine writes its own rows of out, and each GEMM sees only its slice's pairs.
-    starts = [c[2][1].data_ptr() for c in combines]
-    row = out.stride(0) * out.element_size()
-    assert starts == [out.data_ptr(), out.data_ptr() + 512 * row]
     gemms = [c for c in calls if c[0] is decode.moe_decode_gemm]
     assert [c[1][0] for c in gemms] == [1024, 1024, 6, 6]
     assert all(c[2][2].numel() == c[1][0] for c in gemms)  # the ids tensor has exactly the slice's pairs
+    row = out.stride(0) * out.element_size()
+    if fused:  # each slice's down GEMM (its fused combine, the last programs) writes its own rows of out
+        assert not combines and all(c[3]["FUSED"] for c in gemms[1::2])
+        assert not any(c[3]["FUSED"] for c in gemms[0::2])  # a gate/up GEMM without splits has no sums to fuse
+        starts = [c[2][14].data_ptr() for c in gemms[1::2]]
+    else:  # each slice's combine writes its own rows of out
+        assert [c[1][0] for c in combines] == [512, 3]  # grid rows = tokens of each slice
+        starts = [c[2][1].data_ptr() for c in combines]
+    assert starts == [out.data_ptr(), out.data_ptr() + 512 * row]
 
 
 def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
@@ -139,7 +144,10 @@ def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
 def test_decode_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
-    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1)
+    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1, False)
+    assert DecodeTile(64, 8, 2, 6, 4, 1).fused is True and not DecodeTile(64, 8, 2).fused
+    with pytest.raises(TypeError, match="fused"):
+        DecodeTile(64, 8, 2, 6, 4, "yes")
     with pytest.raises(ValueError, match="ksplit"):
         DecodeTile(64, 8, 2, 6, 0)
     with pytest.raises(ValueError, match="stages"):
@@ -209,10 +217,17 @@ def _ptx_ops(ptx: str) -> dict[str, int]:
     return ops
 
 
-def _split_tiles(ksplit):
+def _split_tiles(ksplit, fused=False):
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
-    return DecodeTile(64, 8, 4, 6, ksplit), DecodeTile(64, 8, 4, 6, ksplit)
+    return DecodeTile(64, 8, 4, 6, ksplit, fused), DecodeTile(64, 8, 4, 6, ksplit, fused)
+
+
+def _fused(tiles, fused):
+    """Decode tiles ``(gate/up, down)`` with both ``fused`` flags set to ``fused``."""
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
+
+    return tuple(DecodeTile(*v[:5], fused) for v in tiles)
 
 
 CASES = [
@@ -225,25 +240,44 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("label,tokens,wkw", CASES, ids=[c[0] for c in CASES])
-def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch, label, tokens, wkw):
-    from tokenspeed_kernel.testing import compile_launch
-    from tokenspeed_kernel_nvidia.hopper.moe import decode
+def _atomics(ptx: str) -> list[str]:
+    return re.findall(r"\batom\.[a-z0-9_.]+", ptx)
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("label,tokens,wkw", CASES, ids=[c[0] for c in CASES])
+def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch, label, tokens, wkw, fused):
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+
+    if not fused and label not in ("gpt_oss_120b_T1", "k_split_3_not_interleaved_T2"):
+        pytest.skip("the separate launches: two cases")
     if isinstance(wkw.get("tiles"), str):
-        wkw = {**wkw, "tiles": _split_tiles(int(wkw["tiles"][-1]))}
+        wkw = {**wkw, "tiles": _split_tiles(int(wkw["tiles"][-1]), fused)}
+    else:  # the table's tiles, with the case's flag
+        tables = _fused(layer.TWO_STEP_TILES, fused), tuple((b, _fused(v, fused)) for b, v in layer.DECODE_TILES)
+        monkeypatch.setattr(layer, "TWO_STEP_TILES", tables[0])
+        monkeypatch.setattr(layer, "DECODE_TILES", tables[1])
     calls = _launches(monkeypatch, tokens, **wkw)
     split = calls[0][3]["KSPLIT"] > 1  # the gate/up GEMM's K splits (the table's or the case's)
-    # gate/up, [the split sums' SwiGLU], down, combine
-    assert [c[0] for c in calls] == [decode.moe_decode_gemm, *([decode.swiglu_splits] if split else []),
-                                     decode.moe_decode_gemm, decode.combine_slots]  # fmt: skip
+    if fused:  # gate/up, down: the split sums' SwiGLU and the combine run in their last programs
+        assert [c[0] for c in calls] == [decode.moe_decode_gemm, decode.moe_decode_gemm]
+    else:  # gate/up, [the split sums' SwiGLU], down, combine
+        assert [c[0] for c in calls] == [decode.moe_decode_gemm, *([decode.swiglu_splits] if split else []),
+                                         decode.moe_decode_gemm, decode.combine_slots]  # fmt: skip
     for fn, _grid, args, kwargs in calls:
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         gemm = fn is decode.moe_decode_gemm
         ring = kwargs["STAGES"] * kwargs["BLOCK_M"] * 64 if gemm else 0  # 64 code bytes a row and K block
         assert ck.metadata.shared <= ring + MAX_SCRATCH_BYTES, (fn, ck.metadata.shared)
         if gemm:
+            # The fused epilogue's counters: GPU-scope acquire-release adds (one a program for gate/up's
+            # splits, one a token column for down); none unfused, nor in a gate/up GEMM without splits.
+            counted = fused and (not kwargs["GATE_UP"] or kwargs["KSPLIT"] > 1)
+            atoms = _atomics(ck.asm["ptx"])
+            assert bool(atoms) == counted, atoms
+            assert all(a.startswith("atom.global.gpu.acq_rel.add") for a in atoms), atoms
             text = _innermost_loop(ck.asm["ptx"])
             loop = _ptx_ops(text)
             assert loop.get("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 0) >= 8, loop
@@ -312,6 +346,7 @@ GPU_CASES = [
     ("scales_above_128_T4", 128, 4, {"scale_hi": 140}, "random"),
     ("k_split_4_T2", 128, 2, {"tiles": "split4"}, "random"),
     ("k_split_3_not_interleaved_T3", 128, 3, {"tiles": "split3", "interleaved": False}, "random"),
+    ("k_split_4_T40_one_hot_expert", 128, 40, {"tiles": "split4"}, "hot"),  # 5 chunks of one expert's pairs
 ]
 
 
@@ -354,6 +389,67 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+
+
+FUSED_CASES = [
+    ("120b_T1", 128, 1, {}, "random"),  # the table's tiles: 4 K splits in both GEMMs
+    ("120b_T4_table_no_split_gate_up", 128, 4, {}, "random"),
+    ("k_split_3_not_interleaved_T3", 128, 3, {"tiles": "split3", "interleaved": False, "bias": False}, "random"),
+    ("k_split_4_T40_one_hot_expert", 128, 40, {"tiles": "split4"}, "hot"),
+    ("20b_T2_scales_above_128", 32, 2, {"scale_hi": 140}, "random"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("label,e,tokens,wkw,routing", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
+def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, tokens, wkw, routing):
+    """The split sums' SwiGLU and the combine in the GEMMs' last programs: the same sums in the same order as
+    ``swiglu_splits`` and ``combine_slots``, so the same bits; the counters are zero again after every call,
+    on every stream that used them, and a second stream counts in its own."""
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    tk.load_plugins()
+    tiles = _split_tiles(int(wkw.pop("tiles")[-1])) if "tiles" in wkw else None
+    w, x, topk_w, topk_ids, _ = gpu_inputs(e, tokens, wkw, routing)
+    tiles = tiles or layer._tiles(tokens, layer._two_step(w))  # the decode path at every token count here
+
+    def run(fused, **kw):
+        return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, tiles=_fused(tiles, fused), graphs=False, **kw)
+
+    separate = run(False)
+    fused = run(True)
+    assert torch.equal(fused, separate)
+    assert torch.equal(run(True), separate)  # the counters were left zero: a second call counts from zero
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = run(True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(on_side, separate)
+    torch.cuda.synchronize()
+    used = [c for (dev, _), c in layer._COUNTERS.items() if dev == x.device]
+    assert len({c.data_ptr() for c in used}) >= 2  # the main stream's and the side stream's
+    assert all(int(c.abs().max()) == 0 for c in used + layer._OUTGROWN)
+    ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
+    assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_counters_are_kept_per_stream_zeroed_and_grown_without_freeing(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    monkeypatch.setattr(layer, "_COUNTERS", {})
+    monkeypatch.setattr(layer, "_OUTGROWN", [])
+    streams = iter([1, 1, 2, 1, 1])
+    monkeypatch.setattr(layer, "current_stream_id", lambda device: next(streams))
+    cpu = torch.device("cpu")
+    a = layer._counters(cpu, 10)
+    assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().max()) == 0
+    assert layer._counters(cpu, 10) is a  # the same stream: the same counters
+    assert layer._counters(cpu, 10) is not a  # another stream: its own
+    big = layer._counters(cpu, 3 * a.numel())  # outgrown: a larger buffer, and the old one kept
+    assert big.numel() >= 3 * a.numel() and int(big.abs().max()) == 0 and layer._OUTGROWN == [a]
+    assert layer._counters(cpu, 5) is big
 
 
 # -- the layer's Triton helpers, run under the interpreter --------------------------------

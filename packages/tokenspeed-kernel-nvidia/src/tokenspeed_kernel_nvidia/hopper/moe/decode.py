@@ -55,6 +55,15 @@ kernel may write, or writes anything at all. Each kernel lets its successor laun
 launches before it has completed: the down GEMM reads the expert ids (written by the route, before
 the gate/up GEMM) and starts streaming its weights (never written) before its wait, while the
 SwiGLU of the split sums still runs.
+
+**Fused epilogues** (``FUSED``): the split sums' SwiGLU and the combine run in the GEMMs' last
+programs instead of two more launches. A program that wrote its fp32 rows publishes them (a CTA
+barrier, then an ``atom.acq_rel.gpu`` add on a counter per (chunk, N tile) for gate/up and per
+(token, N tile) for down); the program that brings a counter to its total (``KSPLIT`` splits; a
+token's ``TOP_K`` pairs times ``KSPLIT``) resets it to zero, reads every partial row (``.cg``: from
+L2) and sums them in the order of :func:`swiglu_splits` / :func:`combine_slots`, so the bits are those
+of the unfused path. The counters are zero before a launch and after it; a launch never waits on
+another program (the last arrival does the work), so no residency is assumed.
 """
 
 from __future__ import annotations
@@ -366,11 +375,11 @@ def _weight_rows(m, pid_n, N: gl.constexpr, BLOCK_M: gl.constexpr, GATE_UP: gl.c
 @gluon.jit
 def moe_decode_gemm(
     a_ptr, stride_a, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, stride_ys,
-    num_pairs, alpha, limit, up_offset,
+    c_ptr, o_ptr, stride_o, num_pairs, alpha, limit, up_offset,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr,
-    TWO_STEP: gl.constexpr, PDL: gl.constexpr, PACKED: gl.constexpr = False,
+    TWO_STEP: gl.constexpr, PDL: gl.constexpr, PACKED: gl.constexpr = False, FUSED: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -383,6 +392,12 @@ def moe_decode_gemm(
     ``PDL`` (module doc): the gate/up GEMM waits before it reads the ids (the route's output, the
     launch before it); the down GEMM reads them at once and waits once its first weight blocks are
     in flight.
+
+    ``FUSED`` (module doc, "Fused epilogues"): ``c`` is int32 counters, zero on entry and left zero.
+    The gate/up GEMM with K splits writes its partial sums to ``y`` and the last split of a tile writes
+    ``inter`` to ``o`` (row stride ``stride_o``); the down GEMM writes ``y`` and the last of a token's
+    ``TOP_K * KSPLIT`` programs of a tile writes the token's output rows to ``o``. Unfused, ``c`` and
+    ``o`` are not read.
     """
     pair = gl.program_id(0)
     pid_n = gl.program_id(1)
@@ -437,22 +452,67 @@ def moe_decode_gemm(
                 bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok & (ks == 0), other=0.0)
                 acc = acc + bias.to(gl.float32)[:, None]
             if GATE_UP and KSPLIT == 1:
-                hv = gate_up_swiglu(acc, BLOCK_M, TOKENS, alpha, limit, up_offset, HAS_LIMIT)
-                HL: gl.constexpr = hv.type.layout
-                jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
-                cols = gl.convert_layout(out_pairs, gl.SliceLayout(0, HL))
-                ok = gl.convert_layout(out_ok, gl.SliceLayout(0, HL))
-                ptrs = y_ptr + cols[None, :].to(gl.int64) * stride_y + jj[:, None]
-                gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
+                _store_swiglu(acc, y_ptr, stride_y, out_pairs, out_ok, pid_n, N, BLOCK_M, TOKENS, alpha, limit,
+                              up_offset, HAS_LIMIT)  # fmt: skip
             else:
                 # fp32 rows of y [KSPLIT, pairs, N]: the down GEMM's (times the routing weight), or
-                # the gate/up GEMM's partial sums for :func:`swiglu_splits`.
+                # the gate/up GEMM's partial sums (for :func:`swiglu_splits`, or this grid's last split).
                 if not GATE_UP:
                     acc = acc * gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)[None, :]
-                ptrs = (
-                    y_ptr + ks.to(gl.int64) * stride_ys + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
-                )
-                gl.store(ptrs, acc, mask=n_ok[:, None] & out_ok[None, :])
+                y_cols = y_ptr + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
+                gl.store(y_cols + ks.to(gl.int64) * stride_ys, acc, mask=n_ok[:, None] & out_ok[None, :])
+                if FUSED:
+                    # Publish this program's rows (CTA barrier, then a release at GPU scope), and count them.
+                    gl.thread_barrier()
+                    if GATE_UP:
+                        # One counter per (chunk, N tile), named by the chunk's first pair: the last of
+                        # the KSPLIT programs to arrive sums the splits and applies the SwiGLU.
+                        c = c_ptr + (gl.min(gl.where(live, members, PAIRS_P2), axis=0) * gl.num_programs(1) + pid_n)
+                        if gl.atomic_add(c, 1, sem="acq_rel", scope="gpu") == KSPLIT - 1:
+                            gl.store(c, 0)  # reset for the next call (every arrival of this one is in)
+                            gl.thread_barrier()
+                            tot = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
+                            for s in gl.static_range(KSPLIT):  # split order, as swiglu_splits
+                                tot += gl.load(y_cols + s * stride_ys, mask=n_ok[:, None] & out_ok[None, :],
+                                               cache_modifier=".cg")  # fmt: skip
+                            _store_swiglu(tot, o_ptr, stride_o, out_pairs, out_ok, pid_n, N, BLOCK_M, TOKENS, alpha,
+                                          limit, up_offset, HAS_LIMIT)  # fmt: skip
+                    else:
+                        # One counter per (token, N tile): TOP_K pairs x KSPLIT programs arrive; the last one
+                        # sums them in the order of :func:`combine_slots` and writes the token's output rows.
+                        LT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+                        tok = gl.convert_layout(members // TOP_K, LT)
+                        mine = gl.convert_layout(live, LT)
+                        c = c_ptr + tok * gl.num_programs(1) + pid_n
+                        seen = gl.atomic_add(c, gl.full([TOKENS], 1, gl.int32, LT), mask=mine, sem="acq_rel",
+                                             scope="gpu")  # fmt: skip
+                        last = mine & (seen == TOP_K * KSPLIT - 1)
+                        gl.store(c, gl.zeros([TOKENS], gl.int32, LT), mask=last)
+                        if gl.max(last.to(gl.int32), axis=0) > 0:
+                            gl.thread_barrier()
+                            tok_c = gl.convert_layout(tok, COLS)
+                            ok = n_ok[:, None] & gl.convert_layout(last, COLS)[None, :]
+                            tot = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
+                            rows = y_ptr + (tok_c * TOP_K)[None, :].to(gl.int64) * stride_y + n_rows[:, None]
+                            for s1 in gl.static_range(KSPLIT):
+                                for s2 in gl.static_range(TOP_K):
+                                    tot += gl.load(rows + (s1 * stride_ys + s2 * stride_y), mask=ok,
+                                                   cache_modifier=".cg")  # fmt: skip
+                            o_ptrs = o_ptr + tok_c[None, :].to(gl.int64) * stride_o + n_rows[:, None]
+                            gl.store(o_ptrs, tot.to(o_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def _store_swiglu(acc, y_ptr, stride_y, out_pairs, out_ok, pid_n, N: gl.constexpr, BLOCK_M: gl.constexpr,
+                  TOKENS: gl.constexpr, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):  # fmt: skip
+    """``inter[pair, j] = swiglu(acc)`` for the tile's ``BLOCK_M / 2`` features ``j`` and its pairs."""
+    hv = gate_up_swiglu(acc, BLOCK_M, TOKENS, alpha, limit, up_offset, HAS_LIMIT)
+    HL: gl.constexpr = hv.type.layout
+    jj = pid_n * (BLOCK_M // 2) + gl.arange(0, BLOCK_M // 2, layout=gl.SliceLayout(1, HL))
+    cols = gl.convert_layout(out_pairs, gl.SliceLayout(0, HL))
+    ok = gl.convert_layout(out_ok, gl.SliceLayout(0, HL))
+    ptrs = y_ptr + cols[None, :].to(gl.int64) * stride_y + jj[:, None]
+    gl.store(ptrs, hv.to(y_ptr.dtype.element_ty), mask=(jj < N // 2)[:, None] & ok[None, :])
 
 
 @gluon.jit

@@ -4,16 +4,19 @@ the canonical MXFP4 layout (``hopper.moe_apply``: no weight preprocessing) or th
 :mod:`.packed` (``hopper.moe_apply_packed``: the same tensors with the bits of each word permuted, fewer
 decode instructions); one weights object serves every call of either.
 
-The decode path: three or four launches, no host sync (each launched with programmatic dependent
-launch: :mod:`.decode`):
+The decode path: two launches, no host sync (each launched with programmatic dependent launch:
+:mod:`.decode`):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
    (pair, N tile, K split), working for the first pair of each touched expert; with K
-   splits it writes fp32 partial sums and :func:`.decode.swiglu_splits` adds them in split
+   splits it writes fp32 partial sums, and the last split of a tile to finish adds them in split
    order and applies the SwiGLU;
-2. down GEMM + bias, times the routing weight, into fp32 ``y [splits, T*k, H]``;
-3. :func:`.decode.combine_slots`: ``out[t] = sum_splits sum_s y[.., t*k + s]`` in order
-   (deterministic: no atomics anywhere).
+2. down GEMM + bias, times the routing weight, into fp32 ``y [splits, T*k, H]``; the last of a
+   token's programs of a tile to finish writes ``out[t] = sum_splits sum_s y[.., t*k + s]`` in
+   order (deterministic: the counters that find the last program decide who adds, never the order).
+
+Where the table's tile is not ``fused`` (:class:`DecodeTile`), :func:`.decode.swiglu_splits` and
+:func:`.decode.combine_slots` do those sums as launches of their own (the same bits).
 
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
 The kernels take up to :data:`.decode.MAX_PAIRS` (token, slot) pairs a launch (larger calls
@@ -28,7 +31,7 @@ import dataclasses
 import torch
 
 from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
-from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
+from tokenspeed_kernel.launch import cached, cdiv, current_stream_id, next_power_of_2
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, packed
@@ -53,13 +56,18 @@ ONE_STEP_MAX_SCALE = 128
 
 
 class DecodeTile(tuple):
-    """``(block_m, tokens, warps, stages, ksplit)``: weight rows per program, token columns per MMA
-    tile, warps, K blocks of codes in flight (the cp.async ring's depth), and K splits (programs
-    sharing one tile's K range; their fp32 partial sums are added in split order afterwards)."""
+    """``(block_m, tokens, warps, stages, ksplit, fused)``: weight rows per program, token columns per MMA
+    tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
+    sharing one tile's K range; their fp32 partial sums are added in split order afterwards), and whether
+    the GEMM's last programs do the sums after it (``fused``, :mod:`.decode`: the split sums' SwiGLU of a
+    gate/up GEMM with splits, the combine of a down GEMM) instead of a launch of their own."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1):
+    def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1, fused: bool = False):
+        if fused not in (False, True):  # 0 and 1 too (the benches' tile lists)
+            raise TypeError(f"fused: expected a bool, got {fused!r}")
+        fused = bool(fused)
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
         if ksplit < 1:
@@ -70,7 +78,11 @@ class DecodeTile(tuple):
             raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
         if block_m % (16 * warps):
             raise ValueError(f"block_m: expected a multiple of 16 * warps = {16 * warps}, got {block_m}")
-        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit))
+        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit, fused))
+
+    @property
+    def fused(self) -> bool:
+        return self[5]
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
@@ -84,7 +96,16 @@ class DecodeTile(tuple):
 #: GEMM without K splits and an 8-deep ring, which also drops the split sums' SwiGLU launch, took 120.0
 #: against 131.4 for the 4-split tile (the 8 other pairs measured 124.0-137.8); at 1 and 2 tokens no pair
 #: measured was more than 1.5 % faster than the 4-split tiles (47.4 / 74.1 us).
+#: Session 14 (hopper-moe/session14, calls 1-2): the fused epilogues (``DecodeTile(..., fused=True)``) measured
+#: slower than the best separate tiles at every count. Call 2's sweep, ``moe_apply`` alone, two passes, us (gate/up
+#: tile / down tile, ``+f`` fused): at 1 token (32, 8, 1, 8, 1) / (32, 8, 1, 4, 4) 47.3 / 47.2, the same with the down
+#: GEMM fused 48.4 / 48.2, the 4-split tiles 47.8 / 53.0, gate/up fused 48.1 / 48.7, both fused 48.8 / 48.6, down
+#: fused 54.2 / 54.2; at 2 tokens the 4-split tiles 73.8 / 73.9 and every fused pair 75.7-79.4; at 4 tokens the
+#: table's pair 119.8 / 115.2, its down GEMM fused 124.2 / 119.3. A program that counts waits about a microsecond for
+#: its counter's old value, and at 2-4 tokens the split GEMMs run several waves of programs, which costs more than the
+#: launch saved; so the one-token entry takes the 4-token pair (no gate/up split, separate combine).
 DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
+    (1, (DecodeTile(32, 8, 1, 8, 1), DecodeTile(32, 8, 1, 4, 4))),
     (2, (DecodeTile(32, 8, 1, 4, 4), DecodeTile(32, 8, 1, 4, 4))),
     (4, (DecodeTile(32, 8, 1, 8, 1), DecodeTile(32, 8, 1, 4, 4))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
@@ -187,6 +208,11 @@ def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]
     return TWO_STEP_TILES if two_step else _pick(DECODE_TILES, tokens)
 
 
+def _path_key(tokens: int):
+    """What an eager graph bakes in from the tile tables (benches swap them): the decode tiles of ``tokens``."""
+    return _pick(DECODE_TILES, tokens) if tokens < PREFILL_MIN_TOKENS else None
+
+
 def check_shapes(weights: MoEWeights) -> None:
     """The shapes the kernels take: hidden and intermediate multiples of 64 (a 64-value K tail), and
     code rows / scale bytes contiguous within an expert (the kernels address rows as ``K / 2`` bytes;
@@ -236,23 +262,54 @@ def _two_step(weights: MoEWeights) -> bool:
     return cached
 
 
-def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step, packed):
-    """One GEMM. ``y``: ``inter [pairs, I]`` (gate/up, one split) or fp32 ``[ksplit, pairs, N]``."""
-    block_m, tokens, warps, stages, ksplit = tile
+def _grid(n: int, gate_up: bool, tile: DecodeTile, pairs: int) -> tuple[int, int, int]:
+    """A GEMM's grid: (pair, N tile, K split); gate/up tiles hold ``block_m / 2`` features."""
+    block_m, ksplit = tile[0], tile[4]
+    return pairs, cdiv(n // 2 if gate_up else n, block_m // 2 if gate_up else block_m), ksplit
+
+
+def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step, packed,
+            counters=None, o=None):  # fmt: skip
+    """One GEMM. ``y``: ``inter [pairs, I]`` (gate/up, one split) or fp32 ``[ksplit, pairs, N]``; with
+    ``counters`` (the fused epilogues, :mod:`.decode`) the last programs write ``o`` (``inter`` or the output)."""
+    block_m, tokens, warps, stages, ksplit = tile[:5]
     n = w.shape[1]
     k_dim = a.shape[1]
-    rows_out = n // 2 if gate_up else n
-    grid = (pairs, cdiv(rows_out, block_m // 2 if gate_up else block_m), ksplit)
     limit = activation.limit
-    cached(moe_decode_gemm)[grid](
+    fused = counters is not None
+    cached(moe_decode_gemm)[_grid(n, gate_up, tile, pairs)](
         a, a.stride(0), ids, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
-        bias.stride(0) if bias is not None else 0, tw, y, y.stride(-2), y.stride(0) if y.dim() == 3 else 0, pairs,
+        bias.stride(0) if bias is not None else 0, tw, y, y.stride(-2), y.stride(0) if y.dim() == 3 else 0,
+        counters if fused else ids, o if fused else y, o.stride(0) if fused else 0, pairs,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
-        PACKED=packed, num_warps=warps, **pdl_kwargs(),
+        PACKED=packed, FUSED=fused, num_warps=warps, **pdl_kwargs(),
     )  # fmt: skip
+
+
+#: The fused epilogues' counters per (device, stream): int32, zero between launches (each launch's last
+#: programs reset theirs). Per stream, because two launches running at once must not count into one counter;
+#: never freed, because a captured graph reads its counters by address (a buffer outgrown is kept for it).
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` zero int32 counters for ``device``'s current stream (module doc of :mod:`.decode`)."""
+    key = (device, current_stream_id(device))
+    c = _COUNTERS.get(key)
+    if c is not None and c.numel() >= n:
+        return c
+    fresh = torch.zeros(max(n, 2 * c.numel() if c is not None else 4096), dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Allocated in the graph's pool, zeroed by a node of the graph at each replay: this graph's own.
+        return fresh
+    if c is not None:
+        _OUTGROWN.append(c)
+    _COUNTERS[key] = fresh
+    return fresh
 
 
 #: eager calls of at most this many tokens replay a captured graph (host cost; a few MB a graph at 64 tokens).
@@ -323,7 +380,7 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
             _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            weights.gate_up_interleaved, weights.layout, activation, fp8, decode.PDL_ENABLED,
+            weights.gate_up_interleaved, weights.layout, activation, fp8, decode.PDL_ENABLED, _path_key(t),
             in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
                          weights.w2_bias),
         )  # fmt: skip
@@ -367,24 +424,34 @@ def moe_apply(
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
     common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step, packed=is_packed)
     gu_split = gu_tile[4]
+    fuse_gu, fuse_down = gu_split > 1 and gu_tile.fused, down_tile.fused
+    if fuse_gu or fuse_down:
+        # Gate/up counters by (chunk's first pair, N tile), then down counters by (token, N tile).
+        gu_counters = pairs * _grid(w13.shape[1], True, gu_tile, pairs)[1] if fuse_gu else 0
+        counters = _counters(x.device, gu_counters + t * _grid(w2.shape[1], False, down_tile, pairs)[1])
     if gu_split == 1:
         _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
                 tile=gu_tile, **common)  # fmt: skip
     else:
         ws = torch.empty((gu_split, pairs, 2 * i), dtype=torch.float32, device=x.device)
         _launch(x, ids, w13, s13, weights.w13_bias, tw, ws, gate_up=True, interleaved=weights.gate_up_interleaved,
-                tile=gu_tile, **common)  # fmt: skip
-        limit = activation.limit
-        cached(swiglu_splits)[(pairs, cdiv(i, 1024))](
-            ws, inter, ws.stride(0), i, float(activation.alpha), float(limit if limit is not None else 0.0),
-            float(activation.up_offset), KSPLIT=gu_split, INTERLEAVED=weights.gate_up_interleaved,
-            HAS_LIMIT=limit is not None, BLOCK=1024, **pdl_kwargs(),
-        )  # fmt: skip
+                tile=gu_tile, counters=counters if fuse_gu else None, o=inter, **common)  # fmt: skip
+        if not fuse_gu:
+            limit = activation.limit
+            cached(swiglu_splits)[(pairs, cdiv(i, 1024))](
+                ws, inter, ws.stride(0), i, float(activation.alpha), float(limit if limit is not None else 0.0),
+                float(activation.up_offset), KSPLIT=gu_split, INTERLEAVED=weights.gate_up_interleaved,
+                HAS_LIMIT=limit is not None, BLOCK=1024, **pdl_kwargs(),
+            )  # fmt: skip
     y = torch.empty((down_tile[4], pairs, h), dtype=torch.float32, device=x.device)
-    _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
-    block = 1024
-    cached(combine_slots)[(t, cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
-                                              KSPLIT=down_tile[4], BLOCK=block, **pdl_kwargs())  # fmt: skip
+    if fuse_down:
+        _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile,
+                counters=counters[gu_counters:], o=result, **common)  # fmt: skip
+    else:
+        _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
+        block = 1024
+        cached(combine_slots)[(t, cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
+                                                  KSPLIT=down_tile[4], BLOCK=block, **pdl_kwargs())  # fmt: skip
     if out is not None and result is not out:
         out.copy_(result)
         return out
