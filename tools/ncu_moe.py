@@ -44,6 +44,9 @@ def main(argv=None) -> int:
         w2_bias=(torch.randn(E, H, generator=gen) * 0.1).to(torch.bfloat16).cuda(), gate_up_interleaved=True,
     )  # fmt: skip
     act = tk.MoEActivation(kind="swiglu", alpha=1.702, limit=7.0, up_offset=1.0)
+    # The kernel's layout (hopper.moe_apply_packed, triton_kernels), converted once as an engine does.
+    plan = tk.moe_plan(w, act, dtype=torch.bfloat16, override=args.kernel, fp8_activations=args.fp8)
+    w = tk.moe_process_weights(plan, w)
     extra = {"fp8_activations": True} if args.fp8 else {}
     rows = []
     for t in (int(v) for v in args.tokens.split(",")):
