@@ -91,6 +91,7 @@ def _check_order(fn, kwargs, ptx):
 LAYER_CASES = [
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
+    ("decode_T2_fused_epilogues", "decode", 2, {"tiles": "fused4"}),  # the counters' atomics after the wait
     ("prefill_T64", "prefill", 64, {}),
     ("prefill_T600_two_launch_sort", "prefill", 600, {}),  # 2400 pairs: above SORT_MAX_PAIRS
     ("w4a8_T1024", "prefill", 1024, {"fp8": True}),
@@ -117,8 +118,10 @@ def _layer_check(label: str) -> None:
     path, tokens, kw = {c[0]: c[1:] for c in LAYER_CASES}[label]
     kw = dict(kw)
     if path == "decode":
-        tiles = _split_tiles(1) if kw.pop("tiles", None) == "split1" else None
+        tiles = {"split1": _split_tiles(1), "fused4": _split_tiles(4, True), None: None}[kw.pop("tiles", None)]
         calls = _launches(_Patch(), tokens, tiles=tiles)
+        if tiles is not None and tiles[0].fused:  # both GEMMs count (their epilogues fused), nothing else launches
+            assert [c[3]["FUSED"] for c in calls] == [True, True]
     else:
         calls, _ = _prefill_launches(_Patch(), tokens, **kw)
     assert len(calls) >= 2  # decode: the two GEMMs (their epilogues fused); prefill: the sort, GEMMs, combine
