@@ -65,15 +65,7 @@ import torch
 
 from .core.codegen import guarded_tuple_function
 
-__all__ = [
-    "CachedLaunch",
-    "cached",
-    "cdiv",
-    "current_stream_id",
-    "jit_launches",
-    "launch_cache_info",
-    "next_power_of_2",
-]
+__all__ = ["CachedLaunch", "cached", "cdiv", "jit_launches", "launch_cache_info", "next_power_of_2"]
 
 _state = threading.local()
 _ENV_JIT = os.environ.get("TOKENSPEED_KERNEL_LAUNCH", "").strip().lower() == "jit"
@@ -96,20 +88,6 @@ def next_power_of_2(n: int) -> int:
     """The smallest power of two ``>= n`` for a host int ``n >= 0``, 0 for 0: ``triton.next_power_of_2``'s
     values (see :func:`cdiv`)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
-
-
-_CUDA_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)  # absent from CPU-only builds of torch
-
-
-def current_stream_id(device: torch.device) -> int | None:
-    """The id of ``device``'s current stream (None off CUDA), for state kept per stream: a kernel's
-    constant inputs filled on one stream, a kernel's counters (``torch.cuda.current_stream`` builds a
-    Stream object a call; this reads the id only)."""
-    if device.type != "cuda":
-        return None
-    if _CUDA_STREAM is not None:
-        return _CUDA_STREAM(device.index if device.index is not None else torch.cuda.current_device())[0]
-    return torch.cuda.current_stream(device).stream_id
 
 
 #: ``jit_launches`` blocks open in any thread: while none is, a launch reads no thread-local state

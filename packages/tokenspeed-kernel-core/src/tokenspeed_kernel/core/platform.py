@@ -25,6 +25,7 @@ __all__ = [
     "fake_platform",
     "make_platform",
     "arch_version",
+    "current_stream_id",
     "KNOWN_FEATURES",
 ]
 
@@ -214,3 +215,17 @@ def fake_platform(platform: Platform | str, **kwargs) -> Iterator[Platform]:
         yield plat
     finally:
         _fake.reset(token)
+
+
+_CUDA_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)  # absent from CPU-only builds of torch
+
+
+def current_stream_id(device: torch.device) -> int | None:
+    """The id of ``device``'s current stream (None off CUDA), for state kept per stream: a kernel's
+    constant inputs filled on one stream, a kernel's counters (``torch.cuda.current_stream`` builds a
+    Stream object a call; this reads the id only)."""
+    if device.type != "cuda":
+        return None
+    if _CUDA_STREAM is not None:
+        return _CUDA_STREAM(device.index if device.index is not None else torch.cuda.current_device())[0]
+    return torch.cuda.current_stream(device).stream_id

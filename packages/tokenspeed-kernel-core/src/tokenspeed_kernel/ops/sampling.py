@@ -20,8 +20,8 @@ import torch
 from ..core.contracts import Size
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
+from ..core.platform import current_stream_id as _stream_of
 from ..core.validation import check_same_device, check_tensor, readable_values
-from ..launch import current_stream_id as _stream_of
 
 __all__ = ["argmax", "top_k_top_p_sample"]
 

@@ -30,8 +30,9 @@ import dataclasses
 
 import torch
 
+from tokenspeed_kernel.core.platform import current_stream_id
 from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
-from tokenspeed_kernel.launch import cached, cdiv, current_stream_id, next_power_of_2
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, packed
