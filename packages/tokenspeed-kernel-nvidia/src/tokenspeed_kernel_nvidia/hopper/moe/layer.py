@@ -4,19 +4,20 @@ the canonical MXFP4 layout (``hopper.moe_apply``: no weight preprocessing) or th
 :mod:`.packed` (``hopper.moe_apply_packed``: the same tensors with the bits of each word permuted, fewer
 decode instructions); one weights object serves every call of either.
 
-The decode path: two launches, no host sync (each launched with programmatic dependent launch:
-:mod:`.decode`):
+The decode path: three or four launches, no host sync (each launched with programmatic dependent
+launch: :mod:`.decode`):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
    (pair, N tile, K split), working for the first pair of each touched expert; with K
-   splits it writes fp32 partial sums, and the last split of a tile to finish adds them in split
+   splits it writes fp32 partial sums and :func:`.decode.swiglu_splits` adds them in split
    order and applies the SwiGLU;
-2. down GEMM + bias, times the routing weight, into fp32 ``y [splits, T*k, H]``; the last of a
-   token's programs of a tile to finish writes ``out[t] = sum_splits sum_s y[.., t*k + s]`` in
-   order (deterministic: the counters that find the last program decide who adds, never the order).
+2. down GEMM + bias, times the routing weight, into fp32 ``y [splits, T*k, H]``;
+3. :func:`.decode.combine_slots`: ``out[t] = sum_splits sum_s y[.., t*k + s]`` in order
+   (deterministic: no atomics).
 
-Where the table's tile is not ``fused`` (:class:`DecodeTile`), :func:`.decode.swiglu_splits` and
-:func:`.decode.combine_slots` do those sums as launches of their own (the same bits).
+A tile marked ``fused`` (:class:`DecodeTile`) does those sums in its GEMM's last programs instead (two
+launches fewer, the same bits; found by counters, :mod:`.decode`); measured slower on the H200, the
+table marks none.
 
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
 The kernels take up to :data:`.decode.MAX_PAIRS` (token, slot) pairs a launch (larger calls
