@@ -62,7 +62,8 @@ class DecodeTile(tuple):
     tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
     sharing one tile's K range; their fp32 partial sums are added in split order afterwards), and whether
     the GEMM's last programs do the sums after it (``fused``, :mod:`.decode`: the split sums' SwiGLU of a
-    gate/up GEMM with splits, the combine of a down GEMM) instead of a launch of their own."""
+    gate/up GEMM with splits, the combine of a down GEMM) instead of a launch of their own. A gate/up tile
+    without splits writes its SwiGLU directly, so it has no sums to fuse either way."""
 
     __slots__ = ()
 
@@ -208,11 +209,6 @@ def _prefill_tiles(pairs: int, experts: int) -> tuple[PrefillTile, PrefillTile]:
 
 def _tiles(tokens: int, two_step: bool = False) -> tuple[DecodeTile, DecodeTile]:
     return TWO_STEP_TILES if two_step else _pick(DECODE_TILES, tokens)
-
-
-def _path_key(tokens: int):
-    """What an eager graph bakes in from the tile tables (benches swap them): the decode tiles of ``tokens``."""
-    return _pick(DECODE_TILES, tokens) if tokens < PREFILL_MIN_TOKENS else None
 
 
 def check_shapes(weights: MoEWeights) -> None:
@@ -382,7 +378,7 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are.
         key = (
             _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            weights.gate_up_interleaved, weights.layout, activation, fp8, decode.PDL_ENABLED, _path_key(t),
+            weights.gate_up_interleaved, weights.layout, activation, fp8, decode.PDL_ENABLED,
             in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
                          weights.w2_bias),
         )  # fmt: skip
