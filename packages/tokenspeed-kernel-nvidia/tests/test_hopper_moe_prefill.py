@@ -140,7 +140,8 @@ def test_prefill_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.prefill import PrefillTile
 
     assert tuple(PrefillTile(128, 64, 8)) == (128, 64, 8, 4, 1, 1)
-    for args, word in [((128, 64, 2), "warps"), ((64, 64, 8), "block_m"), ((128, 48, 8), "block_t"),
+    assert tuple(PrefillTile(128, 64, 4)) == (128, 64, 4, 4, 1, 1)  # 32 rows a warp
+    for args, word in [((128, 64, 2), "warps"), ((64, 64, 8), "block_m"), ((96, 64, 4), "block_m"), ((128, 48, 8), "block_t"),
                        ((128, 64, 8, 1), "stages"), ((128, 64, 8, 4, 3), "unroll"),
                        ((64, 16, 4, 2, 4), "stages"), ((64, 32, 4, 2, 2, 3), "chunks")]:  # fmt: skip
         with pytest.raises(ValueError, match=word):
@@ -276,6 +277,9 @@ CROSS = [
     ("chunks_2_unroll_2_T1024", 1024, (64, 32, 4, 2, 2, 2), {}),
     ("chunks_2_unroll_4_T512", 512, (64, 16, 4, 4, 4, 2), {}),
     ("chunks_2_unroll_1_bt64_T300", 300, (64, 64, 4, 3, 1, 2), {}),
+    # 32 weight rows a warp (two wgmma M blocks on each activation tile).
+    ("rows_32_a_warp_unroll_2_T1024", 1024, (128, 64, 4, 2, 2), {}),
+    ("rows_32_a_warp_chunks_2_T2048", 2048, (128, 32, 4, 2, 2, 2), {}),
 ]
 
 
@@ -348,6 +352,19 @@ GPU_CASES = [
     ("chunks_2_unroll_4_one_hot_expert_T300", 128, 300, {}, "hot", (64, 16, 4, 4, 4, 2)),
     ("chunks_2_unroll_1_20b_T500", 32, 500, {"bias": False, "interleaved": False}, "random", (64, 64, 4, 3, 1, 2)),
     ("chunks_2_bt64_8_warps_T4096", 128, 4096, {}, "random", (128, 64, 8, 2, 2, 2)),
+    # 32 weight rows a warp: two wgmma M blocks per warpgroup on each activation tile.
+    ("rows_32_a_warp_T1024", 128, 1024, {}, "random", (128, 64, 4, 2, 2)),
+    ("rows_32_a_warp_unroll_4_one_hot_expert_T300", 128, 300, {}, "hot", (128, 16, 4, 4, 4)),
+    ("rows_32_a_warp_chunks_2_20b_T2048", 32, 2048, {}, "random", (128, 32, 4, 2, 2, 2)),
+    (
+        "rows_32_a_warp_8_warps_no_bias_T600",
+        128,
+        600,
+        {"bias": False, "interleaved": False},
+        "random",
+        (256, 64, 8, 2, 2),
+    ),
+    ("rows_32_a_warp_unroll_1_h448_T300", 32, 300, {"hidden": 448}, "random", (128, 32, 4, 3, 1)),
 ]
 
 

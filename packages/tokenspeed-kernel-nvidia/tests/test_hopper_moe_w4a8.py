@@ -230,7 +230,15 @@ def test_fp8_takes_the_w4a8_launches_from_its_token_count(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "tile", [(128, 128, 8, 2), (128, 128, 8, 4, 2), (64, 64, 4, 2, 2), (64, 16, 4, 4, 4), (64, 64, 4, 2, 2, 2)]
+    "tile",
+    [
+        (128, 128, 8, 2),
+        (128, 128, 8, 4, 2),
+        (64, 64, 4, 2, 2),
+        (64, 16, 4, 4, 4),
+        (64, 64, 4, 2, 2, 2),
+        (128, 64, 4, 2, 2),
+    ],
 )
 def test_w4a8_gemms_cross_compile_for_sm90(monkeypatch, tile):
     from tokenspeed_kernel_nvidia.hopper.moe import prefill
@@ -253,6 +261,7 @@ GPU_CASES = [
     ("no_bias_not_interleaved_T1024", 128, 1024, {"bias": False, "interleaved": False}, "random", None),
     ("unroll_2_bt128_T3000", 128, 3000, {}, "random", (128, 128, 8, 4, 2)),
     ("chunks_2_T2048", 128, 2048, {}, "random", (64, 64, 4, 2, 2, 2)),
+    ("rows_32_a_warp_T2048", 128, 2048, {}, "random", (128, 64, 4, 2, 2)),
 ]
 
 

@@ -733,8 +733,10 @@ def moe_prefill_gemm(
 
 
 class PrefillTile(tuple):
-    """``(block_m, block_t, warps, stages, unroll, chunks)``: weight rows per program (16 a warp: the
-    wgmma's M side), sorted pairs per MMA (its N side), warps, activation tiles in flight (the TMA
+    """``(block_m, block_t, warps, stages, unroll, chunks)``: weight rows per program (16 or 32 a warp:
+    the wgmma's M side, 64 rows a warpgroup and MMA; with 32 a warp each activation tile feeds two
+    MMAs, half the activation reads of 16 for the same weights, and measured slower: see
+    ``layer.PREFILL_TILES``), sorted pairs per MMA (its N side), warps, activation tiles in flight (the TMA
     ring), K steps a round (1, 2 or 4: the round's steps decoded, in flight and retired together), and
     chunks of ``block_t`` pairs per program (1 or 2: the weights decoded once for both, the MMA and TMA
     of a chunk without pairs skipped; :func:`moe_prefill_gemm`)."""
@@ -744,8 +746,8 @@ class PrefillTile(tuple):
     def __new__(cls, block_m: int, block_t: int, warps: int, stages: int = 4, unroll: int = 1, chunks: int = 1):
         if warps not in (4, 8):
             raise ValueError(f"warps: expected 4 or 8 (one or two warpgroups), got {warps}")
-        if block_m != 16 * warps:
-            raise ValueError(f"block_m: expected 16 * warps = {16 * warps}, got {block_m}")
+        if block_m not in (16 * warps, 32 * warps):
+            raise ValueError(f"block_m: expected 16 * warps = {16 * warps} or 32 * warps = {32 * warps}, got {block_m}")
         if block_t not in (16, 32, 64, 128, 256):
             raise ValueError(f"block_t: expected 16, 32, 64, 128 or 256 (wgmma N), got {block_t}")
         if stages < 2:
