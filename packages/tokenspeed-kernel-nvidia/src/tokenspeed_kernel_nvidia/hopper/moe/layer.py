@@ -157,8 +157,8 @@ PREFILL_MIN_TOKENS = 5
 #:
 #: - 32 weight rows a warp (session 15, call 1, packed weights; each activation tile feeds two MMAs, so the
 #:   activations are read from L2 half as often as with 16): slower or even at every size measured, us at
-#:   64 / 256 / 512 / 1024 / 2048 / 4096 tokens: 128 x 16 with 4 warps, four steps, two a round: 559 / 667 /
-#:   826 / 1299 / 2390 / 4502 (the table's 64 x 16: 553 / 668 / 902 / 1402 / 2642 / 4850); 128 x 32: 621 /
+#:   64 / 256 / 512 / 1024 / 2048 / 4096 tokens: 128 x 16 with 4 warps, four stages, two steps a round: 559 / 667 /
+#:   826 / 1299 / 2390 / 4502 (64 x 16, four steps a round: 553 / 668 / 902 / 1402 / 2642 / 4850); 128 x 32: 621 /
 #:   726 / 752 / 984 / 1616 / 2914 (64 x 32: 617 / 707 / 747 / 988 / 1660 / 2741); 128 x 64: 914 / 1043 /
 #:   1032 / 1056 / 1513 / 2433 (64 x 64: 910 / 916 / 895 / 900 / 1331 / 2274). Cross-compiled for sm90 they
 #:   take 128 / 165-167 / 183-197 registers (4 / 3 / 2 programs an SM) where 64 x 64 takes 96 (5).
