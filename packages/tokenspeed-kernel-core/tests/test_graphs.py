@@ -24,10 +24,11 @@ class _FakeGraph:
 
 
 def _fake_capture(cache):
-    def capture(key, inputs, fn):
-        static = tuple(t.clone() for t in inputs)
+    def capture(key, inputs, fn, *, copy_inputs):
+        # In place, the fake replays on the caller's tensor objects: what a graph reading their addresses sees.
+        static = tuple(t.clone() for t in inputs) if copy_inputs else tuple(inputs)
         out = fn(*static)
-        entry = G._Graph(_FakeGraph(fn, static, out), static, out)
+        entry = G._Graph(_FakeGraph(fn, static, out), static if copy_inputs else (), out)
         cache._graphs[key] = entry
         cache.captures += 1
         while len(cache._graphs) > cache.max_graphs:
@@ -68,6 +69,32 @@ def test_replay_copies_the_inputs_in_and_clones_the_output(monkeypatch):
     assert not torch.equal(first, second)  # the first result was a clone, not the graph's buffer
 
 
+def test_in_place_replays_read_the_inputs_where_they_are_and_other_addresses_take_the_copying_graph(monkeypatch):
+    cache = G.GraphCache("t", max_graphs=4)
+    monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+
+    def fn(a, b):
+        return a * 2 + b
+
+    a, b = torch.arange(4.0), torch.ones(4)
+    key = (G.tensor_key(a), G.tensor_key(b))
+    assert torch.equal(cache.run(key, (a, b), fn, in_place=True), fn(a, b))  # first sighting: direct
+    assert cache.captures == 0
+    assert torch.equal(cache.run(key, (a, b), fn, in_place=True), fn(a, b))  # same addresses: captured in place
+    place = (key, (a.data_ptr(), b.data_ptr()))
+    assert cache.captures == 1 and key not in cache._graphs and cache._graphs[place].inputs == ()
+    a.mul_(10)  # new values at the same address: the in-place graph replays them
+    first = cache.run(key, (a, b), fn, in_place=True)
+    assert torch.equal(first, fn(a, b)) and cache._graphs[place].graph.replays == 2 and cache.captures == 1
+    a2 = torch.arange(4.0) + 7  # same shape, another address: not the in-place graph's call
+    second = cache.run(key, (a2, b), fn, in_place=True)  # the key's second sighting: the copying graph
+    assert torch.equal(second, fn(a2, b)) and cache.captures == 2 and len(cache._graphs[key].inputs) == 2
+    assert cache._graphs[place].graph.replays == 2
+    assert torch.equal(first, fn(a, b))  # results are clones, not the graphs' buffers
+    assert torch.equal(cache.run(key, (torch.zeros(4), b), fn, in_place=True), b)  # copying graph again
+    assert cache.captures == 2
+
+
 def test_a_full_cache_runs_new_keys_directly_and_keeps_its_graphs(monkeypatch):
     cache = G.GraphCache("t", max_graphs=2)
     monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
@@ -82,7 +109,7 @@ def test_a_failed_capture_warns_once_and_the_key_runs_directly(monkeypatch):
     cache = G.GraphCache("t")
     tries = []
 
-    def failing(key, inputs, fn):
+    def failing(key, inputs, fn, *, copy_inputs):
         tries.append(key)
         raise RuntimeError("operation not permitted when stream is capturing")
 

@@ -382,6 +382,10 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
         x2 = torch.randn(x.shape, device="cuda", generator=g).to(torch.bfloat16)
         again = tk.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, override=name)
         assert torch.equal(again, layer.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, graphs=False))
+        # The second run() above captured the graph that reads x, topk_w, topk_ids where they are: new values
+        # at those addresses replay through it.
+        x.copy_(x2)
+        assert torch.equal(run(), again)
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(got)
     with torch.cuda.graph(graph):

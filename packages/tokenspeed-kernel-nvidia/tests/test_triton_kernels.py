@@ -134,8 +134,9 @@ def test_gpu_matches_the_reference_at_gpt_oss_20b_shapes(tokens):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_eager_calls_replay_a_graph_equal_to_the_direct_path():
     """Eager calls of <= GRAPH_MAX_TOKENS tokens replay a captured graph: bit-identical to running the
-    library directly. Per token count: the first call runs directly, the second captures and replays,
-    the third replays that graph on new inputs."""
+    library directly. Per token count: the first call runs directly, the second (other tensors) captures the
+    copying graph, the third replays it on new inputs; the third's tensors again (their addresses recurring)
+    capture the graph that reads them in place, which then replays new values written at those addresses."""
     from tokenspeed_kernel_nvidia.triton_kernels import moe as tkm
 
     tk.load_plugins()
@@ -144,13 +145,20 @@ def test_gpu_eager_calls_replay_a_graph_equal_to_the_direct_path():
     plan = tk.moe_plan(w, GPT_OSS, dtype=torch.bfloat16, override=NAME)
     packed = tk.moe_process_weights(plan, w)
     before = tkm._GRAPHS.captures
+    held = []  # every call's tensors stay alive: no address recurs by reuse
     for tokens in (1, 4, 64):
-        for seed in (0, 1, 2):
+        for seed in (0, 1, 2, 3):
             g = torch.Generator(device="cuda").manual_seed(seed * 100 + tokens)
-            x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
-            topk_w, topk_ids = tk.moe_route(torch.randn(tokens, e, device="cuda", generator=g), k)
-            got = tk.moe_apply(x, topk_w, topk_ids, packed, GPT_OSS, plan=plan, override=NAME)
-            direct = tkm._apply(x, topk_w, topk_ids, packed, GPT_OSS)
-            torch.cuda.synchronize()
-            assert torch.equal(got, direct), (tokens, seed)
-    assert tkm._GRAPHS.captures == before + 3
+            if seed < 3:
+                x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
+                topk_w, topk_ids = tk.moe_route(torch.randn(tokens, e, device="cuda", generator=g), k)
+                held.append((x, topk_w, topk_ids))
+            else:  # seed 2's tensors again, then new values in them
+                x, topk_w, topk_ids = held[-1]
+            for _ in range(2 if seed == 3 else 1):
+                got = tk.moe_apply(x, topk_w, topk_ids, packed, GPT_OSS, plan=plan, override=NAME)
+                direct = tkm._apply(x, topk_w, topk_ids, packed, GPT_OSS)
+                torch.cuda.synchronize()
+                assert torch.equal(got, direct), (tokens, seed)
+                x.copy_(torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16))
+    assert tkm._GRAPHS.captures == before + 6  # per token count: one copying graph, one in place

@@ -17,6 +17,13 @@ layer, route included, in a CUDA graph (``docs/benchmarks/h200-2026-12-01``).
 - The copied inputs (small: activations and routing) are copied into the graph's
   static buffers, the graph is replayed, and the output is cloned (the next replay
   reuses the graph's buffers). So a call costs the copies, one replay and one clone.
+- ``in_place=True``: a graph that reads the inputs where they are is tried first, keyed by
+  ``key`` and the inputs' addresses: a call on tensors at addresses it has seen before (a
+  decode loop allocates the same blocks step after step) costs one replay and one clone,
+  no copies. Its replays read whatever the tensors at those addresses hold now, and the key
+  says their shape, strides and dtype (``key`` must hold :func:`tensor_key` of each), so a
+  replay computes the call it stands for; the graph keeps no reference to them. Calls whose
+  addresses do not recur take the copying graph of ``key``.
 - The first call of a key runs directly; the second warms the path up on a side stream
   and captures it (a few ms, once); later ones replay. A shape seen once (a prefill
   chunk, a one-off batch) never costs a capture.
@@ -113,21 +120,29 @@ class GraphCache:
         key: Hashable,
         inputs: Sequence[torch.Tensor],
         fn: Callable[..., torch.Tensor],
+        *,
+        in_place: bool = False,
     ) -> torch.Tensor:
-        """``fn(*inputs)``, replayed from the graph captured for ``key`` (captured now on a miss)."""
+        """``fn(*inputs)``, replayed from the graph captured for ``key`` (captured now on a miss).
+
+        ``in_place``: first the graph of these inputs' addresses, which reads them without copies (module doc).
+        """
+        if in_place:
+            place = (key, tuple(t.data_ptr() for t in inputs))
+            entry = self._graphs.get(place)
+            if entry is None and (
+                len(self._graphs) < self.max_graphs and place not in self._failed and self._seen_before(place)
+            ):
+                entry = self._try_capture(place, inputs, fn, copy_inputs=False)
+            if entry is not None:
+                entry.graph.replay()
+                return entry.output.clone()
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs or key in self._failed or not self._seen_before(key):
                 return fn(*inputs)
-            try:
-                entry = self._capture(key, inputs, fn)
-            except Exception as exc:  # the path is not capturable after all: run it directly from now on
-                self._failed.add(key)
-                warnings.warn(
-                    f"{self.name}: eager CUDA-graph capture failed, calling directly: {type(exc).__name__}: {exc}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+            entry = self._try_capture(key, inputs, fn, copy_inputs=True)
+            if entry is None:
                 return fn(*inputs)
         for static, t in zip(entry.inputs, inputs):
             static.copy_(t)
@@ -144,8 +159,27 @@ class GraphCache:
             self._seen.add(key)
         return False
 
-    def _capture(self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor]) -> _Graph:
-        static = tuple(t.clone() for t in inputs)
+    def _try_capture(
+        self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor], *, copy_inputs: bool
+    ) -> _Graph | None:
+        """The graph captured for ``key``, or None when the path is not capturable (then the key runs directly)."""
+        try:
+            return self._capture(key, inputs, fn, copy_inputs=copy_inputs)
+        except Exception as exc:  # the path is not capturable after all: run it directly from now on
+            self._failed.add(key)
+            warnings.warn(
+                f"{self.name}: eager CUDA-graph capture failed, calling directly: {type(exc).__name__}: {exc}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return None
+
+    def _capture(
+        self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor], *, copy_inputs: bool
+    ) -> _Graph:
+        # Copying: the graph reads static buffers it owns. In place: the caller's tensors, which the entry must not
+        # keep alive (an address held would never be handed out again, so it would never recur).
+        static = tuple(t.clone() for t in inputs) if copy_inputs else tuple(inputs)
         current = torch.cuda.current_stream()
         side = torch.cuda.Stream()
         side.wait_stream(current)
@@ -155,7 +189,7 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             output = fn(*static)
-        entry = _Graph(graph, static, output)
+        entry = _Graph(graph, static if copy_inputs else (), output)
         with self._lock:
             self._graphs[key] = entry
             self.captures += 1

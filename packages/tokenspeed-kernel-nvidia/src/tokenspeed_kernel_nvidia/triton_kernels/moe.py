@@ -157,7 +157,8 @@ def moe_apply(
     """``sum_s w[t,s] * expert_{ids[t,s]}(x[t])`` with the library's two ragged matmuls.
 
     Eager calls of up to ``GRAPH_MAX_TOKENS`` tokens replay a CUDA graph of the layer
-    captured once per shape (:mod:`tokenspeed_kernel.graphs`): the library's host code
+    captured once per shape, or per recurring input addresses, read without copies
+    (:mod:`tokenspeed_kernel.graphs`, ``in_place``): the library's host code
     costs 1.3-2.4 ms a call at one token on the H200 machine (host-cost report), the
     whole layer with the route 89.5 us in a CUDA graph (hopper-moe report).
     """
@@ -167,7 +168,9 @@ def moe_apply(
             in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
                          weights.w2_bias),
         )  # fmt: skip
-        result = _GRAPHS.run(key, (x, topk_weights, topk_ids), lambda a, w, i: _apply(a, w, i, weights, activation))
+        result = _GRAPHS.run(
+            key, (x, topk_weights, topk_ids), lambda a, w, i: _apply(a, w, i, weights, activation), in_place=True
+        )
     else:
         result = _apply(x, topk_weights, topk_ids, weights, activation)
     if out is not None:

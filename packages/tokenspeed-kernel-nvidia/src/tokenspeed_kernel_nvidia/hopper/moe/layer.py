@@ -341,7 +341,8 @@ def moe_apply(
     :data:`PREFILL_TILES` with two :class:`PrefillTile` (and so picks the path; tuning only).
     Without it, calls of at least :data:`PREFILL_MIN_TOKENS` tokens take the prefill path. An
     eager call of at most ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
-    shape and weights, at the shape's second call (``tokenspeed_kernel.graphs``;
+    shape and weights, at the shape's second call, and one that reads the inputs without copying them once
+    their addresses recur (a decode loop's do; ``tokenspeed_kernel.graphs``, ``in_place``;
     ``graphs=False``: launch directly).
 
     ``fp8`` (W4A8, :func:`moe_apply_w4a8`): from :data:`FP8_MIN_TOKENS` tokens on (or with prefill
@@ -394,6 +395,7 @@ def moe_apply(
             key,
             (x, topk_weights, topk_ids),
             lambda a, w, i: moe_apply(a, w, i, weights, activation, graphs=False, fp8=fp8),
+            in_place=True,
         )
     result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
     if t == 0 or h == 0:
