@@ -227,6 +227,29 @@ def test_prepared_decode_gives_the_same_generation(tiny):
         m.GptOssModel(cfg, weights, max_positions=64, prepared_decode=True, ops=object())
 
 
+def test_residual_adds_fused_into_the_next_norm_give_the_same_bits(tiny, monkeypatch):
+    """The model adds a block's MoE output to the stream in the next norm (``rmsnorm(residual=)``); the
+    same generation with each block's add done apart (``x + moe``, then a plain norm: the public layer
+    functions) gives the same bits, in bf16, where the sum's rounding is visible."""
+    cfg, weights = tiny
+    fused = _generate(cfg, weights, PROMPTS, 4, dtype=torch.bfloat16, page_size=4)
+    mod = m.model
+    for name in ("_block_prefill", "_block_decode"):
+        block = getattr(mod, name)
+
+        def apart(cfg, layer, x, residual, *args, _block=block, **kwargs):
+            assert residual is None  # what apart returns: each block's input is the whole stream
+            moe, stream = _block(cfg, layer, x, None, *args, **kwargs)
+            return stream + moe, None
+
+        monkeypatch.setattr(mod, name, apart)
+    separate = _generate(cfg, weights, PROMPTS, 4, dtype=torch.bfloat16, page_size=4)
+    assert separate.tokens == fused.tokens
+    torch.testing.assert_close(separate.prefill_logits, fused.prefill_logits, atol=0, rtol=0)
+    for x, y in zip(separate.decode_logits, fused.decode_logits, strict=True):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
 def test_prepared_sites_refuse_another_call_sequence():
     from tokenspeed_kernel.models.gpt_oss.prepared import PreparedSites
 

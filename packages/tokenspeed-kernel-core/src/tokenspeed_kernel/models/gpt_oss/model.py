@@ -11,7 +11,9 @@ Block (see the project's GPT_OSS.md): ``x = x + attn(rmsnorm(x))``, then
   ``moe_apply`` with the MXFP4 experts, their biases and the clamped SwiGLU,
   through a kernel picked once by ``moe_plan`` (weights converted once by
   ``moe_process_weights``);
-- the post-attention norm fuses the residual add (``rmsnorm(..., residual=)``).
+- both norms of a layer fuse the residual add before them (``rmsnorm(..., residual=)``): the
+  model carries a layer's MoE output and the residual stream apart, and the next layer's input norm
+  (or the final norm) adds them, so no block ends in a separate add.
 
 The embedding is a row gather (``embed_tokens[ids]``): engine-side indexing, not a
 kernel op.
@@ -48,9 +50,9 @@ def _qkv(
     ``kvcache_store`` read strided rows, so only a v that attention reads (prefill) is copied."""
     qkv = ops.mm(h, layer.qkv_weight, layer.qkv_bias)
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-    v = v.reshape(-1, nkv, d)
-    q, k = ops.apply_rotary(q.reshape(-1, nq, d), k.reshape(-1, nkv, d), cos_sin, positions, style="neox")
+    # Heads first, then one split: two view calls where a split and three reshapes were four (host cost).
+    q, k, v = qkv.reshape(qkv.shape[0], nq + 2 * nkv, d).split([nq, nkv, nkv], dim=1)
+    q, k = ops.apply_rotary(q, k, cos_sin, positions, style="neox")
     return q, k, (v.contiguous() if contiguous_v else v)
 
 
@@ -105,7 +107,40 @@ def layer_prefill(
     Returns:
         ``[T, H]``, the layer's output (residual stream).
     """
-    h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+    moe, x = _block_prefill(
+        cfg, layer, x, None, positions, cu_seqlens, max_seqlen, cos_sin, cache, slots,
+        ops=ops, attention_plan=attention_plan,
+    )  # fmt: skip
+    return x + moe
+
+
+def _input_norm(
+    cfg: GptOssConfig, layer: GptOssLayer, x: torch.Tensor, residual: torch.Tensor | None, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's input norm of the stream ``x + residual`` (``x`` alone without one): ``(h, stream)``."""
+    if residual is None:
+        return ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps), x
+    return ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual)
+
+
+def _block_prefill(
+    cfg: GptOssConfig,
+    layer: GptOssLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    positions: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    cos_sin: torch.Tensor,
+    cache: PagedKVCache | None,
+    slots: torch.Tensor | None,
+    *,
+    ops: Any,
+    attention_plan: tk.AttentionPlan | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`layer_prefill` on the stream ``x + residual`` (``x`` alone without one), its residual add left to
+    the caller: ``(moe, stream)``, whose sum is the layer's output."""
+    h, x = _input_norm(cfg, layer, x, residual, ops)
     q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops, contiguous_v=True)
     if cache is not None:
         ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
@@ -115,7 +150,7 @@ def layer_prefill(
     )  # fmt: skip
     o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
     h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return x + _moe(cfg, layer, h, ops)
+    return _moe(cfg, layer, h, ops), x
 
 
 def layer_decode(
@@ -142,7 +177,31 @@ def layer_decode(
         ops: as :func:`layer_prefill`.
         attention_plan: the step's ``tk.mha_plan(cache_seqlens=...)`` (host lengths), or None.
     """
-    h = ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+    moe, x = _block_decode(
+        cfg, layer, x, None, positions, cos_sin, cache, slots, cache_seqlens, page_table,
+        ops=ops, attention_plan=attention_plan,
+    )  # fmt: skip
+    return x + moe
+
+
+def _block_decode(
+    cfg: GptOssConfig,
+    layer: GptOssLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    cache: PagedKVCache,
+    slots: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor,
+    *,
+    ops: Any,
+    attention_plan: tk.AttentionPlan | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`layer_decode` on the stream ``x + residual``, its residual add left to the caller (as
+    :func:`_block_prefill`)."""
+    h, x = _input_norm(cfg, layer, x, residual, ops)
     q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops, contiguous_v=False)
     ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
     attn = ops.mha_decode_with_kvcache(
@@ -151,7 +210,7 @@ def layer_decode(
     )  # fmt: skip
     o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
     h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return x + _moe(cfg, layer, h, ops)
+    return _moe(cfg, layer, h, ops), x
 
 
 class GptOssModel:
@@ -240,9 +299,14 @@ class GptOssModel:
             dtype=self.dtype,
         )
 
-    def _logits(self, x: torch.Tensor, ops: Any = None) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, residual: torch.Tensor | None, ops: Any = None) -> torch.Tensor:
+        """The unembedding of the final norm of the stream ``x + residual`` (``x`` alone without one: no layers)."""
         ops = self.ops if ops is None else ops
-        return ops.mm(ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+        if residual is None:
+            h = ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps)
+        else:
+            h, _ = ops.rmsnorm(x, self.norm, self.cfg.rms_norm_eps, residual=residual)
+        return ops.mm(h, self.lm_head)
 
     def prefill(
         self,
@@ -269,12 +333,13 @@ class GptOssModel:
         Returns:
             logits ``[B, V]`` (or ``[T, V]``) in the model's dtype.
         """
-        x = self.embed_tokens[tokens]
+        x, residual = self.embed_tokens[tokens], None
         for layer in self.layers:
-            x = layer_prefill(
+            x, residual = _block_prefill(
                 self.cfg,
                 layer,
                 x,
+                residual,
                 positions,
                 cu_seqlens,
                 max_seqlen,
@@ -285,8 +350,8 @@ class GptOssModel:
                 attention_plan=attention_plan,
             )
         if last_index is not None:
-            x = x[last_index]
-        return self._logits(x)
+            x, residual = x[last_index], None if residual is None else residual[last_index]
+        return self._logits(x, residual)
 
     def decode(
         self,
@@ -310,13 +375,14 @@ class GptOssModel:
         Returns:
             logits ``[B, V]`` in the model's dtype.
         """
-        x = self.embed_tokens[tokens]
+        x, residual = self.embed_tokens[tokens], None
         sites = self._sites(tokens, page_table, attention_plan) if self.prepared_decode else None
         for i, layer in enumerate(self.layers):
-            x = layer_decode(
+            x, residual = _block_decode(
                 self.cfg,
                 layer,
                 x,
+                residual,
                 positions,
                 self.cos_sin,
                 cache,
@@ -326,7 +392,7 @@ class GptOssModel:
                 ops=self.ops if sites is None else sites[i].restart(),
                 attention_plan=attention_plan,
             )
-        return self._logits(x, None if sites is None else sites[-1].restart())
+        return self._logits(x, residual, None if sites is None else sites[-1].restart())
 
     def _sites(self, tokens: torch.Tensor, page_table: torch.Tensor, plan: tk.AttentionPlan | None) -> list:
         """The prepared call sites of a decode of this shape: one per layer, one for the logits."""
