@@ -239,6 +239,14 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
               f"graph {'-' if g is None else f'{g:.0f} us'}, MoE {res[f'moe kernel ({conf})']}", flush=True)  # fmt: skip
         if args.profile:
             profile(args.out, f"decode-step-{conf}", step, n=10)
+    try:  # the MoE's eager graphs: how many, and how many read their inputs in place (code that has them)
+        from tokenspeed_kernel_nvidia.hopper.moe.layer import _GRAPHS
+
+        res["hopper moe eager graphs"] = len(_GRAPHS)
+        res["hopper moe eager graphs in place"] = sum(1 for e in _GRAPHS._graphs.values() if not e.inputs)
+        print(f"hopper moe eager graphs: {len(_GRAPHS)}, in place {res['hopper moe eager graphs in place']}")
+    except ImportError:
+        pass
     with open(os.path.join(args.out, "host_probe.json"), "w") as fo:
         json.dump(res, fo, indent=1)
 
