@@ -223,10 +223,17 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         for _ in range(3):
             step()  # compiles, captures the eager graphs of the MoE, fills every cache
         steps[conf] = (step, model)
+    # The host's speed drifts between processes (2-3x across calls): a torch call timed around the rounds, so
+    # steps of processes can be compared in its units.
+    xr, wr = torch.randn(1, 2880, device=d, dtype=bf), torch.ones(2880, device=d, dtype=bf)
+    proxy = [per_call_us(lambda: torch.nn.functional.rms_norm(xr, (2880,), wr, 1e-5))]
     eager: dict[str, list[float]] = {c: [] for c in steps}
     for _ in range(args.rounds):
         for conf, (step, _) in steps.items():
             eager[conf].append(per_call_us(step, n=10))
+    proxy.append(per_call_us(lambda: torch.nn.functional.rms_norm(xr, (2880,), wr, 1e-5)))
+    res["F.rms_norm 1 x 2880 eager, before / after the rounds"] = proxy
+    print(f"host proxy: F.rms_norm {proxy[0]:.1f} / {proxy[1]:.1f} us before / after the rounds", flush=True)
     for conf, (step, model) in steps.items():
         name = f"gpt-oss {args.layers}-layer decode step"
         res[f"{name} eager ({conf})"] = statistics.median(eager[conf])

@@ -31,8 +31,6 @@ def _fake_capture(cache):
         entry = G._Graph(_FakeGraph(fn, static, out), static if copy_inputs else (), out)
         cache._graphs[key] = entry
         cache.captures += 1
-        while len(cache._graphs) > cache.max_graphs:
-            cache._graphs.popitem(last=False)
         return entry
 
     return capture
@@ -93,6 +91,24 @@ def test_in_place_replays_read_the_inputs_where_they_are_and_other_addresses_tak
     assert torch.equal(first, fn(a, b))  # results are clones, not the graphs' buffers
     assert torch.equal(cache.run(key, (torch.zeros(4), b), fn, in_place=True), b)  # copying graph again
     assert cache.captures == 2
+
+
+def test_in_place_graphs_have_their_own_budget_and_at_most_two_address_sets_a_key(monkeypatch):
+    cache = G.GraphCache("t", max_graphs=2)
+    monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+    b = torch.ones(3)
+    held = [torch.full((3,), float(i)) for i in range(3)]  # three address sets of one key, kept alive
+    key = (G.tensor_key(held[0]), G.tensor_key(b))
+    for a in held:
+        for _ in range(3):
+            assert torch.equal(cache.run(key, (a, b), torch.add, in_place=True), a + b)
+    assert cache._places[key] == G.PLACES_PER_KEY == 2  # the third set takes the copying graph
+    assert key in cache._graphs and len(cache) == 3 and cache.captures == 3
+    # Two in-place graphs fill their budget, not the copying graphs': a new shape still gets one.
+    c = torch.ones(5)
+    for _ in range(3):
+        assert torch.equal(cache.run("other", (c,), torch.neg, in_place=True), -c)
+    assert "other" in cache._graphs and cache.captures == 4
 
 
 def test_a_full_cache_runs_new_keys_directly_and_keeps_its_graphs(monkeypatch):

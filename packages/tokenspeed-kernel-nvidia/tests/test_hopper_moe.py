@@ -384,8 +384,10 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
         assert torch.equal(again, layer.moe_apply(x2, topk_w, topk_ids, w, GPT_OSS, graphs=False))
         # The second run() above captured the graph that reads x, topk_w, topk_ids where they are: new values
         # at those addresses replay through it.
+        x_was = x.clone()
         x.copy_(x2)
         assert torch.equal(run(), again)
+        x.copy_(x_was)
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(got)
     with torch.cuda.graph(graph):

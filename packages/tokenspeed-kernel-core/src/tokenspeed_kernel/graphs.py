@@ -23,7 +23,9 @@ layer, route included, in a CUDA graph (``docs/benchmarks/h200-2026-12-01``).
   no copies. Its replays read whatever the tensors at those addresses hold now, and the key
   says their shape, strides and dtype (``key`` must hold :func:`tensor_key` of each), so a
   replay computes the call it stands for; the graph keeps no reference to them. Calls whose
-  addresses do not recur take the copying graph of ``key``.
+  addresses do not recur take the copying graph of ``key``. These graphs have their own budget
+  (``max_graphs`` of them, at most ``PLACES_PER_KEY`` address sets a key), so they never crowd
+  out the copying graphs of new shapes.
 - The first call of a key runs directly; the second warms the path up on a side stream
   and captures it (a few ms, once); later ones replay. A shape seen once (a prefill
   chunk, a one-off batch) never costs a capture.
@@ -90,6 +92,10 @@ class _Graph:
         self.graph, self.inputs, self.output = graph, inputs, output
 
 
+#: in-place graphs a key may have (address sets: a decode loop's allocations settle into one or two).
+PLACES_PER_KEY = 2
+
+
 class GraphCache:
     """Captured graphs of one host path, by key (module doc)."""
 
@@ -97,6 +103,8 @@ class GraphCache:
         self.name = name
         self.max_graphs = max_graphs
         self._graphs: dict[Hashable, _Graph] = {}
+        self._places: dict[Hashable, int] = {}  # key -> in-place graphs captured for it
+        self._in_place = 0
         self._seen: set[Hashable] = set()
         self._failed: set[Hashable] = set()
         self._lock = threading.Lock()
@@ -130,16 +138,28 @@ class GraphCache:
         if in_place:
             place = (key, tuple(t.data_ptr() for t in inputs))
             entry = self._graphs.get(place)
-            if entry is None and (
-                len(self._graphs) < self.max_graphs and place not in self._failed and self._seen_before(place)
+            if (
+                entry is None
+                and self._in_place < self.max_graphs
+                and self._places.get(key, 0) < PLACES_PER_KEY
+                and place not in self._failed
+                and self._seen_before(place)
             ):
                 entry = self._try_capture(place, inputs, fn, copy_inputs=False)
+                if entry is not None:
+                    with self._lock:
+                        self._in_place += 1
+                        self._places[key] = self._places.get(key, 0) + 1
             if entry is not None:
                 entry.graph.replay()
                 return entry.output.clone()
         entry = self._graphs.get(key)
         if entry is None:
-            if len(self._graphs) >= self.max_graphs or key in self._failed or not self._seen_before(key):
+            if (
+                len(self._graphs) - self._in_place >= self.max_graphs
+                or key in self._failed
+                or not self._seen_before(key)
+            ):
                 return fn(*inputs)
             entry = self._try_capture(key, inputs, fn, copy_inputs=True)
             if entry is None:
