@@ -20,6 +20,7 @@ import io
 import json
 import os
 import pstats
+import time
 
 import torch
 
@@ -74,6 +75,11 @@ def main() -> None:
     p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
     p.add_argument("--profile", action="store_true", help="cProfile tables of the decode steps")
+    p.add_argument(
+        "--ab", action="store_true",
+        help="in one process, alternated: moe_apply at one token with its in-place eager graph and with the copying "
+        "one; a torch add + rmsnorm against rmsnorm(residual=) (host time only; then the decode steps)",
+    )  # fmt: skip
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import tokenspeed_kernel as tk
@@ -94,7 +100,69 @@ def main() -> None:
     kern = rn._rmsnorm_kernel
     if not args.skip_ops:
         ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev)
+    if args.ab:
+        ab_probe(res, tk, d, bf)
     decode_steps(args, res, rec, tk, d, bf)
+
+
+def host_only_us(fn, n: int = 100) -> float:
+    """Host time per call of ``n`` calls, the device drained before and not waited for inside: a call whose
+    device time exceeds its host time (the MoE layer at one token) would otherwise time the device."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def ab_probe(res, tk, d, bf, rounds: int = 7) -> None:
+    """What the in-place eager graph and the fused residual add save a call, A and B alternated in one process."""
+    import statistics
+
+    from tokenspeed_kernel.models import gpt_oss as m
+    from tokenspeed_kernel_nvidia.hopper.moe import layer as hl
+
+    cfg = m.GptOssConfig.gpt_oss_20b().with_layers(1)
+    model = m.GptOssModel(cfg, m.random_weights(cfg, device=torch.device(d), seed=0), max_positions=64)
+    lay = model.layers[0]
+    x = torch.randn(1, cfg.hidden_size, device=d, dtype=bf)
+    topk_w, topk_ids = tk.moe_route(torch.randn(1, cfg.num_local_experts, device=d), cfg.num_experts_per_tok)
+    run = hl._GRAPHS.run
+
+    def copying(key, inputs, fn, *, in_place=False):
+        return run(key, inputs, fn)
+
+    def moe():
+        return tk.moe_apply(x, topk_w, topk_ids, lay.experts, cfg.activation, plan=lay.moe_plan)
+
+    def moe_copying():
+        hl._GRAPHS.run = copying
+        try:
+            return moe()
+        finally:
+            hl._GRAPHS.run = run
+
+    s, nw = torch.randn_like(x), lay.input_norm
+    cases = {
+        "moe_apply 1 token, in-place graph": moe,
+        "moe_apply 1 token, copying graph": moe_copying,
+        "torch add + rmsnorm": lambda: tk.rmsnorm(x + s, nw, cfg.rms_norm_eps),
+        "rmsnorm(residual=)": lambda: tk.rmsnorm(x, nw, cfg.rms_norm_eps, residual=s),
+    }
+    for fn in cases.values():
+        for _ in range(3):
+            fn()  # captures (the in-place graph at the second call of these addresses)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            times[name].append(host_only_us(fn))
+    for name, v in times.items():
+        res[f"ab {name} host us"] = statistics.median(v)
+        res[f"ab {name} host us rounds"] = v
+        print(f"ab {name:36s} {statistics.median(v):7.1f} us host (rounds {[round(t, 1) for t in v]})", flush=True)
+    res["ab hopper moe eager graphs in place"] = sum(1 for e in hl._GRAPHS._graphs.values() if not e.inputs)
 
 
 def ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev) -> None:
