@@ -123,6 +123,15 @@ def _input_norm(
     return ops.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual)
 
 
+def _post_attention(
+    cfg: GptOssConfig, layer: GptOssLayer, attn: torch.Tensor, x: torch.Tensor, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The o projection, the post-attention norm adding it to the stream ``x``, the MoE: ``(moe, stream)``."""
+    o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
+    h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
+    return _moe(cfg, layer, h, ops), x
+
+
 def _block_prefill(
     cfg: GptOssConfig,
     layer: GptOssLayer,
@@ -148,9 +157,7 @@ def _block_prefill(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
         causal=True, window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan,
     )  # fmt: skip
-    o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
-    h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return _moe(cfg, layer, h, ops), x
+    return _post_attention(cfg, layer, attn, x, ops)
 
 
 def layer_decode(
@@ -208,9 +215,7 @@ def _block_decode(
         q, cache.k[layer.index], cache.v[layer.index], page_table, cache_seqlens,
         window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan,
     )  # fmt: skip
-    o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
-    h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return _moe(cfg, layer, h, ops), x
+    return _post_attention(cfg, layer, attn, x, ops)
 
 
 class GptOssModel:
