@@ -136,7 +136,7 @@ class GraphCache:
         ``in_place``: first the graph of these inputs' addresses, which reads them without copies (module doc).
         """
         if in_place:
-            place = (key, tuple(t.data_ptr() for t in inputs))
+            place = (key, tuple([t.data_ptr() for t in inputs]))
             entry = self._graphs.get(place)
             if (
                 entry is None
