@@ -76,6 +76,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
     p.add_argument("--profile", action="store_true", help="cProfile tables of the decode steps")
     p.add_argument(
+        "--sites", action="store_true",
+        help="in-situ host time of every op call of the decode steps (each call timed where the model makes it; "
+        "the rest of the step is the model's own Python): a table per config",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", action="store_true",
         help="in one process, alternated: moe_apply at one token with its in-place eager graph and with the copying "
         "one; a torch add + rmsnorm against rmsnorm(residual=) (host time only; then the decode steps)",
@@ -103,6 +108,79 @@ def main() -> None:
     if args.ab:
         ab_probe(res, tk, d, bf)
     decode_steps(args, res, rec, tk, d, bf)
+
+
+class _TimedCall:
+    """A call wrapped to add its host time (ns) and count to ``acc[key]``."""
+
+    __slots__ = ("acc", "fn", "key")
+
+    def __init__(self, fn, acc: dict, key) -> None:
+        self.fn, self.acc, self.key = fn, acc, key
+
+    def __call__(self, *args, **kwargs):
+        t = time.perf_counter_ns()
+        r = self.fn(*args, **kwargs)
+        e = self.acc[self.key]
+        e[0] += time.perf_counter_ns() - t
+        e[1] += 1
+        return r
+
+
+class _TimedOps:
+    """An ops namespace whose every op call is timed under key (op name, i-th call of the step)."""
+
+    def __init__(self, ops, acc: dict) -> None:
+        self._ops, self._acc, self._fns = ops, acc, {}
+
+    def __getattr__(self, name):
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = self._fns[name] = _TimedCall(getattr(self._ops, name), self._acc, name)
+        return fn
+
+
+def sites_table(out: str, res: dict, name: str, step, model, steps: int = 20) -> None:
+    """Host time of each op call of a decode step where the model makes it (``--sites``): per op, calls a step
+    and us a call; the step's remainder is the model's and the runner's own Python (views, gathers, adds)."""
+    import collections
+
+    acc: dict = collections.defaultdict(lambda: [0, 0])
+    saved = model.ops
+    prepared = []
+    if model.prepared_decode:
+        for sites_list in model._decode_sites.values():
+            for sites in sites_list:
+                calls = sites._calls
+                prepared.append((calls, list(calls)))
+                calls[:] = [(op, _TimedCall(call, acc, op)) for op, call in calls]
+    else:
+        model.ops = _TimedOps(saved, acc)
+    try:
+        step()  # (a plain model's first timed step re-enters every op through the proxy)
+        acc.clear()
+        torch.cuda.synchronize()
+        t = time.perf_counter_ns()
+        for _ in range(steps):
+            step()
+        total = (time.perf_counter_ns() - t) / steps / 1e3
+        torch.cuda.synchronize()
+    finally:
+        model.ops = saved
+        for calls, orig in prepared:
+            calls[:] = orig
+    rows = sorted(((op, ns / steps / 1e3, n / steps) for op, (ns, n) in acc.items()), key=lambda r: -r[1])
+    in_ops = sum(r[1] for r in rows)
+    table = {
+        "step host us": total, "op calls host us": in_ops, "rest host us": total - in_ops,
+        "ops": {op: {"calls per step": c, "us per step": us, "us per call": us / c} for op, us, c in rows},
+    }  # fmt: skip
+    res[f"sites {name}"] = table
+    lines = [f"{name}: step {total:.0f} us host, op calls {in_ops:.0f} us, rest {total - in_ops:.0f} us"]
+    lines += [f"  {op:28s} {c:6.1f} calls {us:8.1f} us/step {us / c:7.2f} us/call" for op, us, c in rows]
+    print("\n".join(lines), flush=True)
+    with open(os.path.join(out, "sites.txt"), "a") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def host_only_us(fn, n: int = 100) -> float:
@@ -314,6 +392,8 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
               f"graph {'-' if g is None else f'{g:.0f} us'}, MoE {res[f'moe kernel ({conf})']}", flush=True)  # fmt: skip
         if args.profile:
             profile(args.out, f"decode-step-{conf}", step, n=10)
+        if args.sites:
+            sites_table(args.out, res, f"{name} ({conf})", step, model)
     try:  # the MoE's eager graphs: how many, and how many read their inputs in place (code that has them)
         from tokenspeed_kernel_nvidia.hopper.moe.layer import _GRAPHS
 
