@@ -361,6 +361,53 @@ def test_apply_rotary_validation_names_the_argument():
         tk.apply_rotary(q, k, cache.double(), pos)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_apply_rotary_and_store_matches_independent_formulation(dtype, style):
+    """q rotated (float64 formulas above, rounded once); the cache rows of the slots hold the rotated k, rounded to
+    k's dtype, and v; a negative slot and every other row are left as they were."""
+    g = _gen(11)
+    t, hq, hk, d, ps, pages = 5, 3, 2, 16, 4, 3
+    q = torch.randn(t, hq, d, generator=g).to(dtype)
+    k = torch.randn(t, hk, d, generator=g).to(dtype)
+    v = torch.randn(t, hk, d, generator=g).to(dtype)
+    cache = _cos_sin_cache(64, 16)
+    positions = torch.tensor([7, 0, 63, 7, 30])
+    slots = torch.tensor([5, -1, 11, 0, 6])
+    k_cache, v_cache = torch.randn(pages, ps, hk, d, generator=g).to(dtype), torch.zeros(pages, ps, hk, d, dtype=dtype)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    q_out = tk.apply_rotary_and_store(q, k, v, cache, positions, k_cache, v_cache, slots, style=style, override=REF)
+    expect = _neox_complex_f64 if style == "neox" else _gptj_loops_f64
+    _assert_rounded_close(q_out, expect(q, cache, positions))
+    k_rot = expect(k, cache, positions)
+    written = set()
+    for i, s in enumerate(slots.tolist()):
+        if s >= 0:
+            written.add(s)
+            _assert_rounded_close(k_cache[s // ps, s % ps], k_rot[i])
+            assert torch.equal(v_cache[s // ps, s % ps], v[i])
+    for s in set(range(pages * ps)) - written:
+        assert torch.equal(k_cache[s // ps, s % ps], k_before[s // ps, s % ps])
+        assert torch.equal(v_cache[s // ps, s % ps], v_before[s // ps, s % ps])
+
+
+def test_apply_rotary_and_store_validation_names_the_argument():
+    q, k, v = torch.randn(3, 2, 8), torch.randn(3, 1, 8), torch.randn(3, 1, 8)
+    cache = _cos_sin_cache(8, 8)
+    pos, slots = torch.zeros(3, dtype=torch.int64), torch.tensor([0, 1, 2])
+    kc, vc = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
+    with pytest.raises(ValueError, match="^cos_sin_cache: rotary dim 7"):
+        tk.apply_rotary_and_store(q, k, v, torch.zeros(8, 7), pos, kc, vc, slots)
+    with pytest.raises(ValueError, match="^v: expected shape"):
+        tk.apply_rotary_and_store(q, k, torch.randn(3, 2, 8), cache, pos, kc, vc, slots)
+    with pytest.raises(ValueError, match="^k: expected shape"):
+        tk.apply_rotary_and_store(q, k, v, cache, pos, torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8), slots)
+    with pytest.raises(ValueError, match="^slot_mapping: slot 8 is past"):
+        tk.apply_rotary_and_store(q, k, v, cache, pos, kc, vc, torch.tensor([0, 8, 1]))
+    with pytest.raises(TypeError, match="^v_cache: expected dtype"):
+        tk.apply_rotary_and_store(q, k, v, cache, pos, kc, vc.double(), slots)
+
+
 def test_fp8_granularity_of_one_row_scales():
     from tokenspeed_kernel.core.formats import fp8_granularity
 

@@ -341,6 +341,38 @@ def test_route_ties_go_to_the_lower_index():
     torch.testing.assert_close(w[1], torch.full((4,), 0.2))
 
 
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gate_is_the_router_linear_then_the_loop_route(renormalize, dtype):
+    """moe_gate: the logits ``x @ W.T + b`` (float64 here, rounded once to x's dtype as mm returns them), routed by
+    the loop above."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(6, 40, generator=g).to(dtype)
+    w = (torch.randn(16, 40, generator=g) * 0.4).to(dtype)
+    b = torch.randn(16, generator=g).to(dtype)
+    wts, ids = tk.moe_gate(x, w, b, 4, renormalize=renormalize, solution=REF)
+    logits = (x.double() @ w.double().T + b.double()).to(dtype)
+    want_w, want_ids = loop_route(logits, 4, renormalize)
+    assert ids.tolist() == want_ids
+    torch.testing.assert_close(wts, torch.tensor(want_w, dtype=torch.float32), rtol=1e-6, atol=1e-7)
+    _, nb_ids = tk.moe_gate(x, w, None, 4, renormalize=renormalize, solution=REF)
+    assert nb_ids.tolist() == loop_route((x.double() @ w.double().T).to(dtype), 4, renormalize)[1]
+
+
+def test_gate_validation_names_the_argument():
+    x, w, b = torch.randn(3, 8), torch.randn(4, 8), torch.randn(4)
+    with pytest.raises(ValueError, match="^weight: expected shape"):
+        tk.moe_gate(x, torch.randn(4, 9), b, 2)
+    with pytest.raises(TypeError, match="^weight: expected dtype"):
+        tk.moe_gate(x, w.double(), b, 2)
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        tk.moe_gate(x, w, torch.randn(5), 2)
+    with pytest.raises(ValueError, match="^top_k: expected an int in"):
+        tk.moe_gate(x, w, b, 5)
+    with pytest.raises(ValueError, match="^top_k:"):
+        tk.moe_gate(x, w, b, True)
+
+
 # ------------------------------------------------------------------ validation through the public API
 
 

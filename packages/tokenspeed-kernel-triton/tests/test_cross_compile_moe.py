@@ -80,6 +80,9 @@ def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = N
     return (module, kernel, build)
 
 
+#: moe_gate's constexprs at GPT-OSS-20B's router (32 experts, top-4, a bias).
+_GATE = {"HAS_BIAS": True, "TOPK": 4, "RENORMALIZE": True, "DOT_FP32": False, "E_PAD": 32, "TOPK_PAD": 4}
+
 #: name -> (module, kernel, build(family) -> (constexprs, extras)). A variant whose USE_DOT constexpr is
 #: set must lower tl.dot to matrix instructions (the GEMV, USE_DOT=False, runs on the vector units by
 #: design; the NVIDIA tiny-path table picks it, measured on the H200). GPT-OSS decode
@@ -90,6 +93,13 @@ KERNELS: dict[str, tuple] = {
         "_route_kernel",
         {"TOPK": 4, "RENORMALIZE": True, "BLOCK_T": 16, "E_PAD": 128, "TOPK_PAD": 4},
         {"w_ptr": "*fp32"},
+    ),
+    # moe_gate at GPT-OSS-20B's router (32 experts): one decode token on the CUDA cores, 16-token tiles by tl.dot.
+    "gate_decode": _fixed(
+        "route", "_gate_kernel", {**_GATE, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 128}, {"w_ptr": "*fp32"}
+    ),
+    "gate_dot": _fixed(
+        "route", "_gate_kernel", {**_GATE, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64}, {"w_ptr": "*fp32"}
     ),
     "sort_single": _fixed("dispatch", "_sort_single_kernel", {"BLOCK": 128, "E_PAD": 128}),
     "sort_count": _fixed("dispatch", "_count_kernel", {"BLOCK": 128, "E_PAD": 128}),
@@ -150,7 +160,7 @@ def _compile_all(kernels: dict[str, tuple]) -> dict[str, dict[str, dict]]:
             constexprs, extras = build("nvidia" if target.startswith("sm") else "amd")
             sig = _signature(fn, constexprs, extras["pointers"])
             results[name][target] = compile_summary(fn, sig, constexprs, target, **extras["options"])
-            results[name][target]["dot"] = bool(constexprs.get("USE_DOT", False))
+            results[name][target]["dot"] = bool(constexprs.get("USE_DOT", constexprs.get("DOT", False)))
     return results
 
 

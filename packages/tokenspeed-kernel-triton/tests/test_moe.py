@@ -125,6 +125,49 @@ def test_route_gpt_oss_router_shape() -> None:
     torch.testing.assert_close(w, torch.softmax(expect.values, dim=-1))
 
 
+def _gate_inputs(t: int, h: int, e: int, seed: int, device: str = "cpu", dtype=torch.bfloat16):
+    """Small integers: every fp32 sum of their products is exact whatever the order, so the kernel's logits, rounded
+    to ``dtype``, equal the reference's bit for bit (ties included: they go to the lower expert)."""
+    g = _gen(seed)
+    x = torch.randint(-2, 3, (t, h), generator=g).to(dtype).to(device)
+    w = torch.randint(-2, 3, (e, h), generator=g).to(dtype).to(device)
+    b = torch.randint(-3, 4, (e,), generator=g).to(dtype).to(device)
+    return x, w, b
+
+
+@pytest.mark.parametrize("t", [1, 3, 17])  # the interpreter's table: CUDA-core sums up to 4 tokens, tl.dot above
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_gate_equals_mm_then_route(t: int, bias: bool, renormalize: bool) -> None:
+    x, w, b = _gate_inputs(t, 40, 12, t + 2 * bias)
+    b = b if bias else None
+    wts, ids = route.moe_gate(x, w, b, 3, renormalize=renormalize)
+    logits = x.double() @ w.double().T + (b.double() if bias else 0.0)
+    rw, rids = ref.moe_route(logits.to(x.dtype), 3, renormalize=renormalize)
+    assert torch.equal(ids, rids)
+    torch.testing.assert_close(wts, rw, atol=1e-6, rtol=1e-5)
+
+
+def test_gate_public_op_selects_triton() -> None:
+    x, w, b = _gate_inputs(5, 64, 32, 9)
+    assert tk.moe_gate.selected_kernel(x, w, b, 4).spec.name == "triton.moe_gate"
+    wts, ids = tk.moe_gate(x, w, b, 4)
+    rw, rids = tk.moe_gate(x, w, b, 4, solution="reference")
+    assert torch.equal(ids, rids)
+    torch.testing.assert_close(wts, rw, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("t", [1, 8, 64, 2048])
+def test_gate_gpt_oss_router_gpu(t: int) -> None:
+    x, w, b = _gate_inputs(t, 2880, 32, t, device="cuda")
+    wts, ids = tk.moe_gate(x, w, b, 4)
+    rw, rids = tk.moe_route(tk.mm(x, w, b), 4)
+    assert torch.equal(ids, rids)
+    torch.testing.assert_close(wts, rw, atol=1e-6, rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- dispatch / combine
 
 

@@ -80,3 +80,68 @@ def test_rotary_gpt_oss_gpu():
     rq, rk = ref_rope.apply_rotary(q, k, cos_sin, pos, style="neox")
     torch.testing.assert_close(q2.float(), rq.float(), atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(k2.float(), rk.float(), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+def test_apply_rotary_and_store(device, dtype, style):
+    """q rotated as apply_rotary does; the rotated k (rounded to its dtype) and v land in the cache rows of their
+    slots and nothing else changes; a negative slot writes nothing. q, k, v are views into one packed row."""
+    t, hq, hk, d, rot, ps, pages = 6, 4, 2, 24, 16, 4, 5
+    g = torch.Generator().manual_seed(7 + (style == "gptj"))
+    qkv = torch.randn(t, (hq + 2 * hk) * d, generator=g).to(dtype).to(device)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+    v = qkv[:, (hq + hk) * d :].view(t, hk, d)
+    theta = torch.rand(64, rot // 2, generator=g) * 6.3
+    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=1).to(device)
+    positions = torch.randint(0, 64, (t,), generator=g).to(device)
+    slots = torch.randperm(pages * ps, generator=g)[:t]
+    slots[2] = -1  # padding
+    slots = slots.to(device)
+    k_cache = torch.randn(pages, ps, hk, d, generator=g).to(dtype).to(device)
+    v_cache = torch.randn(pages, ps, hk, d, generator=g).to(dtype).to(device)
+    k_before, v_before, qkv_before = k_cache.clone(), v_cache.clone(), qkv.clone()
+    assert_triton("apply_rotary_and_store", (DTYPE_NAMES[dtype],) * 2, {"style": style, "partial": True}, q.device)
+    q2 = tk.apply_rotary_and_store(q, k, v, cos_sin, positions, k_cache, v_cache, slots, style=style)
+    assert torch.equal(qkv, qkv_before), "inputs must not change"
+    assert q2.shape == q.shape and q2.dtype == dtype
+    assert_close(q2.cpu(), _rotary64(q.cpu(), cos_sin.cpu(), positions.cpu(), style), dtype)
+    k64 = _rotary64(k.cpu(), cos_sin.cpu(), positions.cpu(), style)
+    written = torch.zeros(pages * ps, dtype=torch.bool)
+    for i, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        written[s] = True
+        page, row = divmod(s, ps)
+        assert_close(k_cache[page, row].cpu(), k64[i], dtype)
+        assert torch.equal(v_cache[page, row].cpu(), v[i].cpu())
+    keep = ~written.view(pages, ps)
+    assert torch.equal(k_cache.cpu()[keep], k_before.cpu()[keep]) and torch.equal(
+        v_cache.cpu()[keep], v_before.cpu()[keep]
+    )
+    # The same bits as the two ops it fuses.
+    rq, rk = tk.apply_rotary(q, k, cos_sin, positions, style=style)
+    k_sep, v_sep = k_before.clone(), v_before.clone()
+    tk.kvcache_store(rk, v, k_sep, v_sep, slots)
+    assert torch.equal(q2.cpu(), rq.cpu())
+    assert torch.equal(k_cache.cpu(), k_sep.cpu()) and torch.equal(v_cache.cpu(), v_sep.cpu())
+
+
+@pytest.mark.gpu
+@gpu
+def test_rotary_and_store_gpt_oss_gpu():
+    torch.manual_seed(0)
+    t = 64
+    qkv = torch.randn(t, 80 * 64, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.view(t, 80, 64).split([64, 8, 8], dim=1)
+    theta = torch.rand(4096, 32, device="cuda") * 6.3
+    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=1)
+    pos = torch.randint(0, 4096, (t,), device="cuda")
+    slots = torch.randperm(256 * 16, device="cuda")[:t]
+    caches = [torch.randn(256, 16, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    sep = [c.clone() for c in caches]
+    q2 = tk.apply_rotary_and_store(q, k, v, cos_sin, pos, *caches, slots)
+    rq, rk = tk.apply_rotary(q, k, cos_sin, pos)
+    tk.kvcache_store(rk, v, *sep, slots)
+    assert torch.equal(q2, rq) and torch.equal(caches[0], sep[0]) and torch.equal(caches[1], sep[1])

@@ -104,6 +104,13 @@ _KERNELS = (
         "Fused softmax top-k routing, one program per 16 tokens",
     ),
     _Kernel(
+        "moe_gate",
+        "moe.route:moe_gate",
+        [{"x": _FLOAT}],
+        {"renormalize": _BOOL, "bias": _BOOL},
+        "The router's linear layer and softmax top-k routing in one kernel (CUDA-core sums for a few tokens, tl.dot from 16)",
+    ),
+    _Kernel(
         "moe_dispatch",
         "moe.dispatch:moe_dispatch",
         [{"x": _FLOAT}],
@@ -174,6 +181,13 @@ _KERNELS = (
         [{"x": _FLOAT}],
         {"style": ("neox", "gptj"), "partial": _BOOL},
         "Triton rotary embedding of q and k in one launch",
+    ),
+    _Kernel(
+        "apply_rotary_and_store",
+        "rope:apply_rotary_and_store",
+        [{"x": _FLOAT, "kv": ("bf16", "fp16", "fp32")}],
+        {"style": ("neox", "gptj"), "partial": _BOOL},
+        "Triton rotary embedding of q and k, the rotated k and v stored into the paged cache, in one launch",
     ),
     _Kernel(
         "quantize_fp8",

@@ -26,13 +26,14 @@ from .moe import (
     moe_dispatch,
     moe_experts,
     moe_fused,
+    moe_gate,
     moe_plan,
     moe_process_weights,
     moe_route,
 )
 from .norm import rmsnorm
 from .quantization import dequantize_mxfp4, quantize_fp8, quantize_mxfp4
-from .rope import apply_rotary
+from .rope import apply_rotary, apply_rotary_and_store
 from .sampling import argmax, top_k_top_p_sample
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "gdn_chunk_prefill",
     "gdn_decode",
     "moe_route",
+    "moe_gate",
     "moe_dispatch",
     "moe_experts",
     "moe_combine",
@@ -62,6 +64,7 @@ __all__ = [
     "swiglu",
     "silu_and_mul",
     "apply_rotary",
+    "apply_rotary_and_store",
     "quantize_fp8",
     "quantize_mxfp4",
     "dequantize_mxfp4",

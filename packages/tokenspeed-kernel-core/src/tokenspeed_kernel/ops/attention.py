@@ -593,6 +593,16 @@ def _bind_kvcache_store(
     row ``slot % page_size``; a negative slot (padding) writes nothing. K/V are
     cast to the cache dtype.
     """
+    check_kv_store(k, v, k_cache, v_cache, slot_mapping)
+    sig = (DTYPE_NAMES[k_cache.dtype],)
+    return kernel_call(k.device, sig, (), (k.shape[0],), k, v, k_cache, v_cache, slot_mapping)
+
+
+def check_kv_store(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """The checks of a write of ``k, v`` into the paged caches by slot (``kvcache_store``, and the fused store of
+    ``apply_rotary_and_store``)."""
     check_tensor("k_cache", k_cache, dtypes=_KV_DTYPES, dim=4, last_dim_contiguous=True)
     check_tensor("v_cache", v_cache, dtypes=(k_cache.dtype,), shape=tuple(k_cache.shape), last_dim_contiguous=True)
     _, _, hkv, d = k_cache.shape
@@ -608,8 +618,6 @@ def _bind_kvcache_store(
                 f"slot_mapping: slot {hi} is past the cache's {k_cache.shape[0] * k_cache.shape[1]} slots "
                 f"(num_pages {k_cache.shape[0]} x page_size {k_cache.shape[1]}); negative slots are padding"
             )
-    sig = (DTYPE_NAMES[k_cache.dtype],)
-    return kernel_call(k.device, sig, (), (k.shape[0],), k, v, k_cache, v_cache, slot_mapping)
 
 
 def _fake_attention(q, *args, return_lse=False, **kwargs):

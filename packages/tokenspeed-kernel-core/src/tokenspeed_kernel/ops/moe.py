@@ -2,7 +2,7 @@
 
 Staged (what an expert-parallel engine needs)::
 
-    topk_weights, topk_ids = moe_route(router_logits, top_k)
+    topk_weights, topk_ids = moe_route(router_logits, top_k)   # or moe_gate(x, W_r, b_r, top_k): the router
     d = moe_dispatch(x, topk_ids, num_experts)          # rows sorted by expert
     y = moe_experts(d.hidden, d.expert_offsets, weights, activation)
     out = moe_combine(y, d.permutation, topk_weights)
@@ -47,6 +47,7 @@ __all__ = [
     "MoEDispatchResult",
     "MoEPlan",
     "moe_route",
+    "moe_gate",
     "moe_dispatch",
     "moe_experts",
     "moe_combine",
@@ -327,6 +328,62 @@ moe_route = Op(
     fake=_fake_moe_route,
     reference=Reference(f"{_REFERENCE}:moe_route", formats=[{"logits": _FLOAT}], traits={"renormalize": ANY}),
     workload=f"{_CASES}:MOE_ROUTE",
+)
+
+
+def _bind_moe_gate(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, *, renormalize: bool = True
+) -> KernelCall:
+    """The router: its linear layer and softmax top-k routing in one call.
+
+    The same results as ``moe_route(mm(x, weight, bias), top_k, renormalize=renormalize)``: the logits
+    ``x @ weight.T + bias`` are accumulated in fp32 and rounded to ``x``'s dtype (as ``mm`` returns them), then
+    routed; no logits tensor is made (a decode step's router: one call and one launch where there were two).
+
+    Args:
+        x: ``[T, H]`` bf16/fp16/fp32.
+        weight: ``[E, H]`` (the router's ``W_r``), ``x``'s dtype.
+        bias: ``[E]`` of ``x``'s dtype, or None.
+        top_k: experts per token, ``1 <= top_k <= E``.
+        renormalize: as :func:`moe_route`.
+
+    Returns:
+        ``topk_weights float32 [T, top_k]`` (descending), ``topk_ids int32 [T, top_k]``; ties go to the lower
+        expert index.
+    """
+    check_tensor("x", x, dtypes=_X_DTYPES, dim=2, last_dim_contiguous=True)
+    check_tensor("weight", weight, dtypes=(x.dtype,), shape=(None, x.shape[1]), contiguous=True)
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=(x.dtype,), shape=(weight.shape[0],), contiguous=True)
+    check_same_device("x", x, weight=weight, bias=bias)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= weight.shape[0]:
+        raise ValueError(f"top_k: expected an int in [1, {weight.shape[0]}] (the experts of weight), got {top_k!r}")
+    traits = {"renormalize": bool(renormalize), "bias": bias is not None}
+    return kernel_call(
+        x.device, (DTYPE_NAMES[x.dtype],), traits, (x.shape[0],),
+        x, weight, bias, top_k, renormalize=bool(renormalize),
+    )  # fmt: skip
+
+
+def _fake_moe_gate(x, weight, bias, top_k, *, renormalize=True):
+    t = x.shape[0]
+    return x.new_empty((t, top_k), dtype=torch.float32), x.new_empty((t, top_k), dtype=torch.int32)
+
+
+moe_gate = Op(
+    name="moe_gate",
+    family="moe",
+    roles=("x",),
+    traits={
+        "renormalize": TraitSpec(bool, default=True, doc="renormalize the top-k weights to sum to 1"),
+        "bias": TraitSpec(bool, default=False, doc="the router has a bias"),
+    },
+    sizes=_TOKENS,
+    doc="The router: logits by its linear layer, then softmax top-k routing, in one call.",
+    bind=_bind_moe_gate,
+    fake=_fake_moe_gate,
+    reference=Reference(f"{_REFERENCE}:moe_gate", formats=[{"x": _FLOAT}], traits={"renormalize": ANY, "bias": ANY}),
+    workload=f"{_CASES}:MOE_GATE",
 )
 
 

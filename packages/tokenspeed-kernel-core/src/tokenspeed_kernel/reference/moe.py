@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 
 from ..ops.moe import MoEActivation, MoEDispatchResult, MoEWeights, w4a8_inter_scale
+from .gemm import mm
 from .quantization import fp8_to_float, mxfp4_to_float
 
 __all__ = [
     "moe_route",
+    "moe_gate",
     "moe_dispatch",
     "moe_experts",
     "moe_combine",
@@ -46,6 +48,15 @@ def moe_route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool) -> 
     else:
         weights = torch.softmax(logits, dim=-1).gather(1, ids)
     return weights, ids.to(torch.int32)
+
+
+def moe_gate(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, *, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of :func:`tokenspeed_kernel.moe_gate`: the references of ``mm`` (fp32 accumulation, the logits
+    rounded to ``x``'s dtype) and :func:`moe_route`."""
+    logits = mm(x, weight, bias, a_scale=None, b_scale=None, out_dtype=x.dtype, out=None)
+    return moe_route(logits, top_k, renormalize=renormalize)
 
 
 def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MoEDispatchResult:

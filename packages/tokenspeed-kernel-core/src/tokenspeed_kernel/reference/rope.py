@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .attention import kvcache_store
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
     rot = 2 * cos.shape[-1]
@@ -43,3 +45,22 @@ def apply_rotary(
     cos = rows[:, None, :half]
     sin = rows[:, None, half:]
     return _rotate(q, cos, sin, style), _rotate(k, cos, sin, style)
+
+
+def apply_rotary_and_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    style: str,
+) -> torch.Tensor:
+    """Reference of :func:`tokenspeed_kernel.apply_rotary_and_store`: the references of ``apply_rotary`` and
+    ``kvcache_store`` one after the other; returns the rotated ``q``."""
+    q_out, k_out = apply_rotary(q, k, cos_sin_cache, positions, style=style)
+    kvcache_store(k_out, v, k_cache, v_cache, slot_mapping)
+    return q_out

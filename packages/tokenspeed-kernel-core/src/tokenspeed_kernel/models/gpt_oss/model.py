@@ -3,13 +3,14 @@
 Block (see the project's GPT_OSS.md): ``x = x + attn(rmsnorm(x))``, then
 ``x = x + moe(rmsnorm(x))``; final ``rmsnorm``, then the unembedding.
 
-- attention: one ``mm`` for q|k|v with biases, YaRN ``apply_rotary`` (neox),
-  ``kvcache_store`` into the paged cache, then ``mha_prefill`` (new sequences) or
-  ``mha_decode_with_kvcache`` with per-head sinks, ``window_left = 127`` on the
-  sliding layers, softmax scale ``1/sqrt(head_dim)``; ``mm`` for o with bias;
-- MoE: router ``mm`` with bias, ``moe_route`` (top-4, softmax over the four),
-  ``moe_apply`` with the MXFP4 experts, their biases and the clamped SwiGLU,
-  through a kernel picked once by ``moe_plan`` (weights converted once by
+- attention: one ``mm`` for q|k|v with biases, YaRN rotary embedding (neox) and the
+  paged cache's new K/V (prefill: ``apply_rotary`` then ``kvcache_store``, since attention
+  reads the rotated k; decode: ``apply_rotary_and_store``, one call), then ``mha_prefill``
+  (new sequences) or ``mha_decode_with_kvcache`` with per-head sinks, ``window_left = 127``
+  on the sliding layers, softmax scale ``1/sqrt(head_dim)``; ``mm`` for o with bias;
+- MoE: the router, ``moe_gate`` (its linear layer with bias, then top-4 with the softmax
+  over the four, in one call), ``moe_apply`` with the MXFP4 experts, their biases and the
+  clamped SwiGLU, through a kernel picked once by ``moe_plan`` (weights converted once by
   ``moe_process_weights``);
 - both norms of a layer fuse the residual add before them (``rmsnorm(..., residual=)``): the
   model carries a layer's MoE output and the residual stream apart, and the next layer's input norm
@@ -37,28 +38,18 @@ __all__ = ["GptOssModel", "layer_prefill", "layer_decode", "plan_layer"]
 
 
 def _qkv(
-    cfg: GptOssConfig,
-    layer: GptOssLayer,
-    h: torch.Tensor,
-    cos_sin: torch.Tensor,
-    positions: torch.Tensor,
-    ops: Any,
-    *,
-    contiguous_v: bool,
+    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k (rotated: new contiguous tensors) and v, views of one projection. ``apply_rotary`` and
-    ``kvcache_store`` read strided rows, so only a v that attention reads (prefill) is copied."""
+    """q, k and v: views of one projection (heads first, then one split: two view calls). The rotary ops and the
+    cache store read strided rows."""
     qkv = ops.mm(h, layer.qkv_weight, layer.qkv_bias)
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    # Heads first, then one split: two view calls where a split and three reshapes were four (host cost).
     q, k, v = qkv.reshape(qkv.shape[0], nq + 2 * nkv, d).split([nq, nkv, nkv], dim=1)
-    q, k = ops.apply_rotary(q, k, cos_sin, positions, style="neox")
-    return q, k, (v.contiguous() if contiguous_v else v)
+    return q, k, v
 
 
 def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any) -> torch.Tensor:
-    logits = ops.mm(h, layer.router_weight, layer.router_bias)
-    topk_weights, topk_ids = ops.moe_route(logits, cfg.num_experts_per_tok, renormalize=True)
+    topk_weights, topk_ids = ops.moe_gate(h, layer.router_weight, layer.router_bias, cfg.num_experts_per_tok)
     return ops.moe_apply(
         h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan, fp8_activations=layer.moe_fp8
     )
@@ -150,7 +141,9 @@ def _block_prefill(
     """:func:`layer_prefill` on the stream ``x + residual`` (``x`` alone without one), its residual add left to
     the caller: ``(moe, stream)``, whose sum is the layer's output."""
     h, x = _input_norm(cfg, layer, x, residual, ops)
-    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops, contiguous_v=True)
+    q, k, v = _qkv(cfg, layer, h, ops)
+    q, k = ops.apply_rotary(q, k, cos_sin, positions, style="neox")
+    v = v.contiguous()  # attention reads it (the store reads strided rows)
     if cache is not None:
         ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
     attn = ops.mha_prefill(
@@ -209,10 +202,12 @@ def _block_decode(
     """:func:`layer_decode` on the stream ``x + residual``, its residual add left to the caller (as
     :func:`_block_prefill`)."""
     h, x = _input_norm(cfg, layer, x, residual, ops)
-    q, k, v = _qkv(cfg, layer, h, cos_sin, positions, ops, contiguous_v=False)
-    ops.kvcache_store(k, v, cache.k[layer.index], cache.v[layer.index], slots)
+    q, k, v = _qkv(cfg, layer, h, ops)
+    k_cache, v_cache = cache.k[layer.index], cache.v[layer.index]
+    # The rotated k and v go straight into the cache: attention reads them there.
+    q = ops.apply_rotary_and_store(q, k, v, cos_sin, positions, k_cache, v_cache, slots, style="neox")
     attn = ops.mha_decode_with_kvcache(
-        q, cache.k[layer.index], cache.v[layer.index], page_table, cache_seqlens,
+        q, k_cache, v_cache, page_table, cache_seqlens,
         window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan,
     )  # fmt: skip
     return _post_attention(cfg, layer, attn, x, ops)

@@ -357,6 +357,89 @@ MOE_ROUTE = OpCases(
 )
 
 
+# ---------------------------------------------------------------------------
+# moe_gate: the router's linear layer and the routing. A kernel summing the logits in another order than the
+# reference may round one to the neighbouring value of x's dtype, which moves its token's weights by that rounding
+# and, where two logits (nearly) tie, may pick the other expert: the weights are compared within a matmul's
+# tolerance, and the experts by the exact logits of the ones picked (float64 from the call's inputs), which agree
+# for such a swap and differ for a wrong pick.
+
+
+def _make_gate(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    dt = torch_dtype(case.dtype)
+    t, h, e = case["tokens"], case["hidden"], case["experts"]
+    return {
+        "x": randn((t, h), dt, gen),
+        "weight": randn((e, h), dt, gen, scale=h**-0.5 * 2.0),
+        "bias": randn((e,), dt, gen) if case["bias"] else None,
+        "top_k": case["top_k"],
+        "renormalize": case["renormalize"],
+    }
+
+
+def _gate_outputs(call: dict[str, Any], result: Any) -> dict[str, torch.Tensor]:
+    weights, ids = result
+    logits = call["x"].double() @ call["weight"].double().T
+    if call["bias"] is not None:
+        logits = logits + call["bias"].double()
+    return {"weights": weights, "picked_logits": logits.gather(1, ids.long())}
+
+
+def _gate_from_capture(c: CapturedCall) -> Case | None:
+    x, w = c.shape(0), c.shape(1)
+    if x is None or w is None:
+        return None
+    return Case.make(
+        "moe_gate",
+        c.dtype(0),
+        {
+            "tokens": x[0],
+            "hidden": x[1],
+            "experts": w[0],
+            "top_k": int(c.value(3, 4)),
+            "bias": c.shape(2) is not None,
+            "renormalize": bool(c.value("renormalize", True)),
+        },
+    )
+
+
+def _gate_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    t, h, e = case["tokens"], case["hidden"], case["experts"]
+    moved = nbytes(call["x"], call["weight"]) + (nbytes(call["bias"]) if call["bias"] is not None else 0)
+    return Cost(2.0 * t * h * e, moved + nbytes(*outputs.values()))
+
+
+MOE_GATE = OpCases(
+    op="moe_gate",
+    cost=_gate_cost,
+    defaults={"tokens": 8, "hidden": 256, "experts": 32, "top_k": 4, "bias": True, "renormalize": True},
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
+    sets={
+        "cpu": [
+            {"tokens": 8},
+            {"tokens": 5, "experts": 128, "hidden": 96, "renormalize": False, "bias": False},
+            {"tokens": 3, "experts": 4, "top_k": 4, "hidden": 100},
+            {"tokens": 19, "hidden": 80},
+        ],
+        "gpu": [
+            {"tokens": 1, "hidden": 2880},
+            {"tokens": 64, "hidden": 2880},
+            {"tokens": 4096, "hidden": 2880},
+            {"tokens": 777, "hidden": 7168, "experts": 128, "top_k": 8, "bias": False},
+        ],
+        "bench-cpu": [{"tokens": 64}],
+        "bench-gpu": [{"tokens": t, "hidden": 2880, "dtype": "bf16"} for t in (1, 64, 4096)],
+    },
+    make=_make_gate,
+    reference_call=lambda case, call: upcast(call, ("x", "weight", "bias")),
+    outputs=_gate_outputs,
+    compare=compare_by({"weights": close("matmul"), "picked_logits": close("matmul")}),
+    shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k"), dim("hidden", lo=16)],
+    from_capture=_gate_from_capture,
+    always_show=("tokens", "hidden", "experts", "top_k"),
+)
+
+
 def _make_dispatch(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
     t = case["tokens"]
     return {
