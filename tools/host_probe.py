@@ -70,7 +70,7 @@ def main() -> None:
         "--decode-configs", default="full,triton,hopper.moe_apply",
         help="selection configs (full, triton, or a moe_apply kernel); a +plan suffix gives each step an attention plan "
         "(code that has tk.mha_plan: not the old wheels of gpu_session.sh host-before); +prepared decodes through "
-        "prepared calls (GptOssModel(prepared_decode=True); not in the old wheels either)",
+        "prepared calls (GptOssModel(prepared_decode=True); not in the old wheels either); both: full+prepared+plan",
     )  # fmt: skip
     p.add_argument("--skip-ops", action="store_true", help="only the decode steps")
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
@@ -337,11 +337,12 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
     weights = m.random_weights(cfg, device=torch.device(d), seed=0)
     steps = {}
     for conf in args.decode_configs.split(","):
-        base, _, suffix = conf.partition("+")
-        planned = suffix == "plan"
-        prepared = suffix == "prepared"
-        if suffix and not (planned or prepared):
-            raise SystemExit(f"--decode-configs: unknown suffix +{suffix} in {conf!r} (+plan or +prepared)")
+        base, *suffixes = conf.split("+")
+        planned = "plan" in suffixes
+        prepared = "prepared" in suffixes
+        unknown = set(suffixes) - {"plan", "prepared"}
+        if unknown:
+            raise SystemExit(f"--decode-configs: unknown suffix(es) {sorted(unknown)} in {conf!r} (+plan, +prepared)")
         if base == "full":
             make_ctx = contextlib.nullcontext
         elif base == "triton":
@@ -385,7 +386,7 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         res[f"{name} eager ({conf})"] = statistics.median(eager[conf])
         res[f"{name} eager rounds ({conf})"] = eager[conf]
         # A captured step reads the lengths on the device: a +plan config has the plain config's graph.
-        res[f"{name} graph ({conf})"] = None if conf.endswith("+plan") else graph_us(step, n=20)
+        res[f"{name} graph ({conf})"] = None if "+plan" in conf else graph_us(step, n=20)
         res[f"moe kernel ({conf})"] = model.layers[0].moe_plan.kernel
         g = res[f"{name} graph ({conf})"]
         print(f"{conf}: eager {res[f'{name} eager ({conf})']:.0f} us (rounds {[round(v) for v in eager[conf]]}), "

@@ -3,7 +3,7 @@
 # triton.moe_gate; the GPT-OSS model's GPU tests), then before (7a3cc14's wheels: the code as session 16 left it) and
 # after (this checkout: the decode layer's rotary + KV store and router + routing fused, 8 op calls a layer instead
 # of 10) alternated in separate processes: the anchor's host table and the GPT-OSS-20B decode step (24 layers, batch
-# 1, context 2000), prepared and plain, each op call's in-situ host time (--sites) and the host-speed proxy.
+# 1, context 2000), prepared with and without attention plans, and plain, each op call's in-situ host time (--sites) and the host-speed proxy.
 rm -rf /tmp/site /tmp/site-before
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -14,9 +14,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 grep -E "FAIL|ERROR|verify on" $OUT/r/verify.log | cut -c1-220
 (cd /tmp && timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --tb=short \
   $R/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py > $OUT/r/tests.log 2>&1); echo "tests rc $?"; tail -3 $OUT/r/tests.log
-export PROBE_ARGS="--layers 24 --decode-configs full+prepared,full --rounds 3 --sites"
+export PROBE_ARGS="--layers 24 --decode-configs full+prepared+plan,full+prepared,full --rounds 3 --sites"
 for s in host-before host-after host-before host-after; do
-  OUT=$OUT/r timeout 90 bash tools/gpu_session.sh $s > $OUT/r/$s.$(date +%H%M%S).log 2>&1; echo "$s rc $?"
+  OUT=$OUT/r timeout 100 bash tools/gpu_session.sh $s > $OUT/r/$s.$(date +%H%M%S).log 2>&1; echo "$s rc $?"
 done
 for f in $OUT/r/host-*.log; do echo "== $(basename $f)"; grep -h "eager\|proxy\|step\|rmsnorm  \|mm  \|mha\|moe\|apply_rot\|kvcache" $f | cut -c1-150; done
 cd $OUT && tar czf r.tgz r && rm -rf r

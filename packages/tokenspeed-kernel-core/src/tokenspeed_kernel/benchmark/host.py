@@ -89,8 +89,12 @@ HOST_CASES: dict[str, list[dict[str, Any]]] = {
     ],
     "apply_rotary": [{"tokens": 1, "heads_q": 64, "heads_k": 8, "max_position": 131072, "dtype": "bf16"}],
     "kvcache_store": [{"tokens": 1, "heads_kv": 8, "page_size": 16, "num_pages": 2048, "pad": 0, "dtype": "bf16"}],
+    "apply_rotary_and_store": [
+        {"tokens": 1, "heads_q": 64, "heads_k": 8, "max_position": 131072, "num_pages": 2048, "pad": 0, "dtype": "bf16"}
+    ],
     "mha_decode_with_kvcache": [{"cache_lens": (2048,), "window_left": w, **_OSS20_ATTN} for w in (-1, 127)],
     "moe_route": [{"tokens": 1, "experts": 32, "top_k": 4, "dtype": "bf16"}],
+    "moe_gate": [{"tokens": 1, "hidden": 2880, "experts": 32, "top_k": 4, "bias": True, "dtype": "bf16"}],
     "moe_apply": [{"tokens": 1, **_OSS20_MOE}],
     "swiglu": [{"tokens": 1, "inter": 2880, "dtype": "bf16"}],
     "argmax": [{"batch": 1, "vocab": 201088, "dtype": "bf16"}],

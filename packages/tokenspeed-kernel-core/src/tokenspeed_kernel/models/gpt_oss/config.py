@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -69,8 +70,9 @@ class GptOssConfig:
         """The same model cut to its first ``num_layers`` layers (benchmarks, quick demos)."""
         return replace(self, num_hidden_layers=num_layers, layer_types=self.layer_types[:num_layers])
 
-    @property
+    @functools.cached_property
     def activation(self) -> tk.MoEActivation:
+        """The MoE activation (one frozen object per config: a decode step reads it in every layer)."""
         return tk.MoEActivation(kind="swiglu", alpha=self.swiglu_alpha, limit=self.swiglu_limit, up_offset=1.0)
 
     @classmethod
