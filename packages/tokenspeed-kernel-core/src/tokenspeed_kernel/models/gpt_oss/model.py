@@ -44,7 +44,8 @@ def _qkv(
     cache store read strided rows."""
     qkv = ops.mm(h, layer.qkv_weight, layer.qkv_bias)
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q, k, v = qkv.reshape(qkv.shape[0], nq + 2 * nkv, d).split([nq, nkv, nkv], dim=1)
+    # (split_with_sizes: the C method under Tensor.split's Python wrapper)
+    q, k, v = qkv.reshape(qkv.shape[0], nq + 2 * nkv, d).split_with_sizes([nq, nkv, nkv], dim=1)
     return q, k, v
 
 
