@@ -376,15 +376,44 @@ def _aliased(flat: tuple) -> bool:
     return len({id(a) for a in tensors}) != len(tensors)
 
 
-def _rebuild(flat: tuple, kargs: tuple, kkwargs: dict) -> tuple | None:
-    """How a later call's kernel arguments come from its own arguments ``flat``: ``(get_args, keyword
-    names, get_kwargs, consts)``, each getter reading ``(*flat, *consts)``; None when one cannot be rebuilt."""
+def _recipes(flat: tuple, kargs: tuple, kkwargs: dict) -> tuple | None:
+    """Where a later call's kernel arguments come from: ``(arg indices, keyword names, keyword indices,
+    consts)``, indices into ``(*flat, *consts)`` (:func:`_recipe`); None when one cannot be rebuilt."""
     consts: list[Any] = []
     recipe_args = [_recipe(v, flat, consts) for v in kargs]
     recipe_kwargs = [_recipe(v, flat, consts) for v in kkwargs.values()]
     if None in recipe_args or None in recipe_kwargs:
         return None
-    return _getter(recipe_args), tuple(kkwargs), _getter(recipe_kwargs), tuple(consts)
+    return recipe_args, tuple(kkwargs), recipe_kwargs, tuple(consts)
+
+
+def _rebuild(flat: tuple, kargs: tuple, kkwargs: dict) -> tuple | None:
+    """How a later call's kernel arguments come from its own arguments ``flat``: ``(get_args, keyword
+    names, get_kwargs, consts)``, each getter reading ``(*flat, *consts)``; None when one cannot be rebuilt."""
+    found = _recipes(flat, kargs, kkwargs)
+    if found is None:
+        return None
+    recipe_args, names, recipe_kwargs, consts = found
+    return _getter(recipe_args), names, _getter(recipe_kwargs), consts
+
+
+def _runner(fn: Callable[..., Any], n_flat: int, recipes: tuple) -> Callable[..., Any]:
+    """``run(a0, ..., a{n_flat-1})``: ``fn`` called with the kernel arguments the recipes name, written out (a
+    generated function: no tuple of the call's arguments, no getter, no keyword dict built per call)."""
+    recipe_args, names, recipe_kwargs, consts = recipes
+    ns: dict[str, Any] = {"_fn": fn}
+
+    def expr(i: int) -> str:
+        if i < n_flat:
+            return f"a{i}"
+        ns[f"_c{i}"] = consts[i - n_flat]
+        return f"_c{i}"
+
+    params = ", ".join(f"a{i}" for i in range(n_flat))
+    call = [expr(i) for i in recipe_args] + [f"{k}={expr(i)}" for k, i in zip(names, recipe_kwargs)]
+    src = f"def run({params}):\n    return _fn({', '.join(call)})\n"
+    exec(compile(src, f"<tokenspeed_kernel prepared call {n_flat} args>", "exec"), ns)
+    return ns["run"]
 
 
 def _getter(indices: list[int]) -> Callable[[tuple], tuple]:
@@ -432,6 +461,7 @@ class PreparedCall:
         "_kw_names",
         "_n",
         "_names",
+        "_run",
         "kernel",
         "op",
     )  # fmt: skip
@@ -444,12 +474,14 @@ class PreparedCall:
             kkwargs = hinted_kwargs(op.hints, sel.fn, dict(kkwargs))
         if _aliased(flat):
             raise ValueError(f"{op.name}.prepare: one tensor passed twice; pass distinct tensors (or call the op)")
-        rebuild = _rebuild(flat, kargs, kkwargs)
-        if rebuild is None:
+        recipes = _recipes(flat, kargs, kkwargs)
+        if recipes is None or not all(k.isidentifier() for k in recipes[1]):
             raise NotPreparable(f"{op.name}.prepare: its checks build kernel arguments a prepared call cannot rebuild")
         self.op, self.kernel, self._fn = op, sel.spec.name, sel.fn
         self._n, self._kw_names = len(args), tuple(kwargs)
-        self._get_args, self._names, self._get_kwargs, self._consts = rebuild
+        arg_i, self._names, kw_i, self._consts = recipes
+        self._get_args, self._get_kwargs = _getter(arg_i), _getter(kw_i)
+        self._run = _runner(sel.fn, len(flat), recipes)
         self._key = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         self._call = (signature, traits)
 
@@ -462,6 +494,8 @@ class PreparedCall:
                 f"{self.op.name} (prepared): expected {self._n} positional arguments and keywords "
                 f"{list(self._kw_names)}, got {len(args)} and {list(kwargs)}"
             )
+        if profiling.dispatch_hook is None and not profiler_active() and not debug_checks_enabled():
+            return self._run(*args, *kwargs.values())
         if debug_checks_enabled():
             self._check(args, kwargs)
         ext = (*args, *kwargs.values(), *self._consts)
