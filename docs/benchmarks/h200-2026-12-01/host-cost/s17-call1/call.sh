@@ -13,7 +13,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 120 python3 -m tokenspeed_kernel verify $k --set gpu 2>&1 | tail -12; done) > $OUT/r/verify.log 2>&1
 grep -E "FAIL|ERROR|verify on" $OUT/r/verify.log | cut -c1-220
 (cd /tmp && timeout 130 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --tb=short \
-  $R/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py > $OUT/r/tests.log 2>&1); echo "tests rc $?"; tail -3 $OUT/r/tests.log
+  $R/packages/tokenspeed-kernel-core/tests/test_gpt_oss_model.py \
+  $R/packages/tokenspeed-kernel-triton/tests/test_rope.py::test_rotary_and_store_gpt_oss_gpu \
+  $R/packages/tokenspeed-kernel-triton/tests/test_moe.py::test_gate_gpt_oss_router_gpu > $OUT/r/tests.log 2>&1); echo "tests rc $?"; tail -3 $OUT/r/tests.log
 export PROBE_ARGS="--layers 24 --decode-configs full+prepared+plan,full+prepared,full --rounds 3 --sites"
 for s in host-after host-before host-after; do
   OUT=$OUT/r timeout 95 bash tools/gpu_session.sh $s > $OUT/r/$s.$(date +%H%M%S).log 2>&1; echo "$s rc $?"
