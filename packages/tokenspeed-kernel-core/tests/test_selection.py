@@ -378,7 +378,7 @@ def test_override_config_file(two_kernels, monkeypatch, tmp_path):
     monkeypatch.delenv("TOKENSPEED_KERNEL_CONFIG")
 
 
-OPS_LISTED = r"ops: apply_rotary, argmax, .*, top_k_top_p_sample \(or '\*'\)"
+OPS_LISTED = r"ops: apply_rotary, apply_rotary_and_store, argmax, .*, top_k_top_p_sample \(or '\*'\)"
 
 
 @pytest.fixture
