@@ -76,6 +76,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="round-robin rounds of the decode-step configs")
     p.add_argument("--profile", action="store_true", help="cProfile tables of the decode steps")
     p.add_argument(
+        "--parts", action="store_true",
+        help="device time of the fused decode ops against the pairs they replace (CUDA graphs), and host time only "
+        "(the device drained first, not waited for) of the MoE layer's call and its pieces, and of launches while the "
+        "GPU is busy",
+    )  # fmt: skip
+    p.add_argument(
         "--sites", action="store_true",
         help="in-situ host time of every op call of the decode steps (each call timed where the model makes it; "
         "the rest of the step is the model's own Python): a table per config",
@@ -107,6 +113,8 @@ def main() -> None:
         ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev)
     if args.ab:
         ab_probe(res, tk, d, bf)
+    if args.parts:
+        parts_probe(res, tk, d, bf)
     decode_steps(args, res, rec, tk, d, bf)
 
 
@@ -193,6 +201,93 @@ def host_only_us(fn, n: int = 100) -> float:
     host = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
     return host
+
+
+def busy_host_us(fn, n: int = 100) -> float:
+    """Host time per call of ``n`` calls made while the GPU runs a long kernel queued first (launches into a busy
+    device, as an eager decode step's are when the device runs behind)."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: longer than the timed calls
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def parts_probe(res, tk, d, bf) -> None:
+    """``--parts``: device time of the fused decode ops and of the pairs they replace; host time of the MoE call and
+    its pieces; host time of small launches into an idle and a busy GPU."""
+    import statistics
+
+    from tokenspeed_kernel.models import gpt_oss as m
+
+    cfg = m.GptOssConfig.gpt_oss_20b().with_layers(1)
+    model = m.GptOssModel(cfg, m.random_weights(cfg, device=torch.device(d), seed=0), max_positions=4096)
+    lay = model.layers[0]
+    x = torch.randn(1, cfg.hidden_size, device=d, dtype=bf)
+    rw, rb = lay.router_weight, lay.router_bias
+    qkv = torch.randn(1, 80 * 64, device=d, dtype=bf)
+    q, k, v = qkv.view(1, 80, 64).split_with_sizes([64, 8, 8], dim=1)
+    cache = model.new_cache(1, 4096)
+    cache.reserve(0, 2048)
+    kc, vc = cache.k[0], cache.v[0]
+    pos = torch.tensor([2000], device=d)
+    slots = torch.tensor([2000], device=d)
+    cs = model.cos_sin
+    device_cases = {
+        "moe_gate": lambda: tk.moe_gate(x, rw, rb, 4),
+        "mm router + moe_route": lambda: tk.moe_route(tk.mm(x, rw, rb), 4),
+        "apply_rotary_and_store": lambda: tk.apply_rotary_and_store(q, k, v, cs, pos, kc, vc, slots),
+        "apply_rotary + kvcache_store": lambda: _rope_store_pair(tk, q, k, v, cs, pos, kc, vc, slots),
+    }
+    for name, fn in device_cases.items():
+        res[f"parts device us {name}"] = graph_us(fn, n=200)
+        print(f"parts device {name:34s} {res[f'parts device us {name}']:7.2f} us (CUDA graph)", flush=True)
+    tw, ids = tk.moe_gate(x, rw, rb, 4)
+    moe = tk.moe_apply.prepare(x, tw, ids, lay.experts, cfg.activation, plan=lay.moe_plan)
+    for _ in range(4):
+        moe(x, tw, ids, lay.experts, cfg.activation, plan=lay.moe_plan)  # captures the layer's graphs
+    torch.cuda.synchronize()
+    from tokenspeed_kernel_nvidia.hopper.moe import layer as hl
+
+    graphs = hl._GRAPHS
+    entry = next(iter(graphs._graphs.values()))
+    host_cases = {
+        "moe_apply prepared": lambda: moe(x, tw, ids, lay.experts, cfg.activation, plan=lay.moe_plan),
+        "moe_apply public": lambda: tk.moe_apply(x, tw, ids, lay.experts, cfg.activation, plan=lay.moe_plan),
+        "graph replay": entry.graph.replay,
+        "graph output clone": entry.output.clone,
+        "GraphCache.usable": lambda: graphs.usable(x, tw, ids),
+        "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+        "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (2880,), lay.input_norm, 1e-5),
+        "rmsnorm public": lambda: tk.rmsnorm(x, lay.input_norm, 1e-5),
+        "F.linear qkv": lambda: torch.nn.functional.linear(x, lay.qkv_weight, lay.qkv_bias),
+        "torch.empty_like": lambda: torch.empty_like(x),
+    }
+    rounds: dict[str, list[float]] = {k: [] for k in host_cases}
+    busy: dict[str, list[float]] = {
+        k: [] for k in ("F.rms_norm", "rmsnorm public", "F.linear qkv", "moe_apply prepared")
+    }
+    for _ in range(5):
+        for name, fn in host_cases.items():
+            rounds[name].append(host_only_us(fn))
+        for name in busy:
+            busy[name].append(busy_host_us(host_cases[name]))
+    for name, v in rounds.items():
+        res[f"parts host us {name}"] = statistics.median(v)
+        print(f"parts host {name:34s} {statistics.median(v):7.2f} us (rounds {[round(t, 1) for t in v]})", flush=True)
+    for name, v in busy.items():
+        res[f"parts host us busy GPU {name}"] = statistics.median(v)
+        print(f"parts host, GPU busy, {name:24s} {statistics.median(v):7.2f} us (rounds {[round(t, 1) for t in v]})",
+              flush=True)  # fmt: skip
+
+
+def _rope_store_pair(tk, q, k, v, cs, pos, kc, vc, slots):
+    qr, kr = tk.apply_rotary(q, k, cs, pos)
+    tk.kvcache_store(kr, v, kc, vc, slots)
+    return qr
 
 
 def ab_probe(res, tk, d, bf, rounds: int = 7) -> None:

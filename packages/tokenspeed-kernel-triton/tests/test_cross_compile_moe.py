@@ -73,9 +73,10 @@ def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, **o
     return ("gemm", kernel, build)
 
 
-def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = None) -> tuple:
+def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = None, num_warps: int = 4) -> tuple:
     def build(family: str) -> tuple[dict, dict]:
-        return dict(constexprs), {"options": {"num_warps": 4, "num_stages": 1}, "pointers": dict(pointers or {})}
+        options = {"num_warps": num_warps, "num_stages": 1}
+        return dict(constexprs), {"options": options, "pointers": dict(pointers or {})}
 
     return (module, kernel, build)
 
@@ -96,10 +97,10 @@ KERNELS: dict[str, tuple] = {
     ),
     # moe_gate at GPT-OSS-20B's router (32 experts): one decode token on the CUDA cores, 16-token tiles by tl.dot.
     "gate_decode": _fixed(
-        "route", "_gate_kernel", {**_GATE, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 128}, {"w_ptr": "*fp32"}
+        "route", "_gate_kernel", {**_GATE, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 256}, {"w_ptr": "*fp32"}, num_warps=8
     ),
     "gate_dot": _fixed(
-        "route", "_gate_kernel", {**_GATE, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64}, {"w_ptr": "*fp32"}
+        "route", "_gate_kernel", {**_GATE, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64}, {"w_ptr": "*fp32"}, num_warps=8
     ),
     "sort_single": _fixed("dispatch", "_sort_single_kernel", {"BLOCK": 128, "E_PAD": 128}),
     "sort_count": _fixed("dispatch", "_count_kernel", {"BLOCK": 128, "E_PAD": 128}),

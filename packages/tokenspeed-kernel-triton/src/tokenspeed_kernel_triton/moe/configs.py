@@ -106,12 +106,13 @@ SORT_SCAN_TILE: dict[str, int] = {"nvidia": 4096, "amd": 4096, "interpret": 8}
 #: (rows, hidden columns) per row-gather program, hidden columns per combine program.
 ROUTE_BLOCK_T: dict[str, int] = {"nvidia": 16, "amd": 16, "interpret": 16}
 #: ``moe_gate`` by token count: ``(block_t, block_k, dot)``, tokens per program, the K step, and whether the
-#: logits go through tensor cores (``tl.dot``, 16 tokens and more) or fp32 products summed on the CUDA cores (few
-#: tokens: a decode step's router is one program per token reading ``W_r`` once, 184 KB at GPT-OSS sizes). Not
-#: measured: the decode rows keep ``block_t * E * block_k`` products at 4096 (32 experts) so they stay in registers.
+#: logits go through tensor cores (``tl.dot``, 16 tokens and more) or fp32 products accumulated on the CUDA cores
+#: (few tokens: a decode step's router is one program per token reading ``W_r`` once, 184 KB at GPT-OSS sizes), 8
+#: warps. The CUDA-core rows keep ``block_t * E * block_k`` accumulators at 8192 (capped in the wrapper for more
+#: experts). Not measured yet beyond one call's device time (session 17).
 GATE_TILES: dict[str, tuple[tuple[int | None, tuple[int, int, bool]], ...]] = {
-    "nvidia": ((1, (1, 128, False)), (15, (2, 64, False)), (None, (16, 64, True))),
-    "amd": ((1, (1, 128, False)), (15, (2, 64, False)), (None, (16, 64, True))),
+    "nvidia": ((1, (1, 256, False)), (15, (2, 128, False)), (None, (16, 64, True))),
+    "amd": ((1, (1, 256, False)), (15, (2, 128, False)), (None, (16, 64, True))),
     "interpret": ((4, (2, 32, False)), (None, (16, 32, True))),
 }
 GATHER_BLOCK: dict[str, tuple[int, int]] = {"nvidia": (16, 512), "amd": (16, 512), "interpret": (16, 512)}

@@ -83,18 +83,28 @@ def _gate_kernel(
     e_ok = eids < E
     x_rows = x_ptr + tokens[:, None].to(tl.int64) * stride_xt
     w_rows = wr_ptr + eids[:, None].to(tl.int64) * H
-    acc = tl.zeros((BLOCK_T, E_PAD), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < H
-        a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-        if DOT and DOT_FP32:  # Triton 3.6's interpreter multiplies bf16 storage bits as integers
-            acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        elif DOT:
-            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    if DOT:
+        acc = tl.zeros((BLOCK_T, E_PAD), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < H
+            a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+            if DOT_FP32:  # Triton 3.6's interpreter multiplies bf16 storage bits as integers
+                acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    else:
+        # Products accumulated lane by lane, reduced once at the end: the loop is loads and FMAs only, so its loads
+        # overlap (one program reads the whole router; a reduction per step serialised them).
+        acc3 = tl.zeros((BLOCK_T, E_PAD, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < H
+            a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+            acc3 += a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        acc = tl.sum(acc3, axis=2)
     if HAS_BIAS:
         acc += tl.load(br_ptr + eids, mask=e_ok, other=0.0).to(tl.float32)[None, :]
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -154,11 +164,11 @@ def moe_gate(
         family = family_of(dev)
         block_t, block_k, dot = lookup(GATE_TILES[family], t)
         e_pad = max(16, next_power_of_2(e)) if dot else next_power_of_2(e)
-        if not dot:  # the products of one K step stay in registers: at most 4096 a program
-            block_k = max(16, min(block_k, 4096 // (block_t * e_pad)))
+        if not dot:  # the accumulators stay in registers: at most 8192 a program (32 a thread at 8 warps)
+            block_k = max(16, min(block_k, 8192 // (block_t * e_pad)))
         cached(_gate_kernel)[(cdiv(t, block_t),)](
             x, x.stride(0), weight, bias, weights, ids, t, e, h,
             HAS_BIAS=bias is not None, TOPK=top_k, RENORMALIZE=renormalize, DOT=dot, DOT_FP32=family == "interpret",
-            BLOCK_T=block_t, E_PAD=e_pad, TOPK_PAD=next_power_of_2(top_k), BLOCK_K=block_k,
+            BLOCK_T=block_t, E_PAD=e_pad, TOPK_PAD=next_power_of_2(top_k), BLOCK_K=block_k, num_warps=8,
         )  # fmt: skip
     return weights, ids
