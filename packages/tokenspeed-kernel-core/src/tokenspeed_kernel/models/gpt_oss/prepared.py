@@ -27,14 +27,19 @@ class _Site:
         owner = self.owner
         i = owner._next
         owner._next = i + 1
+        try:
+            name, call = owner._calls[i]
+        except IndexError:
+            return self._prepare(i, args, kwargs)
+        if name is not self.name and name != self.name:
+            raise RuntimeError(
+                f"prepared call sites: call {i} is {self.name}, it was {name} when prepared (the code path changed)"
+            )
+        return call(*args, **kwargs)
+
+    def _prepare(self, i: int, args: tuple, kwargs: dict) -> Any:
+        owner = self.owner
         calls = owner._calls
-        if i < len(calls):
-            name, call = calls[i]
-            if name != self.name:
-                raise RuntimeError(
-                    f"prepared call sites: call {i} is {self.name}, it was {name} when prepared (the code path changed)"
-                )
-            return call(*args, **kwargs)
         op = getattr(owner._ops, self.name)
         try:
             call = op.prepare(*args, **kwargs)
