@@ -120,8 +120,16 @@ def test_bad_demo_options_are_one_line_errors(capsys, argv, message):
 def test_model_demo(capsys):
     assert main(MODEL_ARGS) == 0
     out = capsys.readouterr().out
-    for op in ("mha_prefill", "mha_decode_with_kvcache", "kvcache_store", "apply_rotary_and_store", "moe_apply", "moe_gate",
-               "argmax", "mm"):
+    for op in (
+        "mha_prefill",
+        "mha_decode_with_kvcache",
+        "kvcache_store",
+        "apply_rotary_and_store",
+        "moe_apply",
+        "moe_gate",
+        "argmax",
+        "mm",
+    ):
         assert f"reference.{op}" in out, op
     assert "2 layer(s)" in out and "prefill: 13 tokens" in out
     assert "relative error median 0" in out and "greedy tokens equal to the reference's argmax: 6 of 6" in out

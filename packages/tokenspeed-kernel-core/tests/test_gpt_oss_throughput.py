@@ -55,8 +55,16 @@ def test_cpu_smoke_run(tool, tmp_path, capsys):
         assert [(r["batch"], r["context"]) for r in res["decode"]] == [(1, 8), (2, 8)]
         assert all(r["tokens_per_s"] > 0 and not r["cuda_graph"] for r in res["decode"])
         ops = res["kernels"]
-        for op in ("mha_prefill", "mha_decode_with_kvcache", "kvcache_store", "apply_rotary_and_store", "moe_apply",
-                   "moe_gate", "mm", "argmax"):
+        for op in (
+            "mha_prefill",
+            "mha_decode_with_kvcache",
+            "kvcache_store",
+            "apply_rotary_and_store",
+            "moe_apply",
+            "moe_gate",
+            "mm",
+            "argmax",
+        ):
             assert ops[op]["kernels"] == [f"reference.{op}"], op
         assert ops["mm"]["calls"] > ops["moe_apply"]["calls"] > 0
         assert set(res["decode_op_us"]["ops"]) >= {"mha_decode_with_kvcache", "moe_apply"}
