@@ -82,6 +82,11 @@ def main() -> None:
         "GPU is busy",
     )  # fmt: skip
     p.add_argument(
+        "--gc", action="store_true",
+        help="the decode steps' eager rounds again, alternated with rounds under gc.freeze() (every object made so far "
+        "moved out of the collector's generations, as serving engines do after warm-up)",
+    )  # fmt: skip
+    p.add_argument(
         "--sites", action="store_true",
         help="in-situ host time of every op call of the decode steps (each call timed where the model makes it; "
         "the rest of the step is the model's own Python): a table per config",
@@ -473,6 +478,24 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
     for _ in range(args.rounds):
         for conf, (step, _) in steps.items():
             eager[conf].append(per_call_us(step, n=10))
+    if args.gc:
+        import gc
+
+        frozen: dict[str, list[float]] = {c: [] for c in steps}
+        unfrozen: dict[str, list[float]] = {c: [] for c in steps}
+        for _ in range(args.rounds):
+            for conf, (step, _) in steps.items():
+                unfrozen[conf].append(per_call_us(step, n=10))
+                gc.freeze()
+                try:
+                    frozen[conf].append(per_call_us(step, n=10))
+                finally:
+                    gc.unfreeze()
+        for conf in steps:
+            a, b = statistics.median(unfrozen[conf]), statistics.median(frozen[conf])
+            res[f"gc decode step eager ({conf})"] = {"default": unfrozen[conf], "frozen": frozen[conf]}
+            print(f"gc {conf}: eager {a:.0f} us, under gc.freeze() {b:.0f} us (rounds {[round(v) for v in unfrozen[conf]]}"
+                  f" / {[round(v) for v in frozen[conf]]})", flush=True)  # fmt: skip
     proxy.append(per_call_us(lambda: torch.nn.functional.rms_norm(xr, (2880,), wr, 1e-5)))
     res["F.rms_norm 1 x 2880 eager, before / after the rounds"] = proxy
     print(f"host proxy: F.rms_norm {proxy[0]:.1f} / {proxy[1]:.1f} us before / after the rounds", flush=True)

@@ -24,11 +24,11 @@ class _FakeGraph:
 
 
 def _fake_capture(cache):
-    def capture(key, inputs, fn, *, copy_inputs):
+    def capture(key, inputs, fn, *, copy_inputs, keep_output=True):
         # In place, the fake replays on the caller's tensor objects: what a graph reading their addresses sees.
         static = tuple(t.clone() for t in inputs) if copy_inputs else tuple(inputs)
         out = fn(*static)
-        entry = G._Graph(_FakeGraph(fn, static, out), static if copy_inputs else (), out)
+        entry = G._Graph(_FakeGraph(fn, static, out), static if copy_inputs else (), out if keep_output else None)
         cache._graphs[key] = entry
         cache.captures += 1
         return entry
@@ -93,6 +93,43 @@ def test_in_place_replays_read_the_inputs_where_they_are_and_other_addresses_tak
     assert cache.captures == 2
 
 
+def test_in_place_graphs_with_a_new_output_write_it_where_it_is(monkeypatch):
+    """``new_output``: the in-place graph is keyed by the output's address too, writes that tensor (the fake replay
+    writes the captured output object, as a graph writes its address) and returns it without a clone; the entry holds
+    no reference to it; the direct and copying paths fill the new output too."""
+    cache = G.GraphCache("t", max_graphs=4)
+    monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+
+    def fn(a, b, out=None):
+        return torch.add(a * 2, b, out=out)
+
+    a, b = torch.arange(4.0), torch.ones(4)
+    key = (G.tensor_key(a), G.tensor_key(b))
+    buf = torch.empty(4)  # the "allocator's" block: the same address call after call
+    made = []
+
+    def new_output():
+        made.append(1)
+        return buf
+
+    first = cache.run(key, (a, b), fn, in_place=True, new_output=new_output)  # direct, into the new output
+    assert first is buf and torch.equal(buf, fn(a, b)) and cache.captures == 0
+    buf.zero_()
+    second = cache.run(key, (a, b), fn, in_place=True, new_output=new_output)  # captured in place, then replayed
+    place = (key, (a.data_ptr(), b.data_ptr(), buf.data_ptr()))
+    assert second is buf and torch.equal(buf, fn(a, b)) and cache.captures == 1
+    assert cache._graphs[place].output is None and cache._graphs[place].inputs == ()
+    a.mul_(3)
+    buf.zero_()
+    assert cache.run(key, (a, b), fn, in_place=True, new_output=new_output) is buf  # a replay: no clone
+    assert torch.equal(buf, fn(a, b)) and cache._graphs[place].graph.replays == 2 and len(made) == 3
+    other = torch.empty(4)  # an output at another address: not that graph's call; the copying graph fills it
+    for _ in range(2):
+        got = cache.run(key, (a, b), fn, in_place=True, new_output=lambda: other)
+        assert got is other and torch.equal(other, fn(a, b))
+    assert key in cache._graphs and cache.captures == 3
+
+
 def test_in_place_graphs_have_their_own_budget_and_at_most_two_address_sets_a_key(monkeypatch):
     cache = G.GraphCache("t", max_graphs=2)
     monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
@@ -125,7 +162,7 @@ def test_a_failed_capture_warns_once_and_the_key_runs_directly(monkeypatch):
     cache = G.GraphCache("t")
     tries = []
 
-    def failing(key, inputs, fn, *, copy_inputs):
+    def failing(key, inputs, fn, *, copy_inputs, keep_output=True):
         tries.append(key)
         raise RuntimeError("operation not permitted when stream is capturing")
 

@@ -25,7 +25,8 @@ layer, route included, in a CUDA graph (``docs/benchmarks/h200-2026-12-01``).
   replay computes the call it stands for; the graph keeps no reference to them. Calls whose
   addresses do not recur take the copying graph of ``key``. These graphs have their own budget
   (``max_graphs`` of them, at most ``PLACES_PER_KEY`` address sets a key), so they never crowd
-  out the copying graphs of new shapes.
+  out the copying graphs of new shapes. With ``new_output`` (a function making the call's output tensor) the
+  in-place graph also writes that tensor where it is, keyed by its address: a replay returns it, with no clone.
 - The first call of a key runs directly; the second warms the path up on a side stream
   and captures it (a few ms, once); later ones replay. A shape seen once (a prefill
   chunk, a one-off batch) never costs a capture.
@@ -130,13 +131,22 @@ class GraphCache:
         fn: Callable[..., torch.Tensor],
         *,
         in_place: bool = False,
+        new_output: Callable[[], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``fn(*inputs)``, replayed from the graph captured for ``key`` (captured now on a miss).
 
         ``in_place``: first the graph of these inputs' addresses, which reads them without copies (module doc).
+        ``new_output``: with ``in_place``, makes the call's output (``torch.empty_like(x)``), which ``fn`` then fills
+        through ``out=``: the in-place graph is keyed by its address too and writes it, so a replay returns it
+        without a clone (a decode loop's allocations recur, the output's as well); other paths copy into it.
         """
+        result = None
         if in_place:
-            place = (key, tuple([t.data_ptr() for t in inputs]))
+            addresses = [t.data_ptr() for t in inputs]
+            if new_output is not None:
+                result = new_output()
+                addresses.append(result.data_ptr())
+            place = (key, tuple(addresses))
             entry = self._graphs.get(place)
             if (
                 entry is None
@@ -145,14 +155,15 @@ class GraphCache:
                 and place not in self._failed
                 and self._seen_before(place)
             ):
-                entry = self._try_capture(place, inputs, fn, copy_inputs=False)
+                call = fn if result is None else (lambda *a: fn(*a, out=result))
+                entry = self._try_capture(place, inputs, call, copy_inputs=False, keep_output=result is None)
                 if entry is not None:
                     with self._lock:
                         self._in_place += 1
                         self._places[key] = self._places.get(key, 0) + 1
             if entry is not None:
                 entry.graph.replay()
-                return entry.output.clone()
+                return result if result is not None else entry.output.clone()
         entry = self._graphs.get(key)
         if entry is None:
             if (
@@ -160,14 +171,14 @@ class GraphCache:
                 or key in self._failed
                 or not self._seen_before(key)
             ):
-                return fn(*inputs)
+                return fn(*inputs) if result is None else fn(*inputs, out=result)
             entry = self._try_capture(key, inputs, fn, copy_inputs=True)
             if entry is None:
-                return fn(*inputs)
+                return fn(*inputs) if result is None else fn(*inputs, out=result)
         for static, t in zip(entry.inputs, inputs):
             static.copy_(t)
         entry.graph.replay()
-        return entry.output.clone()
+        return entry.output.clone() if result is None else result.copy_(entry.output)
 
     def _seen_before(self, key: Hashable) -> bool:
         """True from a key's second sighting on (the first one is only remembered)."""
@@ -180,11 +191,18 @@ class GraphCache:
         return False
 
     def _try_capture(
-        self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor], *, copy_inputs: bool
+        self,
+        key: Hashable,
+        inputs: Sequence[torch.Tensor],
+        fn: Callable[..., torch.Tensor],
+        *,
+        copy_inputs: bool,
+        keep_output: bool = True,
     ) -> _Graph | None:
-        """The graph captured for ``key``, or None when the path is not capturable (then the key runs directly)."""
+        """The graph captured for ``key``, or None when the path is not capturable (then the key runs directly).
+        ``keep_output=False``: the graph writes a caller's tensor (``new_output``), which the entry must not hold."""
         try:
-            return self._capture(key, inputs, fn, copy_inputs=copy_inputs)
+            return self._capture(key, inputs, fn, copy_inputs=copy_inputs, keep_output=keep_output)
         except Exception as exc:  # the path is not capturable after all: run it directly from now on
             self._failed.add(key)
             warnings.warn(
@@ -195,7 +213,13 @@ class GraphCache:
             return None
 
     def _capture(
-        self, key: Hashable, inputs: Sequence[torch.Tensor], fn: Callable[..., torch.Tensor], *, copy_inputs: bool
+        self,
+        key: Hashable,
+        inputs: Sequence[torch.Tensor],
+        fn: Callable[..., torch.Tensor],
+        *,
+        copy_inputs: bool,
+        keep_output: bool = True,
     ) -> _Graph:
         # Copying: the graph reads static buffers it owns. In place: the caller's tensors, which the entry must not
         # keep alive (an address held would never be handed out again, so it would never recur).
@@ -209,7 +233,7 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             output = fn(*static)
-        entry = _Graph(graph, static if copy_inputs else (), output)
+        entry = _Graph(graph, static if copy_inputs else (), output if keep_output else None)
         with self._lock:
             self._graphs[key] = entry
             self.captures += 1

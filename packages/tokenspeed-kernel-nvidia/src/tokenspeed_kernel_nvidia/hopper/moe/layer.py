@@ -32,7 +32,7 @@ import dataclasses
 import torch
 
 from tokenspeed_kernel.core.platform import current_stream_id
-from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
+from tokenspeed_kernel.graphs import GraphCache, in_place_key
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
@@ -321,6 +321,27 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
 #: eager calls of at most this many tokens replay a captured graph (host cost; a few MB a graph at 64 tokens).
 GRAPH_MAX_TOKENS = 64
 _GRAPHS = GraphCache("hopper.moe_apply", max_graphs=128)
+#: what an eager graph's key holds of a weights object or an activation, by value, as one int (a key is hashed per
+#: call: nested tuples of shapes and a dataclass cost microseconds each time).
+_TOKENS: dict = {}
+
+
+def _graph_token(obj: MoEWeights | MoEActivation) -> int:
+    """An int per value of what a graph bakes in about ``obj``, cached on the (frozen) object: for weights, the decode
+    choice, layout, gate/up order and the tensors' addresses, shapes, strides and dtypes (:func:`in_place_key`); for an
+    activation, its fields. Equal values share the int."""
+    token = obj.__dict__.get("_hopper_graph_token")
+    if token is None:
+        if isinstance(obj, MoEWeights):  # (called outside any capture: _two_step may read the scales)
+            value = (
+                "weights", _two_step(obj), obj.gate_up_interleaved, obj.layout,
+                in_place_key(obj.w13, obj.w13_scale, obj.w2, obj.w2_scale, obj.w13_bias, obj.w2_bias),
+            )  # fmt: skip
+        else:
+            value = ("activation", obj)
+        token = _TOKENS.setdefault(value, len(_TOKENS))
+        object.__setattr__(obj, "_hopper_graph_token", token)
+    return token
 
 
 def moe_apply(
@@ -384,18 +405,19 @@ def moe_apply(
         and _GRAPHS.usable(x, topk_weights, topk_ids)
     ):
         # The graph bakes in the decode chosen from the scale values (read once per weights object, here,
-        # outside any capture): it is part of the key, as the weights' addresses and shapes are.
+        # outside any capture): it is part of the key, as the weights' addresses and shapes are (one int per
+        # weights object and activation: _graph_token).
         key = (
-            _two_step(weights), tensor_key(x), tensor_key(topk_weights), tensor_key(topk_ids),
-            weights.gate_up_interleaved, weights.layout, activation, fp8, decode.PDL_ENABLED,
-            in_place_key(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias,
-                         weights.w2_bias),
+            _graph_token(weights), _graph_token(activation), fp8, decode.PDL_ENABLED,
+            x.shape, x.stride(), x.dtype, x.device, topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
+            topk_ids.shape, topk_ids.stride(),
         )  # fmt: skip
         return _GRAPHS.run(
             key,
             (x, topk_weights, topk_ids),
-            lambda a, w, i: moe_apply(a, w, i, weights, activation, graphs=False, fp8=fp8),
+            lambda a, w, i, out=None: moe_apply(a, w, i, weights, activation, out=out, graphs=False, fp8=fp8),
             in_place=True,
+            new_output=lambda: torch.empty_like(x),
         )
     result = out if out is not None and out.is_contiguous() else torch.empty_like(x)
     if t == 0 or h == 0:
