@@ -258,12 +258,12 @@ def parts_probe(res, tk, d, bf) -> None:
     from tokenspeed_kernel_nvidia.hopper.moe import layer as hl
 
     graphs = hl._GRAPHS
-    entry = next(iter(graphs._graphs.values()))
+    # A copying graph to replay alone (in-place ones write a caller's output, which may be gone): None when there is none.
+    entry = next((e for e in graphs._graphs.values() if e.output is not None), None)
     host_cases = {
         "moe_apply prepared": lambda: moe(x, tw, ids, lay.experts, cfg.activation, plan=lay.moe_plan),
         "moe_apply public": lambda: tk.moe_apply(x, tw, ids, lay.experts, cfg.activation, plan=lay.moe_plan),
-        "graph replay": entry.graph.replay,
-        "graph output clone": entry.output.clone,
+        **({"graph replay": entry.graph.replay, "graph output clone": entry.output.clone} if entry else {}),
         "GraphCache.usable": lambda: graphs.usable(x, tw, ids),
         "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
         "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (2880,), lay.input_norm, 1e-5),

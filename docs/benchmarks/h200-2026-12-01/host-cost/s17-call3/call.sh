@@ -15,3 +15,11 @@ N=$R/packages/tokenspeed-kernel-nvidia/tests
 timeout 170 python3 tools/host_probe.py --out $OUT/r --skip-ops --parts --gc --sites --layers 24 \
   --decode-configs full+prepared+plan,full+prepared,full --rounds 3 > $OUT/r/probe.log 2>&1; echo "probe rc $?"
 cut -c1-180 $OUT/r/probe.log
+# What ran: this script's tests stage hit its 150 s timeout after 14 passes and no failure (r/tests-timed-out.log: the
+# 3 model GPU tests, then 11 Hopper cases); the probe crashed in --parts (it cloned a copying graph's output, and the
+# in-place graphs now hold none: r/probe-first-crashed.log). On the warm machine, with the tree of this commit:
+# 3b/3c: the probe fixed (a copying graph looked for, its replay/clone timed only when one exists), then
+#   export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site; timeout 190 python3 tools/host_probe.py --out $OUT/r --skip-ops \
+#     --parts --gc --sites --layers 24 --decode-configs full+prepared+plan,full+prepared,full --rounds 3
+#   (3b stopped at the same clone: the 1-layer setup has no copying graph; 3c ran: r/probe.log, r/host_probe.json)
+# 3d: the Hopper graph-replay cases alone (r/hopper-tests.txt): 12 passed.
