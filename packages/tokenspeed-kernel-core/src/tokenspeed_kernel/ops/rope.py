@@ -124,8 +124,7 @@ def _bind_apply_rotary_and_store(
         ``q_rotated [T, Hq, D]`` in ``q``'s dtype.
     """
     traits = _check_rotary(q, k, cos_sin_cache, positions, style)
-    check_kv_store(k, v, k_cache, v_cache, slot_mapping)
-    check_same_device("q", q, k_cache=k_cache)
+    check_kv_store(k, v, k_cache, v_cache, slot_mapping)  # (k is in both checks' device sets: one device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k_cache.dtype])
     return kernel_call(
         q.device, sig, traits, (q.shape[0],),

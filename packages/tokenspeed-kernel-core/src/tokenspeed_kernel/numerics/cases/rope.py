@@ -25,23 +25,25 @@ def _make(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, A
     }
 
 
-def _from_capture(c: CapturedCall) -> Case | None:
-    q, k, cache = c.shape(0), c.shape(1), c.shape(2)
+def _rotary_params(c: CapturedCall, cache_at: int) -> dict[str, Any] | None:
+    """The rotation's case parameters of a captured call (q and k first, the cos/sin table at ``cache_at``)."""
+    q, k, cache = c.shape(0), c.shape(1), c.shape(cache_at)
     if q is None or k is None or cache is None:
         return None
-    return Case.make(
-        "apply_rotary",
-        c.dtype(0),
-        {
-            "tokens": q[0],
-            "heads_q": q[1],
-            "heads_k": k[1],
-            "head_dim": q[2],
-            "rotary_dim": cache[1],
-            "style": c.value("style", "neox"),
-            "max_position": cache[0],
-        },
-    )
+    return {
+        "tokens": q[0],
+        "heads_q": q[1],
+        "heads_k": k[1],
+        "head_dim": q[2],
+        "rotary_dim": cache[1],
+        "style": c.value("style", "neox"),
+        "max_position": cache[0],
+    }
+
+
+def _from_capture(c: CapturedCall) -> Case | None:
+    params = _rotary_params(c, 2)
+    return None if params is None else Case.make("apply_rotary", c.dtype(0), params)
 
 
 def _rope_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
@@ -118,27 +120,17 @@ def _make_store(case: Case, device: torch.device, gen: torch.Generator) -> dict[
 
 
 def _store_from_capture(c: CapturedCall) -> Case | None:
-    q, k, cache, kc = c.shape(0), c.shape(1), c.shape(3), c.shape(5)
-    if q is None or k is None or cache is None or kc is None:
+    params, kc = _rotary_params(c, 3), c.shape(5)
+    if params is None or kc is None:
         return None
     sample = c.sample(7)
-    return Case.make(
-        "apply_rotary_and_store",
-        c.dtype(0),
-        {
-            "tokens": q[0],
-            "heads_q": q[1],
-            "heads_k": k[1],
-            "head_dim": q[2],
-            "rotary_dim": cache[1],
-            "style": c.value("style", "neox"),
-            "max_position": cache[0],
-            "page_size": kc[1],
-            "num_pages": kc[0],
-            "pad": sum(1 for s in sample if s < 0) if sample is not None else 0,
-            "cache_dtype": "fp8_e4m3" if c.dtype(5) == "fp8_e4m3" else "same",
-        },
+    params.update(
+        page_size=kc[1],
+        num_pages=kc[0],
+        pad=sum(1 for s in sample if s < 0) if sample is not None else 0,
+        cache_dtype="fp8_e4m3" if c.dtype(5) == "fp8_e4m3" else "same",
     )
+    return Case.make("apply_rotary_and_store", c.dtype(0), params)
 
 
 def _store_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:

@@ -223,6 +223,8 @@ def check_shapes(weights: MoEWeights) -> None:
     """The shapes the kernels take: hidden and intermediate multiples of 64 (a 64-value K tail), and
     code rows / scale bytes contiguous within an expert (the kernels address rows as ``K / 2`` bytes;
     the expert and scale-row strides are arguments)."""
+    if weights.__dict__.get("_hopper_shapes_ok"):  # checked once per (frozen) weights object
+        return
     h, i = weights.hidden, weights.intermediate
     if h % 64 or i % 64:
         raise ValueError(f"weights: hopper.moe_apply needs hidden ({h}) and intermediate ({i}) divisible by 64")
@@ -232,6 +234,7 @@ def check_shapes(weights: MoEWeights) -> None:
             raise ValueError(
                 f"{name}: hopper.moe_apply needs rows contiguous within an expert (call .contiguous() once)"
             )
+    object.__setattr__(weights, "_hopper_shapes_ok", True)
 
 
 def _is_packed(weights: MoEWeights) -> bool:
