@@ -92,6 +92,11 @@ def main() -> None:
         "the rest of the step is the model's own Python): a table per config",
     )  # fmt: skip
     p.add_argument(
+        "--spin", type=float, default=0.0, metavar="SECONDS",
+        help="after warm-up, run each config's eager step back to back for SECONDS (one sync a step) inside spin(), then "
+        "exit: for a sampling profiler attached to the process (py-spy record ... -- python tools/host_probe.py ...)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", action="store_true",
         help="in one process, alternated: moe_apply at one token with its in-place eager graph and with the copying "
         "one; a torch add + rmsnorm against rmsnorm(residual=) (host time only; then the decode steps)",
@@ -427,6 +432,16 @@ def ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev) -> None:
         json.dump(res, fo, indent=1)
 
 
+def spin(step, seconds: float) -> tuple[int, float]:
+    """``step()`` back to back for ``seconds`` (a sync after each): the frames a profiler samples under this one."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        torch.cuda.synchronize()
+        n += 1
+    return n, time.perf_counter() - t0
+
+
 def decode_steps(args, res, rec, tk, d, bf) -> None:
     """Eager vs graph decode step per config, the configs timed round-robin (the host drifts)."""
     import statistics
@@ -470,6 +485,27 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         for _ in range(3):
             step()  # compiles, captures the eager graphs of the MoE, fills every cache
         steps[conf] = (step, model)
+    for conf, (_, model) in steps.items():  # which prepared calls replay a launch plan (code that has them)
+        status: dict[str, int] = {}
+        for sites_list in getattr(model, "_decode_sites", {}).values():
+            for sites in sites_list:
+                for name, call in sites._calls:
+                    why = getattr(call, "plan_status", None)
+                    if why is not None:
+                        k = f"{name} -> {call.kernel}: {why[:160]}"
+                        status[k] = status.get(k, 0) + 1
+        if status:
+            res[f"launch plans ({conf})"] = status
+            for k, n in sorted(status.items()):
+                print(f"plans {conf}: {n:3d} x {k}", flush=True)
+    if args.spin:
+        for conf, (step, _) in steps.items():
+            n, secs = spin(step, args.spin)
+            res[f"spin ({conf})"] = {"steps": n, "seconds": secs}
+            print(f"spin {conf}: {n} steps in {secs:.2f} s, {secs / n * 1e6:.0f} us a step (sampled)", flush=True)
+        with open(os.path.join(args.out, "host_probe.json"), "w") as fo:
+            json.dump(res, fo, indent=1)
+        return  # the profile is the result: no timed rounds under a sampler
     # The host's speed drifts between processes (2-3x across calls): a torch call timed around the rounds, so
     # steps of processes can be compared in its units.
     xr, wr = torch.randn(1, 2880, device=d, dtype=bf), torch.ones(2880, device=d, dtype=bf)

@@ -23,6 +23,7 @@ import types
 
 import pytest
 import torch
+from _fake_launch import FakeLauncher
 
 import tokenspeed_kernel as tk
 from tokenspeed_kernel import launch as L
@@ -139,19 +140,6 @@ def test_refinement_check_has_teeth(recorded, on_device):
     assert conflicts
 
 
-class _FakeLauncher:
-    global_scratch_size = 0
-    profile_scratch_size = 0
-    launch_cooperative_grid = False
-    launch_pdl = False
-
-    def __init__(self, log):
-        self.log = log
-
-    def launch(self, *a):
-        self.log.append(("hit", a))
-
-
 class _FakeJit:
     """A real kernel's parameters and Triton binder; ``[grid]`` records a JIT launch and returns a fake compiled kernel."""
 
@@ -169,7 +157,7 @@ class _FakeJit:
             kernel = self.compiled.setdefault(
                 spec,
                 types.SimpleNamespace(
-                    run=_FakeLauncher(self.log), function=len(self.compiled) + 100, packed_metadata=("meta", spec)
+                    run=FakeLauncher(self.log), function=len(self.compiled) + 100, packed_metadata=("meta", spec)
                 ),
             )
             self.log.append(("jit", grid, list(bound.values()), kernel.function))

@@ -33,6 +33,16 @@ pytestmark = pytest.mark.gpu
 
 IN_TREE = ("triton.", "hopper.")
 
+#: ops whose in-tree kernels' calls must record a launch plan (the GPT-OSS decode step's Triton ops).
+MUST_RECORD = {
+    "rmsnorm",
+    "apply_rotary_and_store",
+    "mha_decode_with_kvcache",
+    "moe_gate",
+    "apply_rotary",
+    "kvcache_store",
+}
+
 
 def _tensors(v):
     from tokenspeed_kernel.ops.moe import MoEWeights
@@ -123,6 +133,7 @@ def test_cached_launch_matches_jit_and_graph_replays(op):
                 replayed = oc.outputs(kc, result)
                 bad = _same(oc, case, replayed, first, det)
                 assert not bad, f"{where}: graph replay differs: {bad}"
+            _check_launch_plan(op, oc, case, call, spec, first, det, where)
             ran += 1
     assert ran, f"{op}: no in-tree kernel took any gpu case"
     # The calls above went through the cache: every launcher used holds a compiled kernel, none is uncacheable,
@@ -133,3 +144,31 @@ def test_cached_launch_matches_jit_and_graph_replays(op):
     assert used and all(v["cached"] and not v["uncacheable"] for v in used.values()), used
     unmodelled = {k for k, v in info.items() if v["unmodelled"]}
     assert unmodelled <= DESCRIPTOR_KERNELS, unmodelled
+
+
+def _check_launch_plan(op, oc, case, call, spec, first, det, where):
+    """The call recorded as a launch plan (when it can be) and replayed on a fresh copy of its inputs: the replay
+    runs without the wrapper (its fallback is never taken) and gives the outputs the call gave."""
+    from tokenspeed_kernel.launch_plan import record
+
+    kc = call_for_kernel(op, clone_call(call), spec)
+    names = list(kc)
+    plain = []
+
+    def run(*vals):
+        plain.append(1)
+        return oc.fn(**dict(zip(names, vals)))
+
+    result, plan, why = record(run, tuple(kc.values()))
+    recorded = oc.outputs(kc, result)
+    assert not _same(oc, case, recorded, first, det), f"{where}: the recorded call differs"
+    if plan is None:
+        assert op not in MUST_RECORD, f"{where}: not recordable: {why}"
+        return
+    again = call_for_kernel(op, clone_call(call), spec)
+    n = len(plain)
+    replayed = oc.outputs(again, plan.replay(*again.values()))
+    torch.cuda.synchronize()
+    assert len(plain) == n, f"{where}: the replay fell back to the wrapper"
+    bad = _same(oc, case, replayed, first, det)
+    assert not bad, f"{where}: launch-plan replay differs: {bad} ({plan})"

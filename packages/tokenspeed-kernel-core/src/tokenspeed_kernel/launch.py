@@ -96,6 +96,10 @@ _jit_blocks = 0
 _blocks_lock = threading.Lock()
 
 
+#: launch-plan recordings open in any thread (``launch_plan.record``): while none is, a hit records nothing.
+_recording = 0
+
+
 def _jit_forced() -> bool:
     return _ENV_JIT or (_jit_blocks > 0 and getattr(_state, "jit", False))
 
@@ -216,6 +220,20 @@ def _spec_and_args(keyfs: list[Any], params: list[Any], args: tuple) -> tuple[tu
     return ("slow", *(a if p.is_constexpr else _slow_spec(a) for p, a in zip(params, args))), args
 
 
+def _note_jit(name: str) -> None:
+    """A launch through Triton's JIT path while this thread records a launch plan: the call is not recordable."""
+    rec = getattr(_state, "recorder", None)
+    if rec is not None:
+        rec.refuse(f"{name}: a launch through Triton's JIT path")
+
+
+def _only_recorder(calls: Any) -> bool:
+    """Whether the only launch hook is a launch-plan recording's (which must not turn the cache off)."""
+    from .launch_plan import _recorder_hook
+
+    return type(calls) is list and all(c is _recorder_hook for c in calls)
+
+
 class _Entry:
     """What a cache hit needs: the C launch function and its fixed arguments."""
 
@@ -267,10 +285,11 @@ class CachedLaunch:
             self._bind_runtime()
         # Triton 3.6 keeps the hooks in a HookChain (empty unless a profiler added one); older ones a callable or None.
         hook = self._knobs.launch_enter_hook
+        calls = getattr(hook, "calls", hook)
         if (
             self._cacheable
             and type(grid) is tuple
-            and not getattr(hook, "calls", hook)
+            and (not calls or (_recording and _only_recorder(calls)))
             and not ((_ENV_JIT or _jit_blocks) and _jit_forced())
         ):
             keyfs = self._keys.get(len(args))
@@ -284,12 +303,18 @@ class CachedLaunch:
                     entry = None
                 if entry:
                     g = grid if len(grid) == 3 else (*grid, 1, 1)
+                    if _recording:
+                        rec = getattr(_state, "recorder", None)
+                        if rec is not None:
+                            rec.hits.append((self, entry, g, dev, args, largs))
                     entry.launch(
                         g[0], g[1], g[2], self._getstream(dev), entry.function, entry.coop, entry.pdl, None, None,
                         entry.packed, None, None, None, *largs, *entry.tail,
                     )  # fmt: skip
                     return
                 if entry is None:  # uncacheable call (or key): JIT path every time
+                    if _recording:
+                        _note_jit(self.__name__)
                     self._check_kwargs(kwargs)
                     self.fn[grid](*args, **kwargs)
                     return
@@ -297,6 +322,8 @@ class CachedLaunch:
                 return
             self._miss(grid, args, kwargs)
             return
+        if _recording:
+            _note_jit(self.__name__)
         self._check_kwargs(kwargs)
         self.fn[grid](*args, **kwargs)
 
@@ -313,6 +340,8 @@ class CachedLaunch:
 
     def _miss(self, grid: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         """JIT path; then remember the compiled kernel under this call's key."""
+        if _recording:
+            _note_jit(self.__name__)
         self._check_kwargs(kwargs)
         self.misses += 1
         kernel = self.fn[grid](*args, **kwargs)

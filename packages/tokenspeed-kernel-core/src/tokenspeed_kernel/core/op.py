@@ -461,9 +461,13 @@ class PreparedCall:
         "_kw_names",
         "_n",
         "_names",
+        "_plain",
         "_run",
+        "_tries",
         "kernel",
+        "launch_plan",
         "op",
+        "plan_status",
     )  # fmt: skip
 
     def __init__(self, op: Op, args: tuple, kwargs: dict, solution: Target | None, override: Target | None) -> None:
@@ -481,9 +485,33 @@ class PreparedCall:
         self._n, self._kw_names = len(args), tuple(kwargs)
         arg_i, self._names, kw_i, self._consts = recipes
         self._get_args, self._get_kwargs = _getter(arg_i), _getter(kw_i)
-        self._run = _runner(sel.fn, len(flat), recipes)
+        self._plain = self._run = _runner(sel.fn, len(flat), recipes)
         self._key = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         self._call = (signature, traits)
+        self.launch_plan = None
+        self._tries = 0
+        if device.type == "cuda" and _launch_plans_enabled():
+            self._run = self._record_run
+            self.plan_status = "not recorded yet (from the second call)"
+        else:
+            self.plan_status = "off (TOKENSPEED_KERNEL_LAUNCH_PLANS=0, TOKENSPEED_KERNEL_LAUNCH=jit, no CUDA, or ROCm)"
+
+    def _record_run(self, *flat: Any) -> Any:
+        """The call while it has no launch plan: the first runs plainly (it compiles and fills the launch caches);
+        the next ones record (:mod:`~tokenspeed_kernel.launch_plan`) until one records or three could not."""
+        from .. import launch_plan
+
+        n = self._tries = self._tries + 1
+        if n == 1 or torch.cuda.is_current_stream_capturing():
+            return self._plain(*flat)
+        result, plan, why = launch_plan.record(self._plain, flat)
+        if plan is not None:
+            self.launch_plan, self.plan_status, self._run = plan, "recorded", plan.replay
+        else:
+            self.plan_status = f"not recordable: {why}"
+            if n >= 4:
+                self._run = self._plain
+        return result
 
     def __repr__(self) -> str:
         return f"<tokenspeed_kernel prepared {self.op.name} -> {self.kernel}>"
@@ -515,6 +543,14 @@ class PreparedCall:
         got = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         if got != self._key:
             raise ValueError(f"{self.op.name} (prepared for {self._key}): this call is {got}; prepare it anew")
+
+
+def _launch_plans_enabled() -> bool:
+    try:
+        from ..launch_plan import launch_plans_enabled
+    except ImportError:  # no Triton
+        return False
+    return launch_plans_enabled()
 
 
 def _trait_items(traits: Mapping[str, object] | tuple) -> tuple:

@@ -1,0 +1,248 @@
+"""Launch plans (``tokenspeed_kernel.launch_plan``) on CPU: a replay makes the launches the wrapper makes.
+
+The kernels are real ``triton.jit`` functions (their parameters drive the launch key); their launches go to a
+fake C launcher that logs its arguments, and CPU tensors stand in for device tensors (the launch key's guard
+reads ``is_cpu``). Every address in a log is named by where it comes from (an argument plus an offset, or the
+n-th allocation of the call plus an offset), so a replay's log can be compared with the wrapper's own on new
+tensors: same kernels, grids, scalars and addresses. The GPU test (``test_launch_gpu``) compares outputs.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from _fake_launch import FakeLauncher
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tokenspeed_kernel import launch as L
+from tokenspeed_kernel import launch_plan as LP
+
+
+@triton.jit
+def _k_rows(x, w, tmp, n, eps, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _k_out(tmp, y, x_tail, stride, BLOCK: tl.constexpr):
+    pass
+
+
+class _Jit:
+    """A JIT function's parameters; ``[grid]`` logs a JIT launch and returns a fake compiled kernel."""
+
+    def __init__(self, fn, log):
+        from triton.runtime.jit import JITFunction
+
+        jf = fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)  # (an InterpretedFunction under the interpreter)
+        self.params, self.__name__, self.log = jf.params, jf.__name__, log
+        self.device_caches = {}
+        self.kernel = types.SimpleNamespace(
+            run=FakeLauncher(log), function=id(self), packed_metadata=("meta", fn.__name__)
+        )
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.log.append(("jit", grid, args))
+            return self.kernel
+
+        return run
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CPU tensors pass for device tensors; the device and stream a GPU process would read."""
+    from triton import knobs
+
+    monkeypatch.setattr(L, "_DEVICE_ATTR", "is_cpu")
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 1234, raising=False)
+    log: list = []
+
+    def launcher(fn):
+        c = L.CachedLaunch(_Jit(fn, log))
+        c._knobs, c._compilation, c._cacheable = knobs.runtime, knobs.compilation, True
+        c._getdev, c._getstream = (lambda: 0), (lambda dev: 1234)
+        return c
+
+    return types.SimpleNamespace(log=log, launcher=launcher, rows=launcher(_k_rows), out=launcher(_k_out))
+
+
+def _wrapper(g, side=None, extra_op=False):
+    """A kernel wrapper of the usual shape: outputs and a temporary allocated, two launches, one on a view."""
+
+    def run(x, w, eps):
+        y = torch.empty_like(x)
+        tmp = torch.empty((x.shape[0], 4), dtype=torch.float32)
+        if extra_op:
+            tmp.zero_()
+        g.rows[(x.shape[0],)](x, w, tmp if side is None else side, x.shape[1], eps, BLOCK=16)
+        g.out[(x.shape[0], 2)](tmp, y, x[:, 1:], x.stride(0), BLOCK=32)
+        return y, tmp
+
+    return run
+
+
+class _Allocs(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.allocs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__.startswith("empty"):
+            self.allocs.append(out)
+        return out
+
+
+def _named(entries, inputs, allocs):
+    """The launcher logs with each address named: ("arg", i, offset) or ("alloc", n, offset)."""
+
+    def name(v):
+        if type(v) is not int or v < 4096:
+            return v
+        for i, t in enumerate(inputs):
+            s = t.untyped_storage()
+            if s.data_ptr() <= v < s.data_ptr() + s.nbytes():
+                return ("arg", i, v - t.data_ptr())
+        for n, t in enumerate(allocs):
+            if t.data_ptr() <= v < t.data_ptr() + t.untyped_storage().nbytes():
+                return ("alloc", n, v - t.data_ptr())
+        return ("unknown", v)
+
+    return [(kind, tuple(name(v) for v in a)) for kind, a in entries]
+
+
+def _logged(g, fn, args):
+    start = len(g.log)
+    with _Allocs() as m:
+        out = fn(*args)
+    return out, _named(g.log[start:], [a for a in args if isinstance(a, torch.Tensor)], m.allocs)
+
+
+def _inputs(rows=3, cols=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=gen), torch.randn(cols, generator=gen), 1e-5
+
+
+def test_replay_makes_the_wrappers_launches_on_new_tensors(fake_gpu):
+    g = fake_gpu
+    run = _wrapper(g)
+    run(*_inputs())  # misses: compiles (fake) and fills the launch caches
+    _, plan, why = LP.record(run, _inputs(seed=1))
+    assert plan is not None, why
+    assert plan.launches == ("_k_rows", "_k_out") and plan.allocations == 2
+    new = _inputs(seed=2)
+    want_out, want = _logged(g, run, new)
+    got_out, got = _logged(g, plan.replay, new)
+    assert [k for k, _ in want] == ["hit", "hit"] and got == want
+    # the results are new tensors of the wrapper's geometry, and the view's offset follows the new x
+    for a, b in zip(got_out, want_out):
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype) and a.data_ptr() != b.data_ptr()
+    assert ("arg", 0, 4) in got[1][1]  # x[:, 1:] of the new x (float32: 4 bytes on)
+
+
+def test_a_replay_falls_back_when_a_guard_fails(fake_gpu):
+    g = fake_gpu
+    calls = []
+
+    def counted(*a):
+        calls.append(1)
+        return _wrapper(g)(*a)
+
+    counted(*_inputs())
+    _, plan, why = LP.record(counted, _inputs())
+    assert plan is not None, why
+    n = len(calls)
+    x, w, eps = _inputs()
+    plan.replay(x, w, eps)
+    assert len(calls) == n  # replayed
+    for args in (
+        (x, w, 1e-6),  # another value
+        (torch.randn(5, 64), w, eps),  # another shape
+        (x.double(), w, eps),  # another dtype
+        (torch.randn(3 * 64 + 1)[1:].view(3, 64), w, eps),  # x misaligned (recorded aligned: specialised on it)
+    ):
+        plan.replay(*args)
+        n += 1
+        assert len(calls) == n, args[0].shape
+    with L.jit_launches():
+        plan.replay(x, w, eps)
+    assert len(calls) == n + 1
+    from triton import knobs
+
+    hook = knobs.runtime.launch_enter_hook
+    hook.add(print)  # a profiler's hook: every launch takes Triton's path
+    try:
+        plan.replay(x, w, eps)
+    finally:
+        hook.remove(print)
+    assert len(calls) == n + 2
+
+
+@pytest.mark.parametrize(
+    "case, refusal",
+    [
+        ("aten op", "ATen op aten.zero_"),
+        ("side buffer", "neither an argument's nor an allocation's"),
+        ("miss", "_k_rows: a launch through Triton's JIT path"),
+        ("triton outside the cache", "a Triton launch outside the launch cache"),
+        ("graph", "test: an eager CUDA graph"),
+        ("nothing", "no cached launch"),
+        ("result", "the result (Tensor) is not the call's allocations or arguments"),
+    ],
+)
+def test_calls_that_cannot_be_replayed_are_refused(fake_gpu, case, refusal):
+    g = fake_gpu
+    base = _wrapper(g)
+    base(*_inputs())
+    if case == "aten op":
+        run = _wrapper(g, extra_op=True)
+    elif case == "side buffer":
+        run = _wrapper(g, side=torch.empty(3, 4))
+    elif case == "miss":
+        g.rows = g.launcher(_k_rows)  # an empty cache: the next launch compiles
+        run = _wrapper(g)
+    elif case == "triton outside the cache":
+
+        def run(x, w, eps):
+            LP._recorder_hook()  # what Triton's launcher calls for a launch the cache did not make
+            return base(x, w, eps)
+    elif case == "graph":
+        from tokenspeed_kernel.graphs import GraphCache
+
+        cache = GraphCache("test")
+
+        def run(x, w, eps):
+            cache.run("k", (x,), lambda t: t * 1)
+            return base(x, w, eps)
+    elif case == "nothing":
+
+        def run(x, w, eps):
+            return x
+    else:
+
+        def run(x, w, eps):
+            return base(x, w, eps)[0][1:]  # a view of an allocation
+
+    _, plan, why = LP.record(run, _inputs())
+    assert plan is None and refusal in why, why
+
+
+def test_recording_leaves_no_hook_and_nothing_open(fake_gpu):
+    from triton import knobs
+
+    g = fake_gpu
+    run = _wrapper(g)
+    run(*_inputs())
+    with pytest.raises(ZeroDivisionError):
+        LP.record(lambda *a: 1 / 0, _inputs())
+    LP.record(run, _inputs())
+    assert LP._recorder_hook not in knobs.runtime.launch_enter_hook.calls
+    assert L._recording == 0 and getattr(L._state, "recorder", None) is None
+    # a hit outside a recording records nothing
+    run(*_inputs())
