@@ -105,9 +105,10 @@ ALLOWED = {
     "numerics": {"core", "ops", "reference"},
     "benchmark": {"core", "ops", "reference", "numerics", "launch", "graphs"},
     # the host-path helpers the vendor packages launch through: torch (and Triton, lazily), and core's
-    # dependency-free generator of key functions (core.codegen, shared with the validation memo)
+    # dependency-free modules (core.codegen, the key generator shared with the validation memo; core.recording,
+    # the slot through which core's prepared calls reach the launch path's recorder)
     "launch": {"core"},
-    "graphs": set(),
+    "graphs": {"core"},
     "compile": {"core", "ops"},
     "testing": {"core"},
     "<package>": {"core", "ops"},
@@ -116,6 +117,7 @@ ALLOWED = {
 #: Inside core, each module imports only modules listed before it.
 CORE_ORDER = [
     "codegen",
+    "recording",
     "platform",
     "formats",
     "contracts",
@@ -256,8 +258,11 @@ def test_aliases_of_the_upstream_readme_are_the_op_objects(alias, name):
     assert f"Also exported as ``{alias}``" in getattr(tk, name).__doc__
 
 
-def test_the_launch_path_imports_only_the_key_generator_from_core():
-    """``launch`` stays a torch-only host helper: of the package, it may use ``core.codegen`` (which imports nothing)."""
+def test_the_launch_path_imports_only_dependency_free_core_modules():
+    """``launch`` and ``graphs`` stay torch-only host helpers: of the package, they may use ``core.codegen`` and
+    ``core.recording``, which import nothing."""
     edges = _imports(_modules())
-    assert edges["tokenspeed_kernel.launch"] <= {"tokenspeed_kernel.core.codegen"}, edges["tokenspeed_kernel.launch"]
-    assert not edges.get("tokenspeed_kernel.core.codegen")
+    free = {"tokenspeed_kernel.core.codegen", "tokenspeed_kernel.core.recording"}
+    assert edges["tokenspeed_kernel.launch"] <= free, edges["tokenspeed_kernel.launch"]
+    assert edges["tokenspeed_kernel.graphs"] <= free, edges["tokenspeed_kernel.graphs"]
+    assert not any(edges.get(m) for m in free)

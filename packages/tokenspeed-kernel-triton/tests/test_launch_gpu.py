@@ -19,6 +19,7 @@ import dataclasses
 import pytest
 import torch
 
+import tokenspeed_kernel as tk
 from tokenspeed_kernel import registry
 from tokenspeed_kernel.core.plugins import ensure_loaded
 from tokenspeed_kernel.core.selection import OverrideError
@@ -149,7 +150,7 @@ def test_cached_launch_matches_jit_and_graph_replays(op):
 def _check_launch_plan(op, oc, case, call, spec, first, det, where):
     """The call recorded as a launch plan (when it can be) and replayed on a fresh copy of its inputs: the replay
     runs without the wrapper (its fallback is never taken) and gives the outputs the call gave."""
-    from tokenspeed_kernel.launch_plan import record
+    from tokenspeed_kernel.launch import record
 
     kc = call_for_kernel(op, clone_call(call), spec)
     names = list(kc)
@@ -172,3 +173,18 @@ def _check_launch_plan(op, oc, case, call, spec, first, det, where):
     assert len(plain) == n, f"{where}: the replay fell back to the wrapper"
     bad = _same(oc, case, replayed, first, det)
     assert not bad, f"{where}: launch-plan replay differs: {bad} ({plan})"
+    # The public op serves later calls of this metadata from a prepared call that replays its own plan.
+    for _ in range(4):
+        pc = call_for_kernel(op, clone_call(call), spec)
+        bad = _same(oc, case, oc.outputs(pc, oc.fn(**pc)), first, det)
+        assert not bad, f"{where}: a served public call differs: {bad}"
+    torch.cuda.synchronize()
+    if op in MUST_RECORD:
+        from tokenspeed_kernel.core.op import PreparedCall
+
+        served = [
+            c
+            for c in tk.get_contract(op)._public_calls.values()
+            if isinstance(c, PreparedCall) and c.kernel == spec.name
+        ]
+        assert any(c.launch_plan is not None for c in served), f"{where}: {[c.plan_status for c in served]}"

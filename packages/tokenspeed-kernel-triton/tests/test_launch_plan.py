@@ -1,4 +1,4 @@
-"""Launch plans (``tokenspeed_kernel.launch_plan``) on CPU: a replay makes the launches the wrapper makes.
+"""Launch plans (``tokenspeed_kernel.launch``, "Launch plans") on CPU: a replay makes the launches the wrapper makes.
 
 The kernels are real ``triton.jit`` functions (their parameters drive the launch key); their launches go to a
 fake C launcher that logs its arguments, and CPU tensors stand in for device tensors (the launch key's guard
@@ -19,7 +19,7 @@ from _fake_launch import FakeLauncher
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tokenspeed_kernel import launch as L
-from tokenspeed_kernel import launch_plan as LP
+from tokenspeed_kernel.core import recording
 
 
 @triton.jit
@@ -133,7 +133,7 @@ def test_replay_makes_the_wrappers_launches_on_new_tensors(fake_gpu):
     g = fake_gpu
     run = _wrapper(g)
     run(*_inputs())  # misses: compiles (fake) and fills the launch caches
-    _, plan, why = LP.record(run, _inputs(seed=1))
+    _, plan, why = L.record(run, _inputs(seed=1))
     assert plan is not None, why
     assert plan.launches == ("_k_rows", "_k_out") and plan.allocations == 2
     new = _inputs(seed=2)
@@ -155,7 +155,7 @@ def test_a_replay_falls_back_when_a_guard_fails(fake_gpu):
         return _wrapper(g)(*a)
 
     counted(*_inputs())
-    _, plan, why = LP.record(counted, _inputs())
+    _, plan, why = L.record(counted, _inputs())
     assert plan is not None, why
     n = len(calls)
     x, w, eps = _inputs()
@@ -210,7 +210,7 @@ def test_calls_that_cannot_be_replayed_are_refused(fake_gpu, case, refusal):
     elif case == "triton outside the cache":
 
         def run(x, w, eps):
-            LP._recorder_hook()  # what Triton's launcher calls for a launch the cache did not make
+            L._recorder_hook()  # what Triton's launcher calls for a launch the cache did not make
             return base(x, w, eps)
     elif case == "graph":
         from tokenspeed_kernel.graphs import GraphCache
@@ -229,7 +229,7 @@ def test_calls_that_cannot_be_replayed_are_refused(fake_gpu, case, refusal):
         def run(x, w, eps):
             return base(x, w, eps)[0][1:]  # a view of an allocation
 
-    _, plan, why = LP.record(run, _inputs())
+    _, plan, why = L.record(run, _inputs())
     assert plan is None and refusal in why, why
 
 
@@ -240,9 +240,9 @@ def test_recording_leaves_no_hook_and_nothing_open(fake_gpu):
     run = _wrapper(g)
     run(*_inputs())
     with pytest.raises(ZeroDivisionError):
-        LP.record(lambda *a: 1 / 0, _inputs())
-    LP.record(run, _inputs())
-    assert LP._recorder_hook not in knobs.runtime.launch_enter_hook.calls
-    assert L._recording == 0 and getattr(L._state, "recorder", None) is None
+        L.record(lambda *a: 1 / 0, _inputs())
+    L.record(run, _inputs())
+    assert L._recorder_hook not in knobs.runtime.launch_enter_hook.calls
+    assert recording.active == 0 and getattr(recording.state, "recorder", None) is None
     # a hit outside a recording records nothing
     run(*_inputs())

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from . import launch as _launch
+from .core import recording as _recording
 
 __all__ = ["GraphCache", "eager_graphs_enabled", "in_place_key", "no_eager_graphs", "tensor_key"]
 
@@ -142,10 +142,8 @@ class GraphCache:
         through ``out=``: the in-place graph is keyed by its address too and writes it, so a replay returns it
         without a clone (a decode loop's allocations recur, the output's as well); other paths copy into it.
         """
-        if _launch._recording:  # a launch-plan recording cannot replay a graph: the call is not recordable
-            from .launch_plan import note_refusal
-
-            note_refusal(f"{self.name}: an eager CUDA graph")
+        if _recording.active:  # a launch-plan recording cannot replay a graph: the call is not recordable
+            _recording.refuse(f"{self.name}: an eager CUDA graph")
         result = None
         if in_place:
             addresses = [t.data_ptr() for t in inputs]

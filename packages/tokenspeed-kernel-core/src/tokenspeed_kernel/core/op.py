@@ -31,6 +31,16 @@ kind (MoE weights, generators), which runs ``bind`` every time. An object that
 carries a ``__memo_key__`` (an attention plan: the host values its checks read) is
 described by that key and handed to the kernel as the object of the new call.
 
+Launch plans (a CUDA process with Triton, ``tokenspeed_kernel.launch``: "Launch plans"): a public call whose
+metadata has a memo key (as above: every tensor on the device, every other argument a plain value) is
+served by a :class:`PreparedCall` of that metadata from its second sighting on, keyed by the memo key, the
+call's ``solution``/``override``, the open ``kernel_override`` blocks and the selection cache's generation
+(``clear_selection_cache`` forgets them all). A prepared call records its kernel's launches and replays them
+(``launch``'s module doc says what it checks and refuses); one that cannot be recorded calls the selected
+kernel directly with the call's arguments. So a served call skips ``bind``, selection and the kernel's Python
+wrapper. Not with a dispatch hook, a profiler, or ``TOKENSPEED_KERNEL_DEBUG=1`` (the plain path runs);
+``TOKENSPEED_KERNEL_LAUNCH_PLANS=0`` turns it off.
+
 Hints (``Op(hints=(...))``): keyword arguments that carry host metadata a kernel
 may use (an attention plan). ``bind`` passes one only when the caller gave it, and
 the selected kernel receives it only when its signature names it: a kernel that
@@ -51,10 +61,13 @@ from typing import Any
 import torch
 
 from . import profiling
+from . import recording as _recording
+from . import selection as _selection
 from .codegen import guarded_tuple_function
 from .contracts import OpContract, add_to_catalog, size_bucket
 from .profiling import kernel_scope, profiler_active
 from .selection import Target, select_for_device
+from .selection import _context as _selection_context
 from .settings import debug_checks_enabled
 
 __all__ = ["Op", "NotPreparable", "PreparedCall", "Reference", "KernelCall", "kernel_call", "hinted_kwargs"]
@@ -133,6 +146,10 @@ class Op(OpContract):
             ("__module__", self.bind.__module__),
         ):
             object.__setattr__(self, attr, value)
+        object.__setattr__(self, "_public_calls", {})  # call metadata -> its prepared call (or _NO_CALL)
+        object.__setattr__(self, "_public_seen", set())  # call metadata seen once
+        object.__setattr__(self, "_public_misses", {})  # call pattern -> calls in a row without a key
+        object.__setattr__(self, "_public_off", set())  # call patterns that stopped looking
         add_to_catalog(self)
 
     def __repr__(self) -> str:
@@ -141,6 +158,59 @@ class Op(OpContract):
     def __call__(
         self, *args: Any, solution: Target | None = None, override: Target | None = None, **kwargs: Any
     ) -> Any:
+        on = _public_plans[0]
+        if on is None:
+            on = _public_plans[0] = _recording.plans_enabled()  # (None until a launch path is loaded)
+        if on and self._public_off and (len(args), *kwargs) in self._public_off:
+            on = False
+        if on and profiling.dispatch_hook is None and not profiler_active() and not debug_checks_enabled():
+            flat = (*args, *kwargs.values())
+            key = _memo_key(self, args, kwargs, flat)
+            if key is _MISS:
+                self._unserved(args, kwargs)
+            else:
+                full = (key, solution, override, _selection_context.get(), _selection.generation)
+                try:
+                    call = self._public_calls.get(full)
+                except TypeError:  # an unhashable target: the plain path names the problem
+                    call = _NO_CALL
+                if call is None:
+                    self._public_misses.pop((len(args), *kwargs), None)
+                    return self._sighted(full, args, kwargs, flat, solution, override)
+                if call is not _NO_CALL:
+                    return call._run(*flat)
+        return self._dispatch(args, kwargs, solution, override)
+
+    def _unserved(self, args: tuple, kwargs: dict) -> None:
+        """A call whose metadata has no key (an object of another kind, a CPU tensor): after 8 such calls of one call
+        pattern (positional count, keyword names) since its last newly seen metadata, calls of that pattern stop
+        looking for a prepared call (the key costs 1-3 us for nothing)."""
+        pattern = (len(args), *kwargs)
+        misses = self._public_misses
+        n = misses[pattern] = misses.get(pattern, 0) + 1
+        if n >= 8:
+            self._public_off.add(pattern)
+
+    def _sighted(self, full: Any, args: tuple, kwargs: dict, flat: tuple, solution: Any, override: Any) -> Any:
+        """A call of metadata not served yet (module doc, "Launch plans"): the first sighting runs plainly, the
+        second prepares a call the next ones run (and whose launches it records)."""
+        calls, seen = self._public_calls, self._public_seen
+        if full not in seen:
+            if len(seen) >= _MAX_MEMO:  # metadata that varies per call (token counts): start over
+                seen.clear()
+            seen.add(full)
+            return self._dispatch(args, kwargs, solution, override)
+        try:
+            call = self.prepare(*args, solution=solution, override=override, **kwargs)
+        except (NotPreparable, ValueError):  # (ValueError: one tensor passed twice)
+            call = _NO_CALL
+        if len(calls) >= _MAX_MEMO:
+            calls.clear()
+        calls[full] = call
+        return self._dispatch(args, kwargs, solution, override) if call is _NO_CALL else call._run(*flat)
+
+    def _dispatch(self, args: tuple, kwargs: dict, solution: Target | None, override: Target | None) -> Any:
+        """Validate, select, call (the path of every call without a prepared one)."""
         if self.memo_bind:
             device, signature, traits, sizes, kargs, kkwargs = _bind_memoised(self, args, kwargs)
         else:
@@ -233,6 +303,10 @@ _T = torch.Tensor
 _P = torch.nn.Parameter
 #: types passed by value into a memo key (hashable, compared by value, never holding tensors).
 _VALUE_TYPES = frozenset({type(None), bool, int, float, str, torch.dtype, torch.device})
+#: whether public calls are served by prepared calls with launch plans (decided at the first call).
+_public_plans: list[bool | None] = [None]
+#: a call metadata that cannot be prepared: the plain path serves it.
+_NO_CALL = object()
 _MISS = object()
 _MAX_MEMO = 4096
 
@@ -490,7 +564,7 @@ class PreparedCall:
         self._call = (signature, traits)
         self.launch_plan = None
         self._tries = 0
-        if device.type == "cuda" and _launch_plans_enabled():
+        if device.type == "cuda" and _recording.plans_enabled():
             self._run = self._record_run
             self.plan_status = "not recorded yet (from the second call)"
         else:
@@ -498,13 +572,11 @@ class PreparedCall:
 
     def _record_run(self, *flat: Any) -> Any:
         """The call while it has no launch plan: the first runs plainly (it compiles and fills the launch caches);
-        the next ones record (:mod:`~tokenspeed_kernel.launch_plan`) until one records or three could not."""
-        from .. import launch_plan
-
+        the next ones record (``tokenspeed_kernel.launch``, "Launch plans") until one records or three could not."""
         n = self._tries = self._tries + 1
         if n == 1 or torch.cuda.is_current_stream_capturing():
             return self._plain(*flat)
-        result, plan, why = launch_plan.record(self._plain, flat)
+        result, plan, why = _recording.record(self._plain, flat)
         if plan is not None:
             self.launch_plan, self.plan_status, self._run = plan, "recorded", plan.replay
         else:
@@ -543,14 +615,6 @@ class PreparedCall:
         got = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         if got != self._key:
             raise ValueError(f"{self.op.name} (prepared for {self._key}): this call is {got}; prepare it anew")
-
-
-def _launch_plans_enabled() -> bool:
-    try:
-        from ..launch_plan import launch_plans_enabled
-    except ImportError:  # no Triton
-        return False
-    return launch_plans_enabled()
 
 
 def _trait_items(traits: Mapping[str, object] | tuple) -> tuple:

@@ -235,10 +235,17 @@ _warned_reference: set[str] = set()
 _broken: dict[str, str] = {}
 
 
+#: bumped whenever the cached selections are forgotten: caches of whole calls (the ops' own prepared calls)
+#: hold it in their keys, so they forget theirs too.
+generation = 0
+
+
 def clear_selection_cache() -> None:
+    global generation
     with _cache_lock:
         _cache.clear()
         _device_cache.clear()
+        generation += 1
 
 
 def reload_settings() -> None:

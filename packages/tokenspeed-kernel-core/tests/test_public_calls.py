@@ -1,0 +1,147 @@
+"""Public calls served by prepared calls (``core/op.py``, "Launch plans"), on CPU.
+
+The path is on in a CUDA process; here it is switched on by hand and meta tensors stand in for device
+tensors (a memo key never describes a CPU tensor). On every op's CPU cases: the third call of one
+metadata is served by the prepared call the second one made, and gives what the plain path gives (in
+form: meta tensors have no values; the GPU test ``test_launch_gpu`` compares values). What changes the
+selection (an override block, a forgotten selection cache, ``solution=``) gets its own prepared call;
+hooks, profilers and debug checks take the plain path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.core import op as op_module
+from tokenspeed_kernel.core import profiling
+from tokenspeed_kernel.core.op import PreparedCall
+from tokenspeed_kernel.numerics.cases import standard_cases
+from tokenspeed_kernel.numerics.inputs import make_generator
+
+OPS = sorted(tk.all_contracts())
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Public serving on, and a count of the calls that took the plain path."""
+    monkeypatch.setattr(op_module, "_public_plans", [True])
+    plain = []
+    dispatch = op_module.Op._dispatch
+
+    def counted(self, *a):
+        plain.append(self.name)
+        return dispatch(self, *a)
+
+    monkeypatch.setattr(op_module.Op, "_dispatch", counted)
+    return plain
+
+
+def _meta(v):
+    if isinstance(v, torch.Tensor) and type(v) is torch.Tensor:
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    return v
+
+
+def _form(out):
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape), out.stride(), out.dtype)
+    if isinstance(out, tuple | list):
+        return tuple(_form(o) for o in out)
+    return out
+
+
+def _reset(op):
+    op._public_calls.clear()
+    op._public_seen.clear()
+    op._public_misses.clear()
+    op._public_off.clear()
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_the_third_call_is_served_and_gives_what_the_plain_path_gives(served, name):
+    op = tk.get_contract(name)
+    oc = op.cases
+    tried = 0
+    for case in standard_cases(name, "cpu")[:3]:
+        call = oc.make(case, CPU, make_generator(CPU, case.seed(0)))
+        metas = [{k: _meta(v) for k, v in call.items()} for _ in range(4)]
+        try:
+            want = op._dispatch((), metas[0], "reference", None)
+        except Exception:  # a case meta tensors cannot express
+            continue
+        _reset(op)
+        served.clear()
+        outs = [op(**m, solution="reference") for m in metas[1:]]
+        assert all(_form(o) == _form(want) for o in outs), f"{name} {case.describe()}"
+        entries = list(op._public_calls.values())
+        if not entries:  # no memo key: an object of another kind (MoE weights), generators
+            assert served == [name] * 3
+            continue
+        tried += 1
+        assert len(entries) == 1
+        if isinstance(entries[0], PreparedCall):
+            assert served == [name], f"{name}: the third call was not served ({served})"
+        else:  # cannot be prepared: the plain path serves it
+            assert entries[0] is op_module._NO_CALL and served == [name] * 3
+    if name in ("rmsnorm", "mm", "moe_gate", "swiglu", "apply_rotary"):
+        assert tried, f"{name}: no case was served"
+
+
+def test_what_changes_the_selection_gets_its_own_prepared_call(served):
+    x = torch.empty(4, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(64, dtype=torch.bfloat16, device="meta")
+    op = tk.rmsnorm
+    ref = "reference"  # (meta tensors: the reference kernel runs on them)
+    _reset(op)
+    for _ in range(3):
+        op(x, w, 1e-5, solution=ref)
+    assert len(op._public_calls) == 1
+    with tk.kernel_override(ref):
+        for _ in range(3):
+            op(x, w, 1e-5, solution=ref)
+    assert len(op._public_calls) == 2
+    for _ in range(3):
+        op(x, w, 1e-5, override="reference.rmsnorm")
+    assert len(op._public_calls) == 3
+    from tokenspeed_kernel.core.selection import clear_selection_cache
+
+    clear_selection_cache()
+    n = len(served)
+    op(x, w, 1e-5, solution=ref)
+    assert len(served) == n + 1  # a new generation: seen anew
+    for _ in range(3):
+        op(x, w, 1e-6, solution=ref)  # another value
+    assert len(op._public_calls) == 4
+    with pytest.raises(Exception, match="solution"):  # an unhashable target: the plain path names it
+        op(x, w, 1e-5, solution=["nope"])
+
+
+def test_hooks_profilers_and_debug_checks_take_the_plain_path(served, monkeypatch):
+    x = torch.empty(4, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(64, dtype=torch.bfloat16, device="meta")
+    op = tk.rmsnorm
+    _reset(op)
+    for _ in range(3):
+        op(x, w, 1e-5, solution="reference")
+    seen = []
+    monkeypatch.setattr(profiling, "dispatch_hook", lambda *a: seen.append(a[0]))
+    n = len(served)
+    op(x, w, 1e-5, solution="reference")
+    assert seen == ["rmsnorm"] and len(served) == n + 1
+    monkeypatch.setattr(profiling, "dispatch_hook", None)
+    monkeypatch.setattr(op_module, "debug_checks_enabled", lambda: True)
+    op(x, w, 1e-5, solution="reference")
+    assert len(served) == n + 2
+
+
+def test_a_pattern_without_keys_stops_looking(served):
+    op = tk.rmsnorm
+    _reset(op)
+    x, w = torch.randn(2, 8), torch.randn(8)  # CPU tensors: no memo key
+    for _ in range(8):
+        op(x, w, 1e-5)
+    assert (3,) in op._public_off
+    assert served == ["rmsnorm"] * 8
