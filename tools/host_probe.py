@@ -97,6 +97,11 @@ def main() -> None:
         "exit: for a sampling profiler attached to the process (py-spy record ... -- python tools/host_probe.py ...)",
     )  # fmt: skip
     p.add_argument(
+        "--ab-plans", action="store_true",
+        help="the decode steps' eager rounds again, alternated in one process with rounds whose launch-plan replays "
+        "fall back to the kernels' wrappers (a recording marked open: what a prepared call ran before launch plans)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", action="store_true",
         help="in one process, alternated: moe_apply at one token with its in-place eager graph and with the copying "
         "one; a torch add + rmsnorm against rmsnorm(residual=) (host time only; then the decode steps)",
@@ -432,6 +437,23 @@ def ops_probe(args, res, rec, tk, kern, a, kw, x, w, dev) -> None:
         json.dump(res, fo, indent=1)
 
 
+def alternated(res: dict, steps: dict, rounds: int, variant, tag: str, names: tuple[str, str], text: str) -> None:
+    """Each config's eager step timed in rounds, alternated in one process with rounds inside ``variant()``."""
+    import statistics
+
+    runs: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in steps}
+    for _ in range(rounds):
+        for conf, (step, _) in steps.items():
+            runs[conf][0].append(per_call_us(step, n=10))
+            with variant():
+                runs[conf][1].append(per_call_us(step, n=10))
+    for conf, (plain, other) in runs.items():
+        a, b = statistics.median(plain), statistics.median(other)
+        res[f"{tag} decode step eager ({conf})"] = {names[0]: plain, names[1]: other}
+        print(f"{tag} {conf}: {text.format(a=a, b=b)} (rounds {[round(v) for v in plain]} / {[round(v) for v in other]})",
+              flush=True)  # fmt: skip
+
+
 def spin(step, seconds: float) -> tuple[int, float]:
     """``step()`` back to back for ``seconds`` (a sync after each): the frames a profiler samples under this one."""
     n, t0 = 0, time.perf_counter()
@@ -517,21 +539,36 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
     if args.gc:
         import gc
 
-        frozen: dict[str, list[float]] = {c: [] for c in steps}
-        unfrozen: dict[str, list[float]] = {c: [] for c in steps}
-        for _ in range(args.rounds):
-            for conf, (step, _) in steps.items():
-                unfrozen[conf].append(per_call_us(step, n=10))
-                gc.freeze()
-                try:
-                    frozen[conf].append(per_call_us(step, n=10))
-                finally:
-                    gc.unfreeze()
-        for conf in steps:
-            a, b = statistics.median(unfrozen[conf]), statistics.median(frozen[conf])
-            res[f"gc decode step eager ({conf})"] = {"default": unfrozen[conf], "frozen": frozen[conf]}
-            print(f"gc {conf}: eager {a:.0f} us, under gc.freeze() {b:.0f} us (rounds {[round(v) for v in unfrozen[conf]]}"
-                  f" / {[round(v) for v in frozen[conf]]})", flush=True)  # fmt: skip
+        @contextlib.contextmanager
+        def frozen():
+            gc.freeze()
+            try:
+                yield
+            finally:
+                gc.unfreeze()
+
+        alternated(
+            res,
+            steps,
+            args.rounds,
+            frozen,
+            "gc",
+            ("default", "frozen"),
+            "eager {a:.0f} us, under gc.freeze() {b:.0f} us",
+        )
+    if args.ab_plans:
+        from tokenspeed_kernel.core import recording
+
+        @contextlib.contextmanager
+        def replays_off():
+            recording.active += 1  # every replay's guard fails: the wrapper runs, as before launch plans
+            try:
+                yield
+            finally:
+                recording.active -= 1
+
+        alternated(res, steps, args.rounds, replays_off, "plans", ("plans", "replays off"),
+                   "eager {a:.0f} us with launch plans, {b:.0f} us with replays off")  # fmt: skip
     proxy.append(per_call_us(lambda: torch.nn.functional.rms_norm(xr, (2880,), wr, 1e-5)))
     res["F.rms_norm 1 x 2880 eager, before / after the rounds"] = proxy
     print(f"host proxy: F.rms_norm {proxy[0]:.1f} / {proxy[1]:.1f} us before / after the rounds", flush=True)
@@ -555,6 +592,9 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         res["hopper moe eager graphs"] = len(_GRAPHS)
         res["hopper moe eager graphs in place"] = sum(1 for e in _GRAPHS._graphs.values() if not e.inputs)
         print(f"hopper moe eager graphs: {len(_GRAPHS)}, in place {res['hopper moe eager graphs in place']}")
+        if hasattr(_GRAPHS, "stats"):
+            res["hopper moe eager graph calls"] = _GRAPHS.stats()
+            print(f"hopper moe eager graph calls: {_GRAPHS.stats()}")
     except ImportError:
         pass
     with open(os.path.join(args.out, "host_probe.json"), "w") as fo:

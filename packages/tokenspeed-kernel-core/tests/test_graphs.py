@@ -91,6 +91,10 @@ def test_in_place_replays_read_the_inputs_where_they_are_and_other_addresses_tak
     assert torch.equal(first, fn(a, b))  # results are clones, not the graphs' buffers
     assert torch.equal(cache.run(key, (torch.zeros(4), b), fn, in_place=True), b)  # copying graph again
     assert cache.captures == 2
+    assert cache.stats() == {
+        "graphs": 2, "in_place_graphs": 1, "captures": 2, "in_place_replays": 2, "copying_replays": 2,
+        "direct_calls": 1, "evictions": 0,
+    }  # fmt: skip
 
 
 def test_in_place_graphs_with_a_new_output_write_it_where_it_is(monkeypatch):
@@ -139,13 +143,43 @@ def test_in_place_graphs_have_their_own_budget_and_at_most_two_address_sets_a_ke
     for a in held:
         for _ in range(3):
             assert torch.equal(cache.run(key, (a, b), torch.add, in_place=True), a + b)
-    assert cache._places[key] == G.PLACES_PER_KEY == 2  # the third set takes the copying graph
+    assert len(cache._places[key]) == G.PLACES_PER_KEY == 2  # the third set takes the copying graph
     assert key in cache._graphs and len(cache) == 3 and cache.captures == 3
     # Two in-place graphs fill their budget, not the copying graphs': a new shape still gets one.
     c = torch.ones(5)
     for _ in range(3):
         assert torch.equal(cache.run("other", (c,), torch.neg, in_place=True), -c)
     assert "other" in cache._graphs and cache.captures == 4
+
+
+def test_a_stale_in_place_graph_gives_its_place_to_an_address_set_that_recurs(monkeypatch):
+    """The first calls of a loop (warm-up) may fill a key's places with address sets that never come back; once one
+    has not been replayed for STALE_CALLS calls of its key, a set seen twice since takes its place (and replays in
+    place from then on). A set that keeps changing never does: it is never seen twice."""
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"synchronize": lambda self: None})())
+    cache = G.GraphCache("t", max_graphs=8)
+    monkeypatch.setattr(cache, "_capture", _fake_capture(cache))
+    b = torch.ones(3)
+    warm = [torch.full((3,), float(i)) for i in range(2)]
+    key = (G.tensor_key(warm[0]), G.tensor_key(b))
+    for a in warm:  # warm-up: two address sets, each seen twice, fill the key's places
+        for _ in range(2):
+            cache.run(key, (a, b), torch.add, in_place=True)
+    assert len(cache._places[key]) == 2 and cache.evictions == 0
+    steady = torch.full((3,), 7.0)
+    for _ in range(G.STALE_CALLS + 4):
+        assert torch.equal(cache.run(key, (steady, b), torch.add, in_place=True), steady + b)
+    st = cache.stats()
+    assert cache.evictions == 1 and (key, (steady.data_ptr(), b.data_ptr())) in cache._graphs
+    assert st["in_place_replays"] >= 3 and len(cache._places[key]) == 2
+    # a set that changes on every call is never seen twice: copying replays only, nothing evicted
+    before = cache.stats()
+    kept = [torch.full((3,), 1.0) for _ in range(3 * G.STALE_CALLS)]  # alive: each at its own address
+    for fresh in kept:
+        assert torch.equal(cache.run(key, (fresh, b), torch.add, in_place=True), fresh + b)
+    after = cache.stats()
+    assert after["evictions"] == before["evictions"] and after["in_place_replays"] == before["in_place_replays"]
+    assert after["copying_replays"] == before["copying_replays"] + len(kept)
 
 
 def test_a_full_cache_runs_new_keys_directly_and_keeps_its_graphs(monkeypatch):

@@ -153,6 +153,7 @@ def _check_launch_plan(op, oc, case, call, spec, first, det, where):
     from tokenspeed_kernel.launch import record
 
     kc = call_for_kernel(op, clone_call(call), spec)
+    pristine = clone_call(kc)
     names = list(kc)
     plain = []
 
@@ -166,7 +167,8 @@ def _check_launch_plan(op, oc, case, call, spec, first, det, where):
     if plan is None:
         assert op not in MUST_RECORD, f"{where}: not recordable: {why}"
         return
-    again = call_for_kernel(op, clone_call(call), spec)
+    # Fresh tensors; the other objects (MoE weights) are the recorded ones, which a replay requires by identity.
+    again = {k: (pristine[k].clone() if isinstance(v, torch.Tensor) else v) for k, v in kc.items()}
     n = len(plain)
     replayed = oc.outputs(again, plan.replay(*again.values()))
     torch.cuda.synchronize()

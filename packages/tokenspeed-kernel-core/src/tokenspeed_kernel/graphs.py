@@ -25,7 +25,10 @@ layer, route included, in a CUDA graph (``docs/benchmarks/h200-2026-12-01``).
   replay computes the call it stands for; the graph keeps no reference to them. Calls whose
   addresses do not recur take the copying graph of ``key``. These graphs have their own budget
   (``max_graphs`` of them, at most ``PLACES_PER_KEY`` address sets a key), so they never crowd
-  out the copying graphs of new shapes. With ``new_output`` (a function making the call's output tensor) the
+  out the copying graphs of new shapes. A key's in-place graph not replayed in ``STALE_CALLS`` calls of the key
+  gives its place to an address set seen twice since (a decode loop's first steps allocate differently from
+  its steady ones: session 18 found 5808 of 5904 MoE calls of a decode run on the copying graph, every place
+  taken by a warm-up step's addresses). With ``new_output`` (a function making the call's output tensor) the
   in-place graph also writes that tensor where it is, keyed by its address: a replay returns it, with no clone.
 - The first call of a key runs directly; the second warms the path up on a side stream
   and captures it (a few ms, once); later ones replay. A shape seen once (a prefill
@@ -89,14 +92,18 @@ def in_place_key(*tensors: torch.Tensor | None) -> tuple:
 
 
 class _Graph:
-    __slots__ = ("graph", "inputs", "output")
+    __slots__ = ("graph", "inputs", "last", "output")
 
     def __init__(self, graph: Any, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         self.graph, self.inputs, self.output = graph, inputs, output
+        self.last = 0  # in-place graphs: the key's call count at the last replay
 
 
 #: in-place graphs a key may have (address sets: a decode loop's allocations settle into one or two).
 PLACES_PER_KEY = 2
+#: an in-place graph not replayed in this many calls of its key is stale: an address set seen twice since may
+#: take its place (the first steps of a decode loop allocate differently from the steady ones).
+STALE_CALLS = 8
 
 
 class GraphCache:
@@ -106,12 +113,16 @@ class GraphCache:
         self.name = name
         self.max_graphs = max_graphs
         self._graphs: dict[Hashable, _Graph] = {}
-        self._places: dict[Hashable, int] = {}  # key -> in-place graphs captured for it
+        self._places: dict[Hashable, list] = {}  # key -> the address sets of its in-place graphs
+        self._key_calls: dict[Hashable, int] = {}  # key -> in-place calls of it (the staleness clock)
+        self.evictions = 0
         self._in_place = 0
         self._seen: set[Hashable] = set()
         self._failed: set[Hashable] = set()
         self._lock = threading.Lock()
         self.captures = 0
+        #: calls by path: replays of an in-place graph, of a copying graph, and direct calls (``stats()``).
+        self.in_place_replays = self.copying_replays = self.direct_calls = 0
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -151,21 +162,22 @@ class GraphCache:
                 result = new_output()
                 addresses.append(result.data_ptr())
             place = (key, tuple(addresses))
+            tick = self._key_calls[key] = self._key_calls.get(key, 0) + 1
             entry = self._graphs.get(place)
-            if (
-                entry is None
-                and self._in_place < self.max_graphs
-                and self._places.get(key, 0) < PLACES_PER_KEY
-                and place not in self._failed
-                and self._seen_before(place)
-            ):
-                call = fn if result is None else (lambda *a: fn(*a, out=result))
-                entry = self._try_capture(place, inputs, call, copy_inputs=False, keep_output=result is None)
-                if entry is not None:
-                    with self._lock:
-                        self._in_place += 1
-                        self._places[key] = self._places.get(key, 0) + 1
+            if entry is None and place not in self._failed and self._seen_before(place):
+                places = self._places.get(key, ())
+                if len(places) >= PLACES_PER_KEY:
+                    self._evict_stale(key, tick)
+                if self._in_place < self.max_graphs and len(self._places.get(key, ())) < PLACES_PER_KEY:
+                    call = fn if result is None else (lambda *a: fn(*a, out=result))
+                    entry = self._try_capture(place, inputs, call, copy_inputs=False, keep_output=result is None)
+                    if entry is not None:
+                        with self._lock:
+                            self._in_place += 1
+                            self._places.setdefault(key, []).append(place)
             if entry is not None:
+                self.in_place_replays += 1
+                entry.last = tick
                 entry.graph.replay()
                 return result if result is not None else entry.output.clone()
         entry = self._graphs.get(key)
@@ -175,14 +187,40 @@ class GraphCache:
                 or key in self._failed
                 or not self._seen_before(key)
             ):
+                self.direct_calls += 1
                 return fn(*inputs) if result is None else fn(*inputs, out=result)
             entry = self._try_capture(key, inputs, fn, copy_inputs=True)
             if entry is None:
+                self.direct_calls += 1
                 return fn(*inputs) if result is None else fn(*inputs, out=result)
+        self.copying_replays += 1
         for static, t in zip(entry.inputs, inputs):
             static.copy_(t)
         entry.graph.replay()
         return entry.output.clone() if result is None else result.copy_(entry.output)
+
+    def _evict_stale(self, key: Hashable, tick: int) -> None:
+        """Drop ``key``'s least recently replayed in-place graph if it is stale (:data:`STALE_CALLS`). The current
+        stream is synchronised first: the graph's memory pool goes back to the allocator, and its last replay must
+        be done with it (rare: a decode loop's address sets settle after a few steps)."""
+        places = self._places[key]
+        old = min(places, key=lambda p: self._graphs[p].last)
+        if tick - self._graphs[old].last <= STALE_CALLS:
+            return
+        torch.cuda.current_stream().synchronize()
+        with self._lock:
+            places.remove(old)
+            del self._graphs[old]
+            self._in_place -= 1
+            self.evictions += 1
+
+    def stats(self) -> dict[str, int]:
+        """Graphs held (in place / copying), captures, and calls by path since the cache was made."""
+        return {
+            "graphs": len(self._graphs), "in_place_graphs": self._in_place, "captures": self.captures,
+            "in_place_replays": self.in_place_replays, "copying_replays": self.copying_replays,
+            "direct_calls": self.direct_calls, "evictions": self.evictions,
+        }  # fmt: skip
 
     def _seen_before(self, key: Hashable) -> bool:
         """True from a key's second sighting on (the first one is only remembered)."""
