@@ -165,6 +165,7 @@ def test_a_replay_falls_back_when_a_guard_fails(fake_gpu):
         (x, w, 1e-6),  # another value
         (torch.randn(5, 64), w, eps),  # another shape
         (x.double(), w, eps),  # another dtype
+        (torch.randn(64, 3).t(), w, eps),  # other strides
         (torch.randn(3 * 64 + 1)[1:].view(3, 64), w, eps),  # x misaligned (recorded aligned: specialised on it)
     ):
         plan.replay(*args)

@@ -82,12 +82,14 @@ whether the wrapper would pick the same one. The call's result must be its
 allocations, or its tensor arguments, exactly.
 
 A replay checks, then falls back to the prepared call's own path when any fails:
-every tensor argument's shape and dtype (cheap; strides are the caller's promise, checked
-under ``TOKENSPEED_KERNEL_DEBUG=1`` before a replay is reached), every other argument's
-value (plain values) or identity (objects), the current device, the 16-byte alignment of
-each address the kernel was specialised on, no Triton launch hook (profilers see every
-launch through the JIT path), no :func:`~tokenspeed_kernel.launch.jit_launches` block
-and Triton's debug and instrumentation settings as recorded.
+every tensor argument's shape, strides and dtype (the prepared call's promise, which the
+wrapper path would survive and a replay, whose grid and strides are baked in, would not),
+every other argument's value (plain values) or identity (objects), the current device, the
+16-byte alignment of each address the kernel was specialised on, no open recording (its
+launches must reach it), no Triton launch hook (profilers see every launch through the JIT
+path), no :func:`jit_launches` block, and Triton's debug and instrumentation settings as
+recorded. A replay allocates what the call allocated (``torch.empty_strided`` of the same
+geometry: outputs and temporaries, stream-ordered like the wrapper's) and nothing else.
 
 Not recorded at all: under ``TOKENSPEED_KERNEL_LAUNCH=jit`` or ``TOKENSPEED_KERNEL_LAUNCH_PLANS=0``, without CUDA, on ROCm
 (the cache is off there), under the Triton interpreter, while a CUDA graph is being captured.
@@ -590,8 +592,8 @@ def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], di
     for i, a in enumerate(flat):
         t = type(a)
         if t is _T or t is _P:
-            ns[f"_s{i}"], ns[f"_d{i}"] = a.shape, a.dtype
-            guards.append(f"a{i}.shape != _s{i} or a{i}.dtype is not _d{i}")
+            ns[f"_s{i}"], ns[f"_st{i}"], ns[f"_d{i}"] = a.shape, a.stride(), a.dtype
+            guards.append(f"a{i}.shape != _s{i} or a{i}.stride() != _st{i} or a{i}.dtype is not _d{i}")
             sources.append((f"a{i}", a))
         elif a is None or t is bool:
             guards.append(f"a{i} is not {a!r}")
