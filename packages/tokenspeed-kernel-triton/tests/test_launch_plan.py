@@ -174,6 +174,14 @@ def test_a_replay_falls_back_when_a_guard_fails(fake_gpu):
     with L.jit_launches():
         plan.replay(x, w, eps)
     assert len(calls) == n + 1
+    # The served variant trusts the caller's key for metadata and values (the public path matched them); the
+    # process state is still checked.
+    plan.replay_served(x, w, 1e-6)
+    assert len(calls) == n + 1
+    with L.jit_launches():
+        plan.replay_served(x, w, eps)
+    assert len(calls) == n + 2
+    n += 1
     from triton import knobs
 
     hook = knobs.runtime.launch_enter_hook
@@ -247,3 +255,44 @@ def test_recording_leaves_no_hook_and_nothing_open(fake_gpu):
     assert recording.active == 0 and getattr(recording.state, "recorder", None) is None
     # a hit outside a recording records nothing
     run(*_inputs())
+
+
+def test_plain_values_are_compared_by_value_and_objects_by_identity(fake_gpu):
+    """A frozen dataclass of plain values (an activation) or a tuple of them is guarded by value: an equal new one
+    replays; another object (weights) is guarded by identity."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        eps: float
+        dims: tuple
+
+    @dataclasses.dataclass(frozen=True)
+    class Weights:  # an object of another kind (MoE weights): its tensor fields are read by identity
+        w: torch.Tensor
+
+    @dataclasses.dataclass
+    class Mutable:  # could swap its tensor under a plan: not a source of addresses
+        w: torch.Tensor
+
+    g = fake_gpu
+    base = _wrapper(g)
+    calls = []
+
+    def run(x, weights, cfg):
+        calls.append(1)
+        return base(x, weights.w, cfg.eps)
+
+    x, w, eps = _inputs()
+    weights = Weights(w)
+    run(x, weights, Cfg(eps, (1, 2)))
+    _, plan, why = L.record(run, (x, weights, Cfg(eps, (1, 2))))
+    assert plan is not None, why
+    n = len(calls)
+    plan.replay(x, weights, Cfg(eps, (1, 2)))  # equal, not identical: replayed
+    assert len(calls) == n
+    plan.replay(x, weights, Cfg(eps, (1, 3)))  # another value: the wrapper
+    plan.replay(x, Weights(w), Cfg(eps, (1, 2)))  # another object holding the same tensor: the wrapper
+    assert len(calls) == n + 2
+    _, plan, why = L.record(run, (x, Mutable(w), Cfg(eps, (1, 2))))
+    assert plan is None and "neither an argument's nor an allocation's" in why

@@ -75,8 +75,10 @@ What the recording sees (and refuses):
 
 Every address a launch received must come from the call: a tensor argument (its own
 address, or inside it when exactly one argument holds it), an allocation of the call
-(its address plus the same offset), or a tensor field of an argument object guarded by
-identity (its address is a constant the plan keeps alive). Anything else (a buffer a
+(its address plus the same offset), or a tensor field of a frozen dataclass or tuple
+argument, guarded by identity (its address is a constant; the plan holds the tensor).
+Plain values (scalars, dtypes, tuples and frozen dataclasses of them) are guarded by
+value. Anything else (a buffer a
 wrapper cached on the side) makes the call not recordable: a replay could not tell
 whether the wrapper would pick the same one. The call's result must be its
 allocations, or its tensor arguments, exactly.
@@ -490,9 +492,14 @@ def launch_plans_enabled() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """A recorded call: its replay function and what it does (``launches`` kernel names, ``allocations``)."""
+    """A recorded call: its replay function and what it does (``launches`` kernel names, ``allocations``).
+
+    ``replay_served``: the same without the guards on the arguments' metadata and plain values, for a caller that
+    matched them already (a public call served by its memo key); objects' identity and the process state are still
+    checked."""
 
     replay: Callable[..., Any]
+    replay_served: Callable[..., Any]
     launches: tuple[str, ...]
     allocations: int
 
@@ -582,12 +589,30 @@ def _storage_range(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.data_ptr() + s.nbytes()
 
 
-def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], dict[str, Any]]:
-    """(expression, tensor) of every tensor the call's arguments reach, the guards on the arguments, the
-    namespace they use. Tensors are read from the arguments; objects' tensors (one field deep) are constants
-    of a replay guarded by the object's identity."""
+def _plain(a: Any) -> bool:
+    """A value a replay compares by value: a scalar, a dtype or device, a tuple of scalars, or a frozen dataclass
+    of those (what the validation memo describes by value too)."""
+    t = type(a)
+    if t in _SCALARS or t is torch.dtype or t is torch.device:
+        return True
+    if t is tuple:
+        return all(_plain(x) for x in a)
+    return (
+        dataclasses.is_dataclass(a)
+        and not isinstance(a, type)
+        and t.__dataclass_params__.frozen
+        and all(_plain(getattr(a, f.name)) for f in dataclasses.fields(a))
+    )
+
+
+def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], list[str], dict[str, Any]]:
+    """(expression, tensor) of every tensor the call's arguments reach; the guards on the arguments' metadata
+    and values (what a served public call's key already matched) and on objects' identity; the namespace they
+    use. Tensors are read from the arguments; objects' tensors (one field deep) are constants of a replay
+    guarded by the object's identity."""
     sources: list[tuple[str, torch.Tensor]] = []
     guards: list[str] = []
+    identity: list[str] = []
     ns: dict[str, Any] = {}
     for i, a in enumerate(flat):
         t = type(a)
@@ -597,15 +622,18 @@ def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], di
             sources.append((f"a{i}", a))
         elif a is None or t is bool:
             guards.append(f"a{i} is not {a!r}")
-        elif t in _SCALARS or t is torch.dtype or t is torch.device:
+        elif _plain(a):
             ns[f"_v{i}"], ns[f"_t{i}"] = a, t
             guards.append(f"type(a{i}) is not _t{i} or a{i} != _v{i}")
         else:
             ns[f"_o{i}"] = a  # kept alive: its tensors' addresses stay valid
-            guards.append(f"a{i} is not _o{i}")
+            identity.append(f"a{i} is not _o{i}")
+            # Only objects that cannot change under the plan (a frozen dataclass, a tuple) lend their tensors: a
+            # mutable one could swap a field for another tensor, which the replay would not see.
+            frozen = dataclasses.is_dataclass(a) and not isinstance(a, type) and t.__dataclass_params__.frozen
             fields = (
                 [(f.name, getattr(a, f.name)) for f in dataclasses.fields(a)]
-                if dataclasses.is_dataclass(a)
+                if frozen
                 else list(enumerate(a))
                 if t is tuple
                 else []
@@ -615,9 +643,9 @@ def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], di
                 for k, x in enumerate(vs):
                     if isinstance(x, torch.Tensor):
                         c = f"_k{i}_{name}_{k}"
-                        ns[c] = x.data_ptr()
+                        ns[c], ns[f"{c}_held"] = x.data_ptr(), x  # (held: the address stays the tensor's)
                         sources.append((c, x))
-    return sources, guards, ns
+    return sources, guards, identity, ns
 
 
 def _address(p: int, sources: list, allocs: list[torch.Tensor]) -> tuple[str, str | None, int | None]:
@@ -669,7 +697,7 @@ def _result(r: Any, flat: tuple, allocs: list[torch.Tensor], used: set[int]) -> 
 def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], knobs: Any) -> LaunchPlan:
     if not rec.hits:
         raise NotRecordable("no cached launch")
-    sources, guards, ns = _sources(flat)
+    sources, guards, identity, ns = _sources(flat)
     devs = {h[3] for h in rec.hits}
     if len(devs) != 1:
         raise NotRecordable("launches on more than one device")
@@ -711,27 +739,30 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
         _dev=dev, _L=sys.modules[__name__], _R=_rec,
     )  # fmt: skip
     # (a recording open on this thread must see these launches: the prepared path goes through the launch cache)
-    checks = guards + [
-        "_rt.launch_enter_hook is not _chain", "_chain.calls", "_L._jit_blocks", "_R.active", "_getdev() != _dev", "_rt.debug is not _dbg",
-        "_comp.instrumentation_mode != _instr",
+    state = [
+        "_rt.launch_enter_hook is not _chain", "_chain.calls", "_L._jit_blocks", "_R.active", "_getdev() != _dev",
+        "_rt.debug is not _dbg", "_comp.instrumentation_mode != _instr",
     ]  # fmt: skip
-    body = [f"    if {' or '.join(f'({c})' for c in checks)}:", f"        return _fallback({params})"]
-    body += [f"    p_{e} = {e}.data_ptr()" for e in read]
+    rest = [f"    p_{e} = {e}.data_ptr()" for e in read]
     if aligned:
-        body += [f"    if ({' | '.join(sorted(aligned))}) & 15:", f"        return _fallback({params})"]
+        rest += [f"    if ({' | '.join(sorted(aligned))}) & 15:", f"        return _fallback({params})"]
     for j, m in enumerate(rec.allocs):
         if j in used_allocs:
             ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = tuple(m.shape), m.stride(), m.dtype, m.device
-            body.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
-            body.append(f"    q{j} = m{j}.data_ptr()")
-    body.append("    s = _getstream(_dev)")
-    body += lines
-    body.append(f"    return {out}")
-    src = f"def replay({params}):\n" + "\n".join(body) + "\n"
-    exec(compile(src, f"<tokenspeed_kernel launch plan {next(_plan_tags)}>", "exec"), ns)
-    fn = ns["replay"]
-    fn.__source__ = src  # for tests and explain
-    return LaunchPlan(fn, tuple(h[0].__name__ for h in rec.hits), len(used_allocs))
+            rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
+            rest.append(f"    q{j} = m{j}.data_ptr()")
+    rest.append("    s = _getstream(_dev)")
+    rest += lines
+    rest.append(f"    return {out}")
+    fns = []
+    for name, checks in (("replay", guards + identity + state), ("replay_served", identity + state)):
+        head = [f"    if {' or '.join(f'({c})' for c in checks)}:", f"        return _fallback({params})"]
+        src = f"def {name}({params}):\n" + "\n".join(head + rest) + "\n"
+        exec(compile(src, f"<tokenspeed_kernel launch plan {next(_plan_tags)}>", "exec"), ns)
+        fn = ns[name]
+        fn.__source__ = src  # for tests and explain
+        fns.append(fn)
+    return LaunchPlan(fns[0], fns[1], tuple(h[0].__name__ for h in rec.hits), len(used_allocs))
 
 
 _rec.install(record, launch_plans_enabled)

@@ -178,7 +178,7 @@ class Op(OpContract):
                     self._public_misses.pop((len(args), *kwargs), None)
                     return self._sighted(full, args, kwargs, flat, solution, override)
                 if call is not _NO_CALL:
-                    return call._run(*flat)
+                    return call._served(*flat)  # (its key matched the metadata the replay's guards would check)
         return self._dispatch(args, kwargs, solution, override)
 
     def _unserved(self, args: tuple, kwargs: dict) -> None:
@@ -207,7 +207,7 @@ class Op(OpContract):
         if len(calls) >= _MAX_MEMO:
             calls.clear()
         calls[full] = call
-        return self._dispatch(args, kwargs, solution, override) if call is _NO_CALL else call._run(*flat)
+        return self._dispatch(args, kwargs, solution, override) if call is _NO_CALL else call._served(*flat)
 
     def _dispatch(self, args: tuple, kwargs: dict, solution: Target | None, override: Target | None) -> Any:
         """Validate, select, call (the path of every call without a prepared one)."""
@@ -537,6 +537,7 @@ class PreparedCall:
         "_names",
         "_plain",
         "_run",
+        "_served",
         "_tries",
         "kernel",
         "launch_plan",
@@ -559,13 +560,13 @@ class PreparedCall:
         self._n, self._kw_names = len(args), tuple(kwargs)
         arg_i, self._names, kw_i, self._consts = recipes
         self._get_args, self._get_kwargs = _getter(arg_i), _getter(kw_i)
-        self._plain = self._run = _runner(sel.fn, len(flat), recipes)
+        self._plain = self._run = self._served = _runner(sel.fn, len(flat), recipes)
         self._key = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         self._call = (signature, traits)
         self.launch_plan = None
         self._tries = 0
         if device.type == "cuda" and _recording.plans_enabled():
-            self._run = self._record_run
+            self._run = self._served = self._record_run
             self.plan_status = "not recorded yet (from the second call)"
         else:
             self.plan_status = "off (TOKENSPEED_KERNEL_LAUNCH_PLANS=0, TOKENSPEED_KERNEL_LAUNCH=jit, no CUDA, or ROCm)"
@@ -578,11 +579,12 @@ class PreparedCall:
             return self._plain(*flat)
         result, plan, why = _recording.record(self._plain, flat)
         if plan is not None:
-            self.launch_plan, self.plan_status, self._run = plan, "recorded", plan.replay
+            self.launch_plan, self.plan_status = plan, "recorded"
+            self._run, self._served = plan.replay, plan.replay_served
         else:
             self.plan_status = f"not recordable: {why}"
             if n >= 4:
-                self._run = self._plain
+                self._run = self._served = self._plain
         return result
 
     def __repr__(self) -> str:
