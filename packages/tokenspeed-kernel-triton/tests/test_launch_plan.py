@@ -296,3 +296,54 @@ def test_plain_values_are_compared_by_value_and_objects_by_identity(fake_gpu):
     assert len(calls) == n + 2
     _, plan, why = L.record(run, (x, Mutable(w), Cfg(eps, (1, 2))))
     assert plan is None and "neither an argument's nor an allocation's" in why
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "apply_rotary_and_store", "mha_decode_with_kvcache", "moe_gate"])
+def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, monkeypatch, op):
+    """The GPT-OSS decode step's Triton ops, through their real wrappers: every launcher of the package made a fake
+    GPU one (its JIT path compiles nothing, its C launcher logs), a call records, and its replay makes the launches
+    the wrapper makes on new tensors. (The GPU test checks the outputs; this keeps a wrapper from growing an ATen op
+    or a side buffer unnoticed in CI.)"""
+    from triton import knobs
+
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel import registry
+    from tokenspeed_kernel.core.plugins import ensure_loaded
+    from tokenspeed_kernel.numerics.cases import get_op_cases, standard_cases
+    from tokenspeed_kernel.numerics.inputs import make_generator
+
+    ensure_loaded()
+    oc = get_op_cases(op)
+    spec = next(s for s in registry.for_op(op) if s.name == f"triton.{op}")
+    fn = spec.resolve()
+    cpu = torch.device("cpu")
+    case = standard_cases(op, "cpu")[0]
+    call = oc.make(case, cpu, make_generator(cpu, case.seed(0)))
+    # The kernel's own arguments (bind's value checks of CPU tensors stay outside the recording, as on a GPU).
+    _, _, _, _, kargs, kkwargs = tk.get_contract(op).bind(**call)
+
+    def args():
+        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in kargs)
+
+    def run(*vals):
+        return fn(*vals, **kkwargs)
+
+    run(*args())  # under the interpreter: every launcher the call uses exists from here on (some are made lazily)
+    g = fake_gpu
+    for c in list(L._all):
+        try:
+            fake = _Jit(c.fn, g.log)
+        except AttributeError:  # not a Triton JIT function (another package's launcher)
+            continue
+        monkeypatch.setattr(c, "fn", fake)
+        monkeypatch.setattr(c, "_params", fake.params)
+        for name, value in (("_knobs", knobs.runtime), ("_compilation", knobs.compilation), ("_cacheable", True),
+                            ("_getdev", lambda: 0), ("_getstream", lambda dev: 1234), ("_cache", {}), ("_keys", {})):  # fmt: skip
+            monkeypatch.setattr(c, name, value)
+    run(*args())  # misses: the fake JIT path fills the launch caches
+    _, plan, why = L.record(run, args())
+    assert plan is not None, f"{op}: {why}"
+    _, want = _logged(g, run, args())
+    _, got = _logged(g, plan.replay, args())
+    assert want and all(k == "hit" for k, _ in want), want
+    assert got == want, f"{op}: {plan}"
