@@ -137,11 +137,19 @@ def test_hooks_profilers_and_debug_checks_take_the_plain_path(served, monkeypatc
     assert len(served) == n + 2
 
 
-def test_a_pattern_without_keys_stops_looking(served):
+def test_a_pattern_without_keys_stops_looking_but_not_for_cpu_calls(served):
     op = tk.rmsnorm
     _reset(op)
-    x, w = torch.randn(2, 8), torch.randn(8)  # CPU tensors: no memo key
-    for _ in range(8):
+    x, w = torch.randn(2, 8), torch.randn(8)  # CPU tensors: no memo key, not counted
+    for _ in range(10):
         op(x, w, 1e-5)
-    assert (3,) in op._public_off
-    assert served == ["rmsnorm"] * 8
+    assert not op._public_off and served == ["rmsnorm"] * 10
+
+    class Eps(float):  # an argument of a kind the memo does not describe
+        pass
+
+    xm = torch.empty(2, 8, device="meta")
+    wm = torch.empty(8, device="meta")
+    for _ in range(8):
+        op(xm, wm, Eps(1e-5), solution="reference")
+    assert (3,) in op._public_off  # (solution= is the call's own keyword, not part of the pattern)

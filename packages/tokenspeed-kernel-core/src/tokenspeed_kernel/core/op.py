@@ -148,7 +148,7 @@ class Op(OpContract):
             object.__setattr__(self, attr, value)
         object.__setattr__(self, "_public_calls", {})  # call metadata -> its prepared call (or _NO_CALL)
         object.__setattr__(self, "_public_seen", set())  # call metadata seen once
-        object.__setattr__(self, "_public_misses", {})  # call pattern -> calls in a row without a key
+        object.__setattr__(self, "_public_misses", {})  # call pattern -> device calls without a key
         object.__setattr__(self, "_public_off", set())  # call patterns that stopped looking
         add_to_catalog(self)
 
@@ -167,7 +167,7 @@ class Op(OpContract):
             flat = (*args, *kwargs.values())
             key = _memo_key(self, args, kwargs, flat)
             if key is _MISS:
-                self._unserved(args, kwargs)
+                self._unserved(args, kwargs, flat)
             else:
                 full = (key, solution, override, _selection_context.get(), _selection.generation)
                 try:
@@ -181,10 +181,13 @@ class Op(OpContract):
                     return call._served(*flat)  # (its key matched the metadata the replay's guards would check)
         return self._dispatch(args, kwargs, solution, override)
 
-    def _unserved(self, args: tuple, kwargs: dict) -> None:
-        """A call whose metadata has no key (an object of another kind, a CPU tensor): after 8 such calls of one call
-        pattern (positional count, keyword names) since its last newly seen metadata, calls of that pattern stop
-        looking for a prepared call (the key costs 1-3 us for nothing)."""
+    def _unserved(self, args: tuple, kwargs: dict, flat: tuple) -> None:
+        """A call whose metadata has no key. With an argument of another kind (MoE weights), after 8 such calls of one
+        call pattern (positional count, keyword names) since its last newly seen metadata, calls of that pattern stop
+        looking for a prepared call (the key costs 1-3 us for nothing). Calls with a CPU tensor are not counted: the
+        same pattern on the device must still be served."""
+        if any((type(a) is _T or type(a) is _P) and a.is_cpu for a in flat):
+            return
         pattern = (len(args), *kwargs)
         misses = self._public_misses
         n = misses[pattern] = misses.get(pattern, 0) + 1
