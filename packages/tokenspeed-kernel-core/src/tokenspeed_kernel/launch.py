@@ -553,28 +553,26 @@ def record(run: Callable[..., Any], flat: tuple) -> tuple[Any, LaunchPlan | None
     recorded) and why not (``""`` when it can)."""
     from triton import knobs
 
-    if (
-        getattr(_rec.state, "recorder", None) is not None
-    ):  # inside another call's recording: its launches are that one's
+    # Inside another call's recording (on this thread), the launches are that one's.
+    if getattr(_rec.state, "recorder", None) is not None:
         return run(*flat), None, "inside another recording"
     rec = _Recorder()
     chain = knobs.runtime.launch_enter_hook
     _rec.state.recorder = rec
-    with _rec.lock:
+    with _rec.lock:  # the hook is added by the first open recording (any thread) and removed by the last
         _rec.active += 1
-    added = hasattr(chain, "add") and _recorder_hook not in chain.calls
-    if added:
-        chain.add(_recorder_hook)
-    else:
+        if _rec.active == 1 and hasattr(chain, "add"):
+            chain.add(_recorder_hook)
+    if _recorder_hook not in getattr(chain, "calls", ()):
         rec.refuse("Triton's launch hook is not a HookChain")
     try:
         with _Watch(rec):
             result = run(*flat)
     finally:
-        if added:
-            chain.remove(_recorder_hook)
         with _rec.lock:
             _rec.active -= 1
+            if _rec.active == 0 and hasattr(chain, "remove"):
+                chain.remove(_recorder_hook)
         _rec.state.recorder = None
     if rec.refused:
         return result, None, "; ".join(rec.refused)
