@@ -50,17 +50,18 @@ keyword raises ``TypeError`` naming it, on every path.
 Launch plans
 ------------
 
-A prepared call (``Op.prepare``; public calls are served by prepared calls too, ``core/op.py``) still runs its kernel's Python wrapper on every
-call: config and plan lookups, output allocation, the launch key of every
-:class:`~tokenspeed_kernel.launch.CachedLaunch`, the C launch. In a GPT-OSS decode step
-on the H100 machine that was 21-40 us an op call in situ (``py-spy`` of the 24-layer
-step, ``docs/benchmarks/h200-2026-12-01/host-cost``), for kernels that run 2-10 us.
-Since a prepared call's arguments keep their metadata (the contract of ``prepare``),
-everything the wrapper computes from them is the same on every call except the tensors'
-addresses. :func:`record` runs the call once while watching what it does; when every
-device effect was a cached launch, it returns a *replay*: a generated function that
-allocates the same outputs and temporaries, and calls each launch's C launcher with
-the new addresses, and nothing else.
+Without a plan, a prepared call (``Op.prepare``; public calls are served by prepared
+calls too, ``core/op.py``) runs its kernel's Python wrapper on every call: config and
+plan lookups, output allocation, the launch key of every :class:`CachedLaunch`, the C
+launch. In a GPT-OSS decode step on the H100 machine that was 21-38 us an op call in
+situ (``host_probe.py --sites``, session 18 call 2) for kernels that run 1.5-10 us, and
+the Triton ops' wrappers were about 43 % of the step's host time (``py-spy``, call 1;
+``docs/benchmarks/h200-2026-12-01/host-cost``). Since a prepared call's arguments keep
+their metadata (the contract of ``prepare``), everything the wrapper computes from them
+is the same on every call except the tensors' addresses. :func:`record` runs the call
+once while watching what it does; when every device effect was a cached launch, it
+returns a *replay*: a generated function that allocates the same outputs and
+temporaries, and calls each launch's C launcher with the new addresses, and nothing else.
 
 What the recording sees (and refuses):
 
@@ -78,10 +79,9 @@ address, or inside it when exactly one argument holds it), an allocation of the 
 (its address plus the same offset), or a tensor field of a frozen dataclass or tuple
 argument, guarded by identity (its address is a constant; the plan holds the tensor).
 Plain values (scalars, dtypes, tuples and frozen dataclasses of them) are guarded by
-value. Anything else (a buffer a
-wrapper cached on the side) makes the call not recordable: a replay could not tell
-whether the wrapper would pick the same one. The call's result must be its
-allocations, or its tensor arguments, exactly.
+value. Anything else (a buffer a wrapper cached on the side) makes the call not
+recordable: a replay could not tell whether the wrapper would pick the same one. The
+call's result must be its allocations, or its tensor arguments, exactly.
 
 A replay checks, then falls back to the prepared call's own path when any fails:
 every tensor argument's shape, strides and dtype (the prepared call's promise, which the
@@ -93,8 +93,9 @@ path), no :func:`jit_launches` block, and Triton's debug and instrumentation set
 recorded. A replay allocates what the call allocated (``torch.empty_strided`` of the same
 geometry: outputs and temporaries, stream-ordered like the wrapper's) and nothing else.
 
-Not recorded at all: under ``TOKENSPEED_KERNEL_LAUNCH=jit`` or ``TOKENSPEED_KERNEL_LAUNCH_PLANS=0``, without CUDA, on ROCm
-(the cache is off there), under the Triton interpreter, while a CUDA graph is being captured.
+Not recorded at all: under ``TOKENSPEED_KERNEL_LAUNCH=jit`` or
+``TOKENSPEED_KERNEL_LAUNCH_PLANS=0``, without CUDA, on ROCm (the cache is off there),
+under the Triton interpreter, while a CUDA graph is being captured.
 
 This module imports Triton only when a kernel is first launched; the core package
 does not depend on Triton.

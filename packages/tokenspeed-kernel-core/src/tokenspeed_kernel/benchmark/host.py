@@ -7,11 +7,14 @@ selected kernel is timed four ways, each as ``calls`` back-to-back calls and one
 synchronisation (so a call costs what the slower of host and device costs), in
 ``ROUNDS`` round-robin rounds whose median is kept:
 
-- ``public_us``: the public op, eager (validation + selection + wrapper + launches);
+- ``public_us``: the public op, eager (validation + selection + wrapper + launches; on a
+  CUDA machine, calls of metadata seen before are served by a prepared call replaying its
+  recorded launches: ``core/op.py``, "Launch plans");
 - ``public_before_us``: the same with Triton's JIT launch path and no eager graph
   replay (:func:`~tokenspeed_kernel.launch.jit_launches`,
-  :func:`~tokenspeed_kernel.graphs.no_eager_graphs`): the host path before the
-  cached launches, in the same process;
+  :func:`~tokenspeed_kernel.graphs.no_eager_graphs`), in the same process. On a CUDA
+  machine the served call's replay falls back to its wrapper there, but validation and
+  selection stay skipped: a lower bound of the host path before cached launches;
 - ``direct_us``: the selected kernel's function called with the arguments the op's
   ``bind`` produced (wrapper + launches); ``public - direct`` is the dispatch cost;
 - ``graph_us``: the public op captured 10 times in a CUDA graph and replayed (the
