@@ -102,6 +102,11 @@ def main() -> None:
         "fall back to the kernels' wrappers (a recording marked open: what a prepared call ran before launch plans)",
     )  # fmt: skip
     p.add_argument(
+        "--ab-moe-keys", action="store_true",
+        help="the decode steps with the MoE weights' memo keys and without (public moe_apply calls served by a "
+        "prepared call, or bound and selected each time), alternated in one process",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", action="store_true",
         help="in one process, alternated: moe_apply at one token with its in-place eager graph and with the copying "
         "one; a torch add + rmsnorm against rmsnorm(residual=) (host time only; then the decode steps)",
@@ -569,6 +574,30 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
 
         alternated(res, steps, args.rounds, replays_off, "plans", ("plans", "replays off"),
                    "eager {a:.0f} us with launch plans, {b:.0f} us with replays off")  # fmt: skip
+    if args.ab_moe_keys:
+        layers = [layer for _, model in steps.values() for layer in model.layers]
+        saved = [layer.experts.__dict__.get("__memo_key__") for layer in layers]
+        if not any(k is not None for k in saved):
+            raise SystemExit("--ab-moe-keys: the experts carry no memo key (code before MoE memo keys)")
+
+        @contextlib.contextmanager
+        def keys_off():
+            def reset():  # (a call pattern turned off after 8 keyless calls looks again)
+                tk.moe_apply._public_off.clear()
+                tk.moe_apply._public_misses.clear()
+
+            for layer in layers:  # no key: every moe_apply call binds and selects, as before MoE memo keys
+                object.__setattr__(layer.experts, "__memo_key__", None)
+            reset()
+            try:
+                yield
+            finally:
+                for layer, k in zip(layers, saved):
+                    object.__setattr__(layer.experts, "__memo_key__", k)
+                reset()
+
+        alternated(res, steps, args.rounds, keys_off, "moe keys", ("keys", "keys off"),
+                   "eager {a:.0f} us with MoE weights' memo keys, {b:.0f} us without")  # fmt: skip
     proxy.append(per_call_us(lambda: torch.nn.functional.rms_norm(xr, (2880,), wr, 1e-5)))
     res["F.rms_norm 1 x 2880 eager, before / after the rounds"] = proxy
     print(f"host proxy: F.rms_norm {proxy[0]:.1f} / {proxy[1]:.1f} us before / after the rounds", flush=True)

@@ -153,3 +153,86 @@ def test_a_pattern_without_keys_stops_looking_but_not_for_cpu_calls(served):
     for _ in range(8):
         op(xm, wm, Eps(1e-5), solution="reference")
     assert (3,) in op._public_off  # (solution= is the call's own keyword, not part of the pattern)
+
+
+def _moe_weights(e=4, h=64, i=32, **changes):
+    """Canonical MXFP4 expert weights on the meta device (``changes``: fields replaced)."""
+    m = dict(device="meta", dtype=torch.uint8)
+    fields = dict(
+        w13=torch.empty(e, 2 * i, h // 2, **m), w2=torch.empty(e, h, i // 2, **m), format="mxfp4",
+        w13_scale=torch.empty(e, 2 * i, h // 32, **m), w2_scale=torch.empty(e, h, i // 32, **m),
+    )  # fmt: skip
+    fields.update(changes)
+    return tk.MoEWeights(**fields)
+
+
+def test_moe_weights_are_served_once_validated_and_the_kernel_gets_each_calls_own(served):
+    """MoE weights get a memo key when they pass their checks, so every layer's ``moe_apply`` (weights of one
+    metadata) shares one prepared call; the kernel still receives the call's own weights. Weights never checked
+    have no key: a call with invalid ones is not served and raises, however many valid ones came first."""
+    from tokenspeed_kernel.core.registry import Priority, register_kernel, unregister_kernel
+
+    got = []
+
+    def kernel(x, topk_weights, topk_ids, weights, activation, *, out=None):
+        got.append(weights)
+        return torch.empty_like(x)
+
+    traits = {n: tk.ANY for n in ("activation", "clamp", "bias", "gate_up_interleaved", "up_offset")}
+    register_kernel("moe_apply", name="memotest.moe", solution="memotest", traits=traits,
+                    formats=[{"x": "bf16", "w": "mxfp4"}], priority=Priority.SPECIALIZED, impl=kernel)  # fmt: skip
+    op = tk.get_contract("moe_apply")
+    _reset(op)
+    try:
+        x = torch.empty(2, 64, dtype=torch.bfloat16, device="meta")
+        tw = torch.empty(2, 2, dtype=torch.float32, device="meta")
+        ids = torch.empty(2, 2, dtype=torch.int32, device="meta")
+        act = tk.MoEActivation()
+        layers = [_moe_weights() for _ in range(4)]
+        assert all(w.__memo_key__ is None for w in layers)  # not checked yet
+        for w in layers:
+            op(x, tw, ids, w, act, override="memotest.moe")
+        assert all(w.__memo_key__ is not None for w in layers) and len({w.__memo_key__ for w in layers}) == 1
+        # (each first call: weights without a key yet, the plain path, which checks them)
+        assert served == ["moe_apply"] * 4, served
+        served.clear()
+        for w in layers:  # the first: the key's first sighting (plain); the second prepares; then served
+            op(x, tw, ids, w, act, override="memotest.moe")
+        assert served == ["moe_apply"] and len(op._public_calls) == 1, served
+        served.clear()
+        for w in layers:
+            op(x, tw, ids, w, act, override="memotest.moe")
+        assert served == []
+        assert [id(w) for w in got[-8:]] == [id(w) for w in layers] * 2
+        # Invalid weights of the same shapes (a wrong scale dtype), after two unchecked valid ones: never checked,
+        # so not served; their checks run.
+        for _ in range(2):
+            op(x, tw, ids, _moe_weights(), act, override="memotest.moe")
+        bad = _moe_weights(w2_scale=torch.empty(4, 64, 1, dtype=torch.float32, device="meta"))
+        with pytest.raises(TypeError, match="weights.w2_scale: expected dtype uint8"):
+            op(x, tw, ids, bad, act, override="memotest.moe")
+        assert bad.__memo_key__ is None
+        # Another hidden size has another key: its own prepared call.
+        other = _moe_weights(h=128)
+        x2 = torch.empty(2, 128, dtype=torch.bfloat16, device="meta")
+        for _ in range(3):
+            op(x2, tw, ids, other, act, override="memotest.moe")
+        assert len(op._public_calls) == 2
+        # A MoE plan (a frozen dataclass holding an activation) is a value of the key.
+        plan = tk.MoEPlan(kernel="memotest.moe", layout="canonical", format="mxfp4", activation=act)
+        served.clear()
+        for w in layers:
+            op(x, tw, ids, w, act, plan=plan, override="memotest.moe")
+        assert served == ["moe_apply"] and len(op._public_calls) == 3, served
+    finally:
+        unregister_kernel("memotest.moe")
+        _reset(op)
+
+
+def test_validated_moe_weights_carry_a_key_and_replace_drops_it():
+    from dataclasses import replace
+
+    w = _moe_weights()
+    w.validate()
+    assert w.__memo_key__ == ("mxfp4", "canonical", True, w.__memo_key__[3])
+    assert replace(w, gate_up_interleaved=False).__memo_key__ is None  # new fields: not checked yet

@@ -27,9 +27,10 @@ kinds: one guard chain, one flat tuple (:func:`_memo_key_function`); arguments o
 other kinds take the generic description (:func:`_describe`). Only where the
 checks read nothing but that metadata: never with a CPU tensor (whose values the
 checks read), under ``TOKENSPEED_KERNEL_DEBUG=1``, or with an argument of another
-kind (MoE weights, generators), which runs ``bind`` every time. An object that
-carries a ``__memo_key__`` (an attention plan: the host values its checks read) is
-described by that key and handed to the kernel as the object of the new call.
+kind (generators, MoE weights not validated yet), which runs ``bind`` every time. An
+object that carries a ``__memo_key__`` other than None (an attention plan: the host
+values its checks read; MoE weights once validated or converted: what their checks
+read) is described by that key and handed to the kernel as the object of the new call.
 
 Launch plans (a CUDA process with Triton, ``tokenspeed_kernel.launch``: "Launch plans"): a public call whose
 metadata has a memo key (as above: every tensor on the device, every other argument a plain value) is
@@ -334,10 +335,15 @@ def _describe(a: Any) -> Any:
 
 
 def _plain_dataclass(a: Any) -> bool:
-    """A frozen dataclass instance whose fields are all plain values (hashable by value)."""
+    """A frozen dataclass instance whose fields are all plain values or such dataclasses (hashable by value: a
+    ``MoEPlan`` holds its ``MoEActivation``)."""
     if isinstance(a, type) or not dataclasses.is_dataclass(a) or not type(a).__dataclass_params__.frozen:
         return False
-    return all(type(getattr(a, f.name)) in _VALUE_TYPES for f in dataclasses.fields(a))
+    for f in dataclasses.fields(a):
+        v = getattr(a, f.name)
+        if type(v) not in _VALUE_TYPES and not _plain_dataclass(v):
+            return False
+    return True
 
 
 def _memo_kind(a: Any) -> Any:
@@ -376,7 +382,9 @@ def _memo_key_function(kinds: list[Any]) -> Any:
             parts.append(a)
         else:  # ("memo_key", type) or ("dataclass", type)
             ns[f"_t{i}"] = kind[1]
-            guards.append(f"type({a}) is _t{i}")
+            # (an object whose key is None has not been checked yet: MoEWeights before their first validation)
+            guards.append(f"type({a}) is _t{i} and {a}.__memo_key__ is not None" if kind[0] == "memo_key"
+                          else f"type({a}) is _t{i}")  # fmt: skip
             parts.append(f"{a}.__memo_key__" if kind[0] == "memo_key" else a)
     return guarded_tuple_function(len(kinds), guards, parts, ns, "memo key")
 

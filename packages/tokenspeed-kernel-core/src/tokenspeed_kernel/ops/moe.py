@@ -144,6 +144,19 @@ class MoEWeights:
     layout: str = "canonical"
     #: Kernel-specific extra tensors after processing (opaque to everyone else).
     extra: tuple = ()
+    #: What the ops' checks read of these weights, set once they passed them (:meth:`validate`, or
+    #: :func:`moe_process_weights`); None before. Calls whose other arguments match too skip the checks
+    #: (``tokenspeed_kernel.core.op``, the validation memo). Not a field: ``replace`` starts without it.
+    __memo_key__ = None
+
+    def _checked(self) -> None:
+        """Record :attr:`__memo_key__`: format, layout, row order, which optional tensors there are, and every
+        tensor's shape, dtype and device (the checks read the shapes, the device and the flags)."""
+        tensors = tuple(
+            None if t is None else (tuple(t.shape), t.dtype, t.device)
+            for t in (self.w13, self.w2, self.w13_bias, self.w2_bias, self.w13_scale, self.w2_scale)
+        )
+        object.__setattr__(self, "__memo_key__", (self.format, self.layout, self.gate_up_interleaved, tensors))
 
     @property
     def num_experts(self) -> int:
@@ -199,6 +212,7 @@ class MoEWeights:
         )  # fmt: skip
         # Checked once per object (the tensors are fixed at construction): every op call asks.
         object.__setattr__(self, "_validated", True)
+        self._checked()
 
     @classmethod
     def from_gpt_oss(
@@ -720,4 +734,6 @@ def moe_process_weights(plan: MoEPlan, weights: MoEWeights) -> MoEWeights:
     converted = spec.resolve_weight_preprocessor()(weights)
     if not isinstance(converted, MoEWeights):
         raise TypeError(f"weight preprocessor of {spec.name!r} returned {type(converted).__name__}, not MoEWeights")
-    return replace(converted, layout=plan.layout)
+    converted = replace(converted, layout=plan.layout)
+    converted._checked()  # (a converted layout is opaque: the ops check its layout, device and flags)
+    return converted
