@@ -26,7 +26,7 @@ from _compile_cases import compile_summary, script_result, signature_by_name, st
 from tokenspeed_kernel.testing import cross_compile
 
 _FLOAT_ARGS = {"qk_scale", "cap_scale", "cap_log2"}
-_FP32_POINTERS = {"Lse", "Sinks", "PartialOut", "PartialLse"}
+_FP32_POINTERS = {"Lse", "Sinks", "Partials"}
 _INT32_POINTERS = {"CuSeqlensQ", "CuSeqlensK", "CacheSeqlens", "PageTable", "SlotMapping"}
 TARGETS = ("sm90", "gfx942", "gfx950")
 

@@ -34,6 +34,13 @@ __all__ = ["mha_decode_with_kvcache", "choose_num_splits"]
 
 
 @triton.jit
+def _partial_lse(Partials, num_heads, num_splits, HEAD_DIM: tl.constexpr):
+    """Where the split LSEs start in ``Partials``: after the ``[B, Hq, S, D]`` outputs (both grids have one
+    program per sequence along axis 0, so B is their size)."""
+    return Partials + tl.num_programs(0).to(tl.int64) * num_heads * num_splits * HEAD_DIM
+
+
+@triton.jit
 def decode_split_kernel(
     Q,
     KCache,
@@ -43,8 +50,7 @@ def decode_split_kernel(
     Sinks,
     Out,
     Lse,
-    PartialOut,
-    PartialLse,
+    Partials,
     stride_q_seq,
     stride_q_head,
     stride_o_seq,
@@ -81,8 +87,8 @@ def decode_split_kernel(
     """Grid: (sequences, KV heads x head chunks, splits).
 
     ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
-    write ``PartialOut fp32 [B, Hq, S, D]`` (normalised) and ``PartialLse fp32 [B, Hq, S]``
-    (log2 units, -inf for an empty split).
+    write into ``Partials`` (fp32, one buffer: one allocation a call) the outputs ``[B, Hq, S, D]``
+    (normalised), then the LSEs ``[B, Hq, S]`` (log2 units, -inf for an empty split).
     """
     seq = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -163,14 +169,13 @@ def decode_split_kernel(
         # reads uninitialised memory.
         out, lse2 = normalize(acc, l_i, m_i)
         part = (seq64 * num_heads + head) * num_splits + split
-        tl.store(PartialOut + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None])
-        tl.store(PartialLse + part, lse2, mask=row_valid)
+        tl.store(Partials + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None])
+        tl.store(_partial_lse(Partials, num_heads, num_splits, HEAD_DIM) + part, lse2, mask=row_valid)
 
 
 @triton.jit
 def decode_merge_kernel(
-    PartialOut,
-    PartialLse,
+    Partials,
     Sinks,
     Out,
     Lse,
@@ -186,6 +191,7 @@ def decode_merge_kernel(
     RETURN_LSE: tl.constexpr,
 ):
     """Grid: (sequences, head blocks). Combines the splits' partials and adds the sink once."""
+    PartialLse = _partial_lse(Partials, num_heads, num_splits, HEAD_DIM)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_valid = head < num_heads
@@ -209,7 +215,7 @@ def decode_merge_kernel(
     for s in tl.range(0, num_splits):
         w = tl.math.exp2(tl.load(PartialLse + part_row + s, mask=head_valid, other=float("-inf")) - m_use)
         o = tl.load(
-            PartialOut + (part_row + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=head_valid[:, None], other=0.0
+            Partials + (part_row + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=head_valid[:, None], other=0.0
         )
         acc += w[:, None] * o
     has = denom > 0.0
@@ -311,16 +317,14 @@ def mha_decode_with_kvcache(
         return (out, lse) if return_lse else out
     grid, scalars, kwargs, partial_shape, merge = launch
     if partial_shape is None:
-        partial_out = partial_lse = None
+        partials = None
     elif plan is not None:
-        partial_out, partial_lse = plan.keep(
-            ("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device)
-        )
+        partials = plan.keep(("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device))
     else:
-        partial_out, partial_lse = _partials(partial_shape, q.device)
+        partials = _partials(partial_shape, q.device)
     lse_stride = lse.stride(0) if lse is not None else 0
     _DECODE_SPLIT[grid](
-        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partial_out, partial_lse,
+        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partials,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), *scalars, **kwargs,
@@ -328,7 +332,7 @@ def mha_decode_with_kvcache(
     if merge is not None:
         merge_grid, hq_, num_splits_, merge_kwargs = merge
         _DECODE_MERGE[merge_grid](
-            partial_out, partial_lse, sinks, out, lse, out.stride(0), out.stride(1), lse_stride, hq_, num_splits_,
+            partials, sinks, out, lse, out.stride(0), out.stride(1), lse_stride, hq_, num_splits_,
             **merge_kwargs,
         )  # fmt: skip
     return (out, lse) if return_lse else out
@@ -341,11 +345,11 @@ _DECODE_SPLIT = cached(decode_split_kernel)
 _DECODE_MERGE = cached(decode_merge_kernel)
 
 
-def _partials(shape: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split partials: fp32 outputs ``[B, Hq, splits, D]`` and log-sum-exps ``[B, Hq, splits]``."""
-    return torch.empty(shape, dtype=torch.float32, device=device), torch.empty(
-        shape[:3], dtype=torch.float32, device=device
-    )
+def _partials(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The split partials in one fp32 buffer (one allocation): outputs ``[B, Hq, splits, D]``, then log-sum-exps
+    ``[B, Hq, splits]`` (the kernels find them by :func:`_partial_lse`)."""
+    b, hq, splits, d = shape
+    return torch.empty((b * hq * splits * (d + 1),), dtype=torch.float32, device=device)
 
 
 def _decode_plan(
