@@ -1,4 +1,4 @@
-"""mm's Triton kernels (GEMM, MXFP4 GEMV, split-K reduction) compile for sm90, gfx942 and gfx950 at GPT-OSS shapes.
+"""mm's Triton kernels (GEMM, MXFP4 and dense GEMVs, split-K reduction) compile for sm90, gfx942 and gfx950 at GPT-OSS shapes.
 
 The GEMM must land on the matrix units (``mma``/``wgmma`` in the PTX, ``v_mfma`` in the
 AMDGCN; fp32 with IEEE precision is FMA work on NVIDIA) and spill nothing (see
@@ -57,9 +57,23 @@ def _gemv_case(cfg: Any) -> Case:
     return Case(mm._mxfp4_gemv_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, values=values)
 
 
+def _dense_gemv_case(cfg: Any) -> Case:
+    """The bf16 GEMV at GPT-OSS's QKV projection, one token, with its bias."""
+    types = {
+        "a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16",
+        **ints("M", "N", "K", "stride_am", "stride_ak", "stride_bn", "stride_cm", "stride_cn"),
+    }  # fmt: skip
+    constexprs = {"HAS_BIAS": True, "BLOCK_M": 1, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    values = {"M": 1, "N": QKV_N, "K": HIDDEN, "stride_am": HIDDEN, "stride_ak": 1, "stride_bn": HIDDEN,
+              "stride_cm": QKV_N, "stride_cn": 1}  # fmt: skip
+    return Case(mm._dense_gemv_kernel, types, constexprs, cfg.num_warps, cfg.num_stages, values=values)
+
+
 def _mm_case(kind: str, family: str, row: int) -> Case:
     a_type, b_type, a_mode, b_mode = _MM_OPERANDS[kind]
     cfg = MM_CONFIGS[family][kind.removesuffix("_bytes")][row][1]
+    if cfg.gemv and kind in ("16bit", "fp32"):
+        return _dense_gemv_case(cfg)
     if cfg.gemv:
         if kind == "mxfp4_bytes":  # unaligned codes run the MMA tile of the same width
             cfg = replace(cfg, block_m=16, gemv=False)
@@ -143,6 +157,9 @@ def _mm_cases(family: str, every_row: bool) -> dict[str, Case]:
     gemv_rows = [cfg for _, cfg in MM_CONFIGS[family]["mxfp4"] if cfg.gemv]
     gemv_cfg = gemv_rows[0] if gemv_rows else MMConfig(1, 32, 256, num_warps=4, num_stages=1, gemv=True, split_k=4)
     cases["mm-mxfp4-gemv"] = _gemv_case(gemv_cfg)
+    dense_rows = [cfg for _, cfg in MM_CONFIGS[family]["16bit"] if cfg.gemv]
+    dense_cfg = dense_rows[0] if dense_rows else MMConfig(1, 8, 512, num_warps=4, num_stages=1, gemv=True)
+    cases["mm-dense-gemv"] = _dense_gemv_case(dense_cfg)
     cases["mm-split_k_reduce"] = Case(
         mm._split_k_reduce_kernel,
         {

@@ -208,6 +208,29 @@ def test_mm_every_config_row(device, family, kind, row):
         assert_close(y.cpu(), expected, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("m", "n", "k", "block_m"), [(1, 37, 100, 4), (3, 8, 64, 4), (5, 20, 33, 2), (2, 3, 1, 1)])
+def test_mm_dense_gemv(device, dtype, m, n, k, block_m):
+    """The MMA-free dense GEMV (``gemv=True`` on a 16/32-bit kind): K tails and K below one step, N tails and N
+    below one tile (wrap-around rows), rows over several programs, a bias, a strided ``a`` and ``out``."""
+    cfg = mm.MMConfig(block_m, 16, 32, num_warps=2, num_stages=1, gemv=True)
+    g = torch.Generator().manual_seed(m * 100 + n + k)
+    a = torch.randn(m, 2 * k, generator=g).to(dtype)[:, ::2].to(device)  # (strided along K)
+    b = torch.randn(n, k, generator=g).to(dtype).to(device)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16).to(device)
+    buffer = torch.full((m, n + 5), 7.0, dtype=dtype, device=device)
+    out = buffer[:, 2 : n + 2]
+    y = mm.mm_with_config(a, b, bias, a_scale=None, b_scale=None, out_dtype=dtype, out=out, config=cfg)
+    assert y.data_ptr() == out.data_ptr()
+    assert_close(y.cpu(), _mm64(a.cpu(), b.cpu(), bias.cpu()), dtype)
+    assert bool((buffer[:, :2] == 7).all()) and bool((buffer[:, n + 2 :] == 7).all())
+    # b strided along K: the GEMV reads vectors of unit stride, so the MMA tile runs instead (same result)
+    bt = torch.randn(k, n, generator=g).to(dtype).to(device).T
+    y = mm.mm_with_config(a, bt, None, a_scale=None, b_scale=None, out_dtype=dtype, out=None,
+                          config=dataclasses.replace(cfg, dot_in_fp32=device == "cpu"))  # fmt: skip
+    assert_close(y.cpu(), _mm64(a.cpu(), bt.cpu()), dtype)
+
+
 # -- GPU, GPT-OSS shapes -------------------------------------------------------------
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

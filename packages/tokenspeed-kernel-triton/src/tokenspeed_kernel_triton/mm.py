@@ -11,7 +11,7 @@ One tile kernel serves every operand format; constexpr scale modes pick the path
   dtype for the MMA: the weight is never written out wider. Codes are read as int32
   words (eight a word) when the weight's rows are 4-byte aligned, else byte by byte.
 
-Small M is weight-streaming bound, so two more pieces serve decode:
+Small M is weight-streaming bound, so three more pieces serve decode:
 
 - split-K (``MMConfig.split_k``): the K range is cut into slices, each program writes
   an fp32 partial tile to a workspace, and a second kernel adds the slices in a fixed
@@ -19,7 +19,10 @@ Small M is weight-streaming bound, so two more pieces serve decode:
   is the same on every run (no atomics);
 - an MXFP4 GEMV (``MMConfig.gemv``) for a handful of rows: no MMA, every decoded
   weight is used by CUDA-core FMAs straight from the code planes, and the E8M0 scale
-  is applied once per 32-value group after the FMAs.
+  is applied once per 32-value group after the FMAs;
+- a dense GEMV (``MMConfig.gemv`` on bf16/fp16/fp32 weights with unit stride along K):
+  one launch, each program streams a few weight rows over all of K with vector loads
+  (the next tile in flight while one is multiplied), no split and no workspace.
 
 FP8 accuracy note: Hopper's fp8 ``wgmma`` keeps its accumulator with fewer bits
 than fp32 (about 14, as DeepSeek-V3 reports); the kernel promotes into the fp32
@@ -83,8 +86,9 @@ class MMConfig:
     accumulator before promoting to fp32 (None = Triton's default, i.e. never).
     ``split_k``: at most this many K slices (fp32 partials, then an ordered reduction);
     ``split_target``: use only as many slices as it takes for the output tiles times the
-    slices to reach this many programs (0 = always ``split_k``). ``gemv``: MXFP4 weights
-    only, the MMA-free GEMV kernel for a handful of rows (``block_m`` = rows per program).
+    slices to reach this many programs (0 = always ``split_k``). ``gemv``: the MMA-free GEMV
+    kernel for a handful of rows (``block_m`` = rows per program): MXFP4 weights (split-K
+    applies), or bf16/fp16/fp32 ``b`` with unit stride along K (one launch, no split).
     ``launch``: extra backend launch options (e.g. AMD ``waves_per_eu``).
     """
 
@@ -111,7 +115,7 @@ class MMConfig:
 # (N = 5120) is 320 tiles of 16, its O projection (N = 2880) 180, on 132 SMs, each tile
 # walking all of K. Split-K (split_k / split_target, ~4 programs per SM) multiplies the
 # programs in flight; MXFP4 decode also spends ALU time per weight value, which split-K
-# spreads over more SMs. ``gemv=True`` rows (MXFP4, a few rows) take the MMA-free GEMV.
+# spreads over more SMs. ``gemv=True`` rows (a few rows: MXFP4, and bf16/fp16 on NVIDIA) take the MMA-free GEMVs.
 #
 # NVIDIA (H200), measured 2026-11-30 with do_bench (--quick bench): bf16 mm 0.53-0.75x
 # cuBLAS, fp8 0.39-0.59x; at M <= 16, split-K (bf16/fp8) and the GEMV + split-K (MXFP4)
@@ -127,6 +131,9 @@ _SPLIT_TARGET = 4 * 132  # programs: about four per H200 SM
 MM_CONFIGS: dict[str, dict[str, tuple[tuple[int | None, MMConfig], ...]]] = {
     "nvidia": {
         "16bit": (
+            # M <= 2: the dense GEMV, one launch (tools/gemv_sweep.py on an H100, 2026-12-06, device time, cold L2,
+            # against cuBLAS: M=1 qkv 1.22x, o 0.88x, router 0.85x, unembedding 0.97x; M=2 qkv 1.21x, o 0.86x).
+            (2, MMConfig(2, 4, 512, num_warps=4, num_stages=1, gemv=True)),
             # M <= 16 bf16/fp16: no split-K. Measured on the H200 (2026-11-30, --quick): qkv M=1
             # 30.8 us without split-K, 115.3 us with split_k=4.
             (16, MMConfig(16, 16, 256, num_warps=4, num_stages=4)),
@@ -484,6 +491,56 @@ def _mxfp4_gemv_kernel(
 
 
 @triton.jit
+def _dense_gemv_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``c[m, n] = sum_k a[m, k] b[n, k] (+ bias[n])`` for bf16/fp16/fp32 ``b`` (unit stride along K) and a
+    handful of rows ``m``: no MMA, and no split (one launch; every program walks all of K).
+
+    A program owns BLOCK_N rows of ``b`` and BLOCK_M rows of ``a``. Each step loads a ``[BLOCK_N, BLOCK_K]``
+    tile of ``b`` as vectors while the previous one is multiplied (register double buffering); the products
+    are summed per K position and reduced across K once, after the loop.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    bn = (rn % N).to(tl.int64)  # wrap-around rows keep loads in bounds (masked at the store)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    am = tl.minimum(rm, M - 1).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    b_ptrs = b_ptr + bn[:, None] * stride_bn + rk[None, :]
+    a_ptrs = a_ptr + am[:, None] * stride_am + rk[None, :] * stride_ak
+    next_b = tl.load(b_ptrs, mask=rk[None, :] < K, other=0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = next_b
+        k1 = k0 + BLOCK_K
+        next_b = tl.load(b_ptrs + k1, mask=(k1 + rk)[None, :] < K, other=0.0)
+        x = tl.load(a_ptrs + k0 * stride_ak, mask=(k0 + rk)[None, :] < K, other=0.0)
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    c = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        c += tl.load(bias_ptr + bn).to(tl.float32)[None, :]
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, c.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _split_k_reduce_kernel(
     ws_ptr, bias_ptr, c_ptr, MN, N, splits, stride_cm, stride_cn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr
 ):
@@ -503,7 +560,12 @@ def _split_k_reduce_kernel(
 
 
 #: Every Triton kernel of this module (the cross-compile test covers each).
-TRITON_KERNELS = {"mm": _mm_kernel, "mxfp4_gemv": _mxfp4_gemv_kernel, "split_k_reduce": _split_k_reduce_kernel}
+TRITON_KERNELS = {
+    "mm": _mm_kernel,
+    "mxfp4_gemv": _mxfp4_gemv_kernel,
+    "dense_gemv": _dense_gemv_kernel,
+    "split_k_reduce": _split_k_reduce_kernel,
+}
 
 #: Columns per program of the split-K reduction.
 _REDUCE_BLOCK_N = 1024
@@ -622,10 +684,12 @@ def mm_with_config(
     if kind == "mxfp4" and cfg.block_k % 32:
         raise AssertionError(f"mm config: MXFP4 needs BLOCK_K a multiple of 32, got {cfg.block_k}")
     words = _as_words(b) if kind == "mxfp4" else None
+    if cfg.gemv and kind in ("16bit", "fp32") and b.stride(1) == 1:
+        return _dense_gemv(a, b, bias, out, cfg)
     if cfg.gemv:
         if words is not None:
             return _gemv(a, words, bias, b_scale, out, cfg)
-        # unaligned codes: the table's MMA tile (of an explicit config, the same width)
+        # unaligned codes or a strided dense b: the table's MMA tile (of an explicit config, the same width)
         cfg = mm_config(kind, m, a.device, gemv=False) if config is None else replace(cfg, block_m=16, gemv=False)
     a_mode = _scale_mode(a_scale, m, k, weight=False)
     if kind == "mxfp4":
@@ -704,4 +768,18 @@ def _gemv(
     )  # fmt: skip
     if splits > 1:
         _reduce(target, bias, out, splits)
+    return out
+
+
+def _dense_gemv(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, cfg: MMConfig
+) -> torch.Tensor:
+    m, k = a.shape
+    n = b.shape[0]
+    block_m = min(cfg.block_m, next_power_of_2(m))  # (as _gemv: M = 1 multiplies one row)
+    cached(_dense_gemv_kernel)[(cdiv(n, cfg.block_n), cdiv(m, block_m))](
+        a, b, out, bias, m, n, k, a.stride(0), a.stride(1), b.stride(0), out.stride(0), out.stride(1),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.launch,
+    )  # fmt: skip
     return out
