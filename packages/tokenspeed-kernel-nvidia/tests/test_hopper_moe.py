@@ -413,6 +413,7 @@ def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, to
     """The split sums' SwiGLU and the combine in the GEMMs' last programs: the same sums in the same order as
     ``swiglu_splits`` and ``combine_slots``, so the same bits; the counters are zero again after every call,
     on every stream that used them, and a second stream counts in its own."""
+    from tokenspeed_kernel import launch
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     tk.load_plugins()
@@ -434,28 +435,11 @@ def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, to
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(on_side, separate)
     torch.cuda.synchronize()
-    used = [c for (dev, _), c in layer._COUNTERS.items() if dev == x.device]
+    used = [c for c in launch._COUNTERS.values() if c.device == x.device]
     assert len({c.data_ptr() for c in used}) >= 2  # the main stream's and the side stream's
-    assert all(int(c.abs().max()) == 0 for c in used + layer._OUTGROWN)
+    assert all(int(c.abs().max()) == 0 for c in used + launch._OUTGROWN)
     ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
     assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
-
-
-def test_counters_are_kept_per_stream_zeroed_and_grown_without_freeing(monkeypatch):
-    from tokenspeed_kernel_nvidia.hopper.moe import layer
-
-    monkeypatch.setattr(layer, "_COUNTERS", {})
-    monkeypatch.setattr(layer, "_OUTGROWN", [])
-    streams = iter([1, 1, 2, 1, 1])
-    monkeypatch.setattr(layer, "current_stream_id", lambda device: next(streams))
-    cpu = torch.device("cpu")
-    a = layer._counters(cpu, 10)
-    assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().max()) == 0
-    assert layer._counters(cpu, 10) is a  # the same stream: the same counters
-    assert layer._counters(cpu, 10) is not a  # another stream: its own
-    big = layer._counters(cpu, 3 * a.numel())  # outgrown: a larger buffer, and the old one kept
-    assert big.numel() >= 3 * a.numel() and int(big.abs().max()) == 0 and layer._OUTGROWN == [a]
-    assert layer._counters(cpu, 5) is big
 
 
 # -- the layer's Triton helpers, run under the interpreter --------------------------------

@@ -239,6 +239,34 @@ def test_decode_matches_reference(case: str, num_splits: int | None, device: str
     _assert_lse(lse, exp_lse)
 
 
+def test_decode_counters_are_left_zero_and_shared_by_calls_of_one_stream(device: str, monkeypatch) -> None:
+    """The last split of each (sequence, head program) zeroes its counter: calls of one stream share the counters
+    (on CPU the held buffer is forced here; a GPU holds one per stream anyway), and each call merges correctly
+    whatever split count the one before used."""
+    from tokenspeed_kernel import launch
+
+    if device == "cpu":
+        monkeypatch.setattr(launch, "_COUNTERS", {})
+        monkeypatch.setattr(launch, "_current_stream", lambda dev: 1)
+        monkeypatch.setattr(launch, "_capturing", lambda: False)
+    c = dict(DECODE_CASES["page16_gptoss_bf16"])
+    gen = torch.Generator().manual_seed(5)
+    lens, page, hq, hkv, d, dtype = (c.pop(n) for n in ("lens", "page", "hq", "hkv", "d", "dtype"))
+    sinks = torch.randn(hq, generator=gen).to(device) if c.pop("sinks", False) else None
+    k_cache, v_cache, page_table = _paged_cache(lens, page, hkv, d, dtype, device, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(device=device, dtype=dtype)
+    args = (q, k_cache, v_cache, page_table, torch.tensor(lens, dtype=torch.int32, device=device))
+    kw = _args(sinks=sinks, softmax_scale=d**-0.5, **c)
+    del kw["causal"]
+    exp_out, exp_lse = ref.mha_decode_with_kvcache(*args, **kw)
+    for splits in (3, 2, 3):
+        out, lse = decode.mha_decode_with_kvcache(*args, **kw, num_splits=splits)
+        _assert_close(out, exp_out, dtype)
+        _assert_lse(lse, exp_lse)
+    held = [t for t in launch._COUNTERS.values() if t.device == q.device]
+    assert held and all(int(t.abs().max()) == 0 for t in held)
+
+
 def test_decode_window_skips_pages_outside(device: str) -> None:
     """Pages wholly before the window are never read, nor their page-table entries used:
     they point at a NaN page here, and keys before the window inside a page are NaN too."""

@@ -27,7 +27,7 @@ from tokenspeed_kernel.testing import cross_compile
 
 _FLOAT_ARGS = {"qk_scale", "cap_scale", "cap_log2"}
 _FP32_POINTERS = {"Lse", "Sinks", "Partials"}
-_INT32_POINTERS = {"CuSeqlensQ", "CuSeqlensK", "CacheSeqlens", "PageTable", "SlotMapping"}
+_INT32_POINTERS = {"CuSeqlensQ", "CuSeqlensK", "CacheSeqlens", "PageTable", "SlotMapping", "Counters"}
 TARGETS = ("sm90", "gfx942", "gfx950")
 
 _ATTENTION = {
@@ -45,15 +45,9 @@ _DECODE = {
 KERNELS: dict[str, tuple[str, str, dict, str | None, bool]] = {
     "prefill": ("prefill", "attention_kernel", {**_ATTENTION, "PAGED": False, "PAGE_SIZE": 1}, "prefill", True),
     "extend": ("prefill", "attention_kernel", {**_ATTENTION, "PAGED": True, "PAGE_SIZE": 16}, "extend", True),
-    "decode_split": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": False}, "decode", True),
-    "decode_direct": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": True}, "decode", True),
-    "decode_merge": (
-        "decode",
-        "decode_merge_kernel",
-        {"HEAD_DIM": 64, "BLOCK_H": 16, "BLOCK_S": 8, "HAS_SINKS": True, "RETURN_LSE": True},
-        None,
-        False,
-    ),
+    # (split: the partials, and the merge by the last split of each head program, counted with atomics)
+    "decode_split": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": False, "BLOCK_S": 16}, "decode", True),
+    "decode_direct": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": True, "BLOCK_S": 1}, "decode", True),
     "kvcache_store": ("store", "kvcache_store_kernel", {"HEAD_DIM": 64, "BLOCK_H": 8, "BLOCK_D": 64}, None, False),
 }
 

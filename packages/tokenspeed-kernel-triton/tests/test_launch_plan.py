@@ -299,7 +299,7 @@ def test_plain_values_are_compared_by_value_and_objects_by_identity(fake_gpu):
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "apply_rotary_and_store", "mha_decode_with_kvcache", "moe_gate"])
-def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, monkeypatch, op):
+def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, streams, monkeypatch, op):
     """The GPT-OSS decode step's Triton ops, through their real wrappers: every launcher of the package made a fake
     GPU one (its JIT path compiles nothing, its C launcher logs), a call records, and its replay makes the launches
     the wrapper makes on new tensors. (The GPU test checks the outputs; this keeps a wrapper from growing an ATen op
@@ -325,8 +325,11 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     def args():
         return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in kargs)
 
+    # Decode attention split in two: its partials, and the stream's counters the last split merges by.
+    extra = {"num_splits": 2} if op == "mha_decode_with_kvcache" else {}
+
     def run(*vals):
-        return fn(*vals, **kkwargs)
+        return fn(*vals, **kkwargs, **extra)
 
     run(*args())  # under the interpreter: every launcher the call uses exists from here on (some are made lazily)
     g = fake_gpu
@@ -347,3 +350,88 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     _, got = _logged(g, plan.replay, args())
     assert want and all(k == "hit" for k, _ in want), want
     assert got == want, f"{op}: {plan}"
+    if extra:  # one launch, which takes the stream's counters
+        assert plan.launches == ("decode_split_kernel",) and ("unknown", L._COUNTERS[1234].data_ptr()) in want[0][1]
+
+
+@pytest.fixture
+def streams(monkeypatch):
+    """Fresh stream counters, the current stream a settable handle, no capture unless set."""
+    state = types.SimpleNamespace(stream=1234, capturing=False)
+    monkeypatch.setattr(L, "_COUNTERS", {})
+    monkeypatch.setattr(L, "_OUTGROWN", [])
+    monkeypatch.setattr(L, "_current_stream", lambda device: state.stream)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: state.stream, raising=False)  # (a replay's)
+    monkeypatch.setattr(L, "_capturing", lambda: state.capturing)
+    return state
+
+
+def test_stream_counters_are_kept_per_stream_zeroed_and_grown_without_freeing(streams):
+    cpu = torch.device("cpu")
+    a = L.stream_counters(cpu, 10)
+    assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().max()) == 0
+    assert L.stream_counters(cpu, 10) is a  # the same stream: the same counters
+    streams.stream = 99
+    assert L.stream_counters(cpu, 10) is not a  # another stream: its own
+    streams.stream = 1234
+    big = L.stream_counters(cpu, 3 * a.numel())  # outgrown: a larger buffer, and the old one kept
+    assert big.numel() >= 3 * a.numel() and int(big.abs().max()) == 0 and L._OUTGROWN == [a]
+    assert L.stream_counters(cpu, 5) is big
+    streams.capturing = True  # a capture: the graph's own, fresh each time, never kept
+    c1, c2 = L.stream_counters(cpu, 5), L.stream_counters(cpu, 5)
+    assert c1 is not big and c2 is not c1 and int(c1.abs().max()) == 0 and L._COUNTERS[1234] is big
+
+
+def _counting_wrapper(g, n=6, offset=2):
+    """A wrapper whose launch counts on the stream's counters (at an offset) besides its output."""
+
+    def run(x, w, eps):
+        y = torch.empty_like(x)
+        counters = L.stream_counters(x.device, n)
+        g.rows[(x.shape[0],)](x, w, counters[offset:], x.shape[1], eps, BLOCK=16)
+        return y
+
+    return run
+
+
+def test_a_replay_takes_the_counters_of_its_own_stream(fake_gpu, streams):
+    g = fake_gpu
+    run = _counting_wrapper(g)
+    run(*_inputs())  # misses; the stream's counters are made here (outside the recording: a fill)
+    _, plan, why = L.record(run, _inputs(seed=1))
+    assert plan is not None, why
+    counters = L._COUNTERS[1234]
+    new = _inputs(seed=2)
+    n = len(g.log)
+    plan.replay(*new)
+    ((kind, args),) = g.log[n:]
+    assert kind == "hit" and counters.data_ptr() + 8 in args  # the counters at their offset (2 int32)
+    # Another stream: the replay has none of its counters, so the wrapper runs (and makes them); then replays.
+    streams.stream = 77
+    n = len(g.log)
+    plan.replay(*new)
+    assert L._COUNTERS[77] is not counters and g.log[n][0] == "hit"
+    n = len(g.log)
+    plan.replay(*new)
+    assert L._COUNTERS[77].data_ptr() + 8 in g.log[n][1]
+    # Outgrown (another call asked for more): the replay takes the new buffer.
+    grown = L.stream_counters(torch.device("cpu"), 10 * counters.numel())
+    n = len(g.log)
+    plan.replay(*new)
+    assert grown.data_ptr() + 8 in g.log[n][1]
+    # While capturing, the replay falls back to the wrapper, whose counters are fresh (the graph's own).
+    streams.capturing = True
+    seen = []
+    real = L.stream_counters
+
+    def spy(device, k):
+        seen.append(real(device, k))
+        return seen[-1]
+
+    L.stream_counters = spy
+    try:
+        n = len(g.log)
+        plan.replay(*new)
+    finally:
+        L.stream_counters = real
+    assert len(seen) == 1 and seen[0].data_ptr() + 8 in g.log[n][1]

@@ -77,7 +77,10 @@ What the recording sees (and refuses):
 Every address a launch received must come from the call: a tensor argument (its own
 address, or inside it when exactly one argument holds it), an allocation of the call
 (its address plus the same offset), or a tensor field of a frozen dataclass or tuple
-argument, guarded by identity (its address is a constant; the plan holds the tensor).
+argument, guarded by identity (its address is a constant; the plan holds the tensor), or
+the current stream's counters (:func:`stream_counters`: a replay takes its own stream's
+at the same offset, and runs the call's own path when that stream has none large enough
+or is being captured).
 Plain values (scalars, dtypes, tuples and frozen dataclasses of them) are guarded by
 value. Anything else (a buffer a wrapper cached on the side) makes the call not
 recordable: a replay could not tell whether the wrapper would pick the same one. The
@@ -121,7 +124,7 @@ from .core.codegen import guarded_tuple_function
 
 __all__ = [
     "CachedLaunch", "LaunchPlan", "NotRecordable", "cached", "cdiv", "jit_launches", "launch_cache_info",
-    "launch_plans_enabled", "next_power_of_2", "record",
+    "launch_plans_enabled", "next_power_of_2", "record", "stream_counters",
 ]  # fmt: skip
 
 _state = threading.local()
@@ -475,6 +478,56 @@ _SCALARS = (type(None), bool, int, float, str)
 _plan_tags = itertools.count()
 
 
+#: int32 counters per CUDA stream (its raw handle), zero between launches (:func:`stream_counters`).
+_COUNTERS: dict[int, torch.Tensor] = {}
+#: counters a stream outgrew: kept, since a launch plan or a captured graph may hold their address.
+_OUTGROWN: list[torch.Tensor] = []
+_COUNTERS_MIN = 4096
+_capturing = torch.cuda.is_current_stream_capturing
+
+
+def stream_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 counters, zero, for ``device``'s current stream.
+
+    For kernels whose programs count their arrivals so that the last one of a group does the group's epilogue
+    (it zeroes the counter): the counters are zero before a launch and after it, so launches on one stream share
+    them in stream order. Per stream, because two launches running at once must not count into one counter. Never
+    freed (an outgrown buffer is kept): a launch plan's replay or a captured graph may hold the address. While the
+    stream is being captured: fresh zeroed counters of the graph's memory pool (the graph zeroes them at every
+    replay), so a graph replayed on another stream never shares counters with eager launches. Off CUDA (the Triton
+    interpreter): fresh zeroed counters. A launch-plan recording notes the buffer; a replay takes the counters of
+    its own stream (launch plans, module doc)."""
+    stream = _current_stream(device)
+    if stream is None or _capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    c = _COUNTERS.get(stream)
+    if c is None or c.numel() < n:
+        if c is not None:
+            _OUTGROWN.append(c)
+        size = max(n, _COUNTERS_MIN, 2 * c.numel() if c is not None else 0)
+        c = _COUNTERS[stream] = torch.zeros(size, dtype=torch.int32, device=device)
+    rec = getattr(_rec.state, "recorder", None)
+    if rec is not None:
+        rec.counters.append((c, n))
+    return c
+
+
+def _current_stream(device: torch.device) -> int | None:
+    """The raw handle of ``device``'s current stream (what a replay reads too); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _counters_address(stream: int, n: int) -> int:
+    """A replay's counters: the address of ``stream``'s (at least ``n``), or 0 when it has none that large or is
+    being captured (the replay then runs the call's own path, which makes them)."""
+    c = _COUNTERS.get(stream)
+    if c is None or c.numel() < n or _capturing():
+        return 0
+    return c.data_ptr()
+
+
 class NotRecordable(Exception):
     """What made a call not recordable (the message says)."""
 
@@ -512,6 +565,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.hits: list[tuple] = []  # (launcher, entry, grid, device, args, launch args)
         self.allocs: list[torch.Tensor] = []
+        self.counters: list[tuple[torch.Tensor, int]] = []  # (a stream's counters, how many the call asked for)
         self.refused: list[str] = []
 
     def refuse(self, why: str) -> None:
@@ -647,11 +701,18 @@ def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], li
     return sources, guards, identity, ns
 
 
-def _address(p: int, sources: list, allocs: list[torch.Tensor]) -> tuple[str, str | None, int | None]:
+def _address(
+    p: int, sources: list, allocs: list[torch.Tensor], counters: list[tuple[torch.Tensor, int]] = ()
+) -> tuple[str, str | None, int | None]:
     """Where address ``p`` comes from in a replay: (expression, the argument it is read from (its address, and
     so its alignment, changes from call to call) or None, the allocation it lies in or None)."""
     if p == 0:  # an empty tensor's: no memory
         return "0", None, None
+    for j, (c, _) in enumerate(counters):  # a stream's counters: the replay looks up its own stream's
+        lo, hi = _storage_range(c)
+        if lo <= p < hi:
+            off = p - c.data_ptr()
+            return (f"c{j}" if off == 0 else f"(c{j} + {off})"), None, None
     exact = [e for e, t in sources if t.data_ptr() == p]
     if len(exact) == 1:
         e = exact[0]
@@ -713,7 +774,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
             if isinstance(a, torch.Tensor):
                 if type(v) is not int:
                     raise NotRecordable(f"{launcher.__name__}: a tensor reached the launcher as a tensor")
-                e, arg, j = _address(v, sources, rec.allocs)
+                e, arg, j = _address(v, sources, rec.allocs, rec.counters)
                 if arg is not None and arg not in read:
                     read.append(arg)
                 if arg is not None and v & 15 == 0 and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
@@ -735,7 +796,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
         _fallback=run, _getdev=torch._C._cuda_getDevice, _getstream=torch._C._cuda_getCurrentRawStream,
         _empty=torch.empty_strided, _chain=knobs.runtime.launch_enter_hook, _rt=knobs.runtime,
         _comp=knobs.compilation, _dbg=knobs.runtime.debug, _instr=knobs.compilation.instrumentation_mode,
-        _dev=dev, _L=sys.modules[__name__], _R=_rec,
+        _dev=dev, _L=sys.modules[__name__], _R=_rec, _ctr=_counters_address,
     )  # fmt: skip
     # (a recording open on this thread must see these launches: the prepared path goes through the launch cache)
     state = [
@@ -751,6 +812,8 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
             rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
             rest.append(f"    q{j} = m{j}.data_ptr()")
     rest.append("    s = _getstream(_dev)")
+    for j, (_, n) in enumerate(rec.counters):
+        rest += [f"    c{j} = _ctr(s, {n})", f"    if not c{j}:", f"        return _fallback({params})"]
     rest += lines
     rest.append(f"    return {out}")
     fns = []

@@ -86,7 +86,7 @@ _KERNELS = (
         "attention.decode:mha_decode_with_kvcache",
         _ATTENTION_FORMATS,
         _attention_traits(causal=False, paged=True),
-        "Triton split-KV paged decode, GQA group per program, merge kernel adds sinks",
+        "Triton split-KV paged decode, GQA group per program, the last split merges (stream counters) and adds sinks",
     ),
     _Kernel(
         "kvcache_store",

@@ -2,12 +2,14 @@
 
 Decode is a stream over K/V: one query token per sequence, so the work per
 (sequence, KV head) is too small to fill the GPU at small batch. The key range of
-each sequence is cut into ``num_splits`` parts that run as separate programs and
-write a partial (normalised output, log2 LSE); a merge kernel combines them and
-adds the sink once. ``num_splits`` depends on shapes only (batch, heads, page-table
-width, window, SM count), never on ``cache_seqlens`` values, so the launch needs no
-host sync and is CUDA-graph capturable. With one split the first kernel writes the
-final output itself (no merge launch).
+each sequence is cut into ``num_splits`` parts that run as separate programs; each
+writes a partial (normalised output, log2 LSE) and counts its arrival on a counter of
+the stream (``tokenspeed_kernel.launch.stream_counters``), and the last split of a
+(sequence, head program) to arrive combines them and adds the sink once: one launch.
+``num_splits`` depends on shapes only (batch, heads, page-table width, window, SM
+count), never on ``cache_seqlens`` values, so the launch needs no host sync and is
+CUDA-graph capturable. With one split the kernel writes the final output directly
+(no partials, no counter).
 
 Each program owns one KV head and all query heads of its group (padded to 16 rows
 for the MMA), so every K/V byte is read from memory once per decode step.
@@ -23,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters
 
 from ._shared import LN2, LOG2E, add_sink, mma, normalize, online_softmax_step, score_scales
 from ._shared import scores_log2 as _scores_log2
@@ -51,6 +53,7 @@ def decode_split_kernel(
     Out,
     Lse,
     Partials,
+    Counters,
     stride_q_seq,
     stride_q_head,
     stride_o_seq,
@@ -81,6 +84,7 @@ def decode_split_kernel(
     HAS_CAP: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     DIRECT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -88,7 +92,9 @@ def decode_split_kernel(
 
     ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
     write into ``Partials`` (fp32, one buffer: one allocation a call) the outputs ``[B, Hq, S, D]``
-    (normalised), then the LSEs ``[B, Hq, S]`` (log2 units, -inf for an empty split).
+    (normalised), then the LSEs ``[B, Hq, S]`` (log2 units, -inf for an empty split), and count
+    the arrival on ``Counters`` (int32 ``[B, head programs]``, zero on entry and left zero): the
+    last split of a (sequence, head program) to arrive merges them (``BLOCK_S``: splits, padded).
     """
     seq = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -171,30 +177,40 @@ def decode_split_kernel(
         part = (seq64 * num_heads + head) * num_splits + split
         tl.store(Partials + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_valid[:, None])
         tl.store(_partial_lse(Partials, num_heads, num_splits, HEAD_DIM) + part, lse2, mask=row_valid)
+        # Publish this program's partials (a CTA barrier, then a release at GPU scope) and count them: the
+        # program that brings the counter to num_splits zeroes it and merges (no program ever waits).
+        tl.debug_barrier()
+        counter = Counters + seq64 * tl.num_programs(1) + pid_h
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            tl.store(counter, 0)  # every split of this launch has arrived: zero for the next one
+            tl.debug_barrier()
+            _merge_splits(Partials, Sinks, Out, Lse, seq64, head, row_valid, num_heads, num_splits, stride_o_seq,
+                          stride_o_head, stride_lse_seq, HEAD_DIM, BLOCK_H, BLOCK_S, HAS_SINKS, RETURN_LSE)  # fmt: skip
 
 
 @triton.jit
-def decode_merge_kernel(
+def _merge_splits(
     Partials,
     Sinks,
     Out,
     Lse,
+    seq,
+    head,
+    head_valid,
+    num_heads,
+    num_splits,
     stride_o_seq,
     stride_o_head,
     stride_lse_seq,
-    num_heads,
-    num_splits,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
-    """Grid: (sequences, head blocks). Combines the splits' partials and adds the sink once."""
+    """Combine the splits' partials of sequence ``seq``, heads ``head``, and add the sink once. The partials
+    were written by other programs: they are read from L2 (``.cg``), past this SM's L1."""
     PartialLse = _partial_lse(Partials, num_heads, num_splits, HEAD_DIM)
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_valid = head < num_heads
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
     part_row = (seq * num_heads + head) * num_splits
@@ -202,6 +218,7 @@ def decode_merge_kernel(
         PartialLse + part_row[:, None] + offs_s[None, :],
         mask=head_valid[:, None] & (offs_s[None, :] < num_splits),
         other=float("-inf"),
+        cache_modifier=".cg",
     )
     m = tl.max(lse_tile, 1)
     if HAS_SINKS:
@@ -213,11 +230,14 @@ def decode_merge_kernel(
         denom += tl.math.exp2(sink - m_use)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
     for s in tl.range(0, num_splits):
-        w = tl.math.exp2(tl.load(PartialLse + part_row + s, mask=head_valid, other=float("-inf")) - m_use)
+        lse_s = tl.load(PartialLse + part_row + s, mask=head_valid, other=float("-inf"), cache_modifier=".cg")
         o = tl.load(
-            Partials + (part_row + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=head_valid[:, None], other=0.0
+            Partials + (part_row + s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=head_valid[:, None],
+            other=0.0,
+            cache_modifier=".cg",
         )
-        acc += w[:, None] * o
+        acc += tl.math.exp2(lse_s - m_use)[:, None] * o
     has = denom > 0.0
     denom_safe = tl.where(has, denom, 1.0)
     out = acc / denom_safe[:, None]
@@ -315,26 +335,22 @@ def mha_decode_with_kvcache(
     lse = torch.empty((batch, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if batch == 0:
         return (out, lse) if return_lse else out
-    grid, scalars, kwargs, partial_shape, merge = launch
+    grid, scalars, kwargs, partial_shape, n_counters = launch
     if partial_shape is None:
-        partials = None
-    elif plan is not None:
-        partials = plan.keep(("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device))
+        partials = counters = None
     else:
-        partials = _partials(partial_shape, q.device)
+        if plan is not None:
+            partials = plan.keep(("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device))
+        else:
+            partials = _partials(partial_shape, q.device)
+        counters = stream_counters(q.device, n_counters)
     lse_stride = lse.stride(0) if lse is not None else 0
     _DECODE_SPLIT[grid](
-        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partials,
+        q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partials, counters,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), *scalars, **kwargs,
     )  # fmt: skip
-    if merge is not None:
-        merge_grid, hq_, num_splits_, merge_kwargs = merge
-        _DECODE_MERGE[merge_grid](
-            partials, sinks, out, lse, out.stride(0), out.stride(1), lse_stride, hq_, num_splits_,
-            **merge_kwargs,
-        )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
@@ -342,7 +358,6 @@ def mha_decode_with_kvcache(
 _PLANS: dict = {}
 _MAX_PLANS = 1024
 _DECODE_SPLIT = cached(decode_split_kernel)
-_DECODE_MERGE = cached(decode_merge_kernel)
 
 
 def _partials(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -355,7 +370,7 @@ def _partials(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
 def _decode_plan(
     q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits, longest=None
 ):
-    """(grid, trailing scalars, kwargs, partials shape or None, merge launch or None) of one decode call shape;
+    """(grid, trailing scalars, kwargs, partials shape or None, counters or None) of one decode call shape;
     ``longest``: a bound on the longest sequence (an attention plan's), else the page table's capacity."""
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -380,20 +395,9 @@ def _decode_plan(
     kwargs = dict(
         HEAD_DIM=head_dim, GROUP=group, HEADS_PER_TILE=heads_per_tile, BLOCK_H=block_h, BLOCK_N=cfg["BLOCK_N"],
         PAGE_SIZE=page_size, HAS_WINDOW=window_left >= 0, HAS_SINKS=sinks is not None, HAS_CAP=logit_cap > 0,
-        RETURN_LSE=return_lse, DIRECT=direct, DOT_FP32=bool(cfg.get("DOT_FP32", False)),
-        DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
+        RETURN_LSE=return_lse, DIRECT=direct, BLOCK_S=next_power_of_2(num_splits),
+        DOT_FP32=bool(cfg.get("DOT_FP32", False)), DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
     )  # fmt: skip
-    merge = None
-    if not direct:
-        merge_heads = min(16, next_power_of_2(hq))
-        merge = (
-            (batch, cdiv(hq, merge_heads)),
-            hq,
-            num_splits,
-            dict(
-                HEAD_DIM=head_dim, BLOCK_H=merge_heads, BLOCK_S=next_power_of_2(num_splits),
-                HAS_SINKS=sinks is not None, RETURN_LSE=return_lse, num_warps=4,
-            ),
-        )  # fmt: skip
     partial_shape = None if direct else (batch, hq, num_splits, head_dim)
-    return (batch, hkv * num_head_chunks, num_splits), scalars, kwargs, partial_shape, merge
+    counters = None if direct else batch * hkv * num_head_chunks  # one per (sequence, head program)
+    return (batch, hkv * num_head_chunks, num_splits), scalars, kwargs, partial_shape, counters

@@ -31,9 +31,8 @@ import dataclasses
 
 import torch
 
-from tokenspeed_kernel.core.platform import current_stream_id
 from tokenspeed_kernel.graphs import GraphCache, in_place_key
-from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, packed
@@ -298,29 +297,6 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     )  # fmt: skip
 
 
-#: The fused epilogues' counters per (device, stream): int32, zero between launches (each launch's last
-#: programs reset theirs). Per stream, because two launches running at once must not count into one counter;
-#: never freed, because a captured graph reads its counters by address (a buffer outgrown is kept for it).
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` zero int32 counters for ``device``'s current stream (module doc of :mod:`.decode`)."""
-    key = (device, current_stream_id(device))
-    c = _COUNTERS.get(key)
-    if c is not None and c.numel() >= n:
-        return c
-    fresh = torch.zeros(max(n, 2 * c.numel() if c is not None else 4096), dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # Allocated in the graph's pool, zeroed by a node of the graph at each replay: this graph's own.
-        return fresh
-    if c is not None:
-        _OUTGROWN.append(c)
-    _COUNTERS[key] = fresh
-    return fresh
-
-
 #: eager calls of at most this many tokens replay a captured graph (host cost; a few MB a graph at 64 tokens).
 GRAPH_MAX_TOKENS = 64
 _GRAPHS = GraphCache("hopper.moe_apply", max_graphs=128)
@@ -461,7 +437,7 @@ def moe_apply(
     if fuse_gu or fuse_down:
         # Gate/up counters by (chunk's first pair, N tile), then down counters by (token, N tile).
         gu_counters = pairs * _grid(w13.shape[1], True, gu_tile, pairs)[1] if fuse_gu else 0
-        counters = _counters(x.device, gu_counters + t * _grid(w2.shape[1], False, down_tile, pairs)[1])
+        counters = stream_counters(x.device, gu_counters + t * _grid(w2.shape[1], False, down_tile, pairs)[1])
     if gu_split == 1:
         _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
                 tile=gu_tile, **common)  # fmt: skip
