@@ -331,20 +331,24 @@ def test_decode_with_a_plan(device: str) -> None:
     assert decode._decode_plan(q, k_cache, page_table, -1, None, None, 0.0, True, cfg, None)[0][2] == 16
     assert decode._decode_plan(q, k_cache, page_table, -1, None, None, 0.0, True, cfg, None, 64)[0][2] == 4
     decode._PLANS.clear()
-    out, lse = decode.mha_decode_with_kvcache(*args, **kw, plan=plan)
-    again, _ = decode.mha_decode_with_kvcache(*args, **kw, plan=plan)
-    splits = decode.choose_num_splits(2, 1, 64, q.device, decode.decode_config(q.device, d))
-    plain, plain_lse = decode.mha_decode_with_kvcache(*args, **kw, num_splits=splits)
+    # (this config's split rules on every device: a GPU's own would not split sequences this short)
+    out, lse = decode.mha_decode_with_kvcache(*args, **kw, plan=plan, config=cfg)
+    again, _ = decode.mha_decode_with_kvcache(*args, **kw, plan=plan, config=cfg)
+    splits = decode.choose_num_splits(2, 1, 64, q.device, cfg)
+    plain, plain_lse = decode.mha_decode_with_kvcache(*args, **kw, num_splits=splits, config=cfg)
     assert torch.equal(out, plain) and torch.equal(lse, plain_lse) and torch.equal(out, again)
     exp_out, exp_lse = ref.mha_decode_with_kvcache(*args, **kw)
     _assert_close(out, exp_out, torch.float32)
     _assert_lse(lse, exp_lse)
     kept = [k for k in plan._kept if k[0] == "triton.decode"]
     assert splits > 1 and len(kept) == 1
-    # Through the public op (the Triton kernel is selected on the interpreter), plan included.
+    # Through the public op, plan included: the kernel's bits with the device's own config, the reference's values.
     with tokenspeed_kernel.kernel_override("triton"):
         pub, pub_lse = tokenspeed_kernel.mha_decode_with_kvcache(*args, **kw, plan=plan)
-    assert torch.equal(pub, out) and torch.equal(pub_lse, lse)
+    own, own_lse = decode.mha_decode_with_kvcache(*args, **kw, plan=plan)
+    assert torch.equal(pub, own) and torch.equal(pub_lse, own_lse)
+    _assert_close(pub, exp_out, torch.float32)
+    _assert_lse(pub_lse, exp_lse)
 
 
 # --------------------------------------------------------------------------- store

@@ -397,9 +397,12 @@ def _counting_wrapper(g, n=6, offset=2):
 def test_a_replay_takes_the_counters_of_its_own_stream(fake_gpu, streams):
     g = fake_gpu
     run = _counting_wrapper(g)
-    run(*_inputs())  # misses; the stream's counters are made here (outside the recording: a fill)
+    run(*_inputs())  # misses: compiles (fake) and fills the launch caches
+    streams.stream = 5  # a stream without counters yet: the recorded call makes them, which is not its work
     _, plan, why = L.record(run, _inputs(seed=1))
-    assert plan is not None, why
+    assert plan is not None and 5 in L._COUNTERS, why
+    streams.stream = 1234
+    run(*_inputs())
     counters = L._COUNTERS[1234]
     new = _inputs(seed=2)
     n = len(g.log)

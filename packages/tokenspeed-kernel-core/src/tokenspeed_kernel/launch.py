@@ -117,7 +117,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .core import recording as _rec
 from .core.codegen import guarded_tuple_function
@@ -505,7 +505,10 @@ def stream_counters(device: torch.device, n: int) -> torch.Tensor:
         if c is not None:
             _OUTGROWN.append(c)
         size = max(n, _COUNTERS_MIN, 2 * c.numel() if c is not None else 0)
-        c = _COUNTERS[stream] = torch.zeros(size, dtype=torch.int32, device=device)
+        # (a stream's setup, not the call's work: a recording does not see the fill, since a replay looks the
+        # counters up; else a call's first use of a new stream could not be recorded)
+        with _disable_current_modes():
+            c = _COUNTERS[stream] = torch.zeros(size, dtype=torch.int32, device=device)
     rec = getattr(_rec.state, "recorder", None)
     if rec is not None:
         rec.counters.append((c, n))
