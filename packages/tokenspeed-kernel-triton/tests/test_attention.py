@@ -246,7 +246,7 @@ def test_decode_counters_are_left_zero_and_shared_by_calls_of_one_stream(device:
     from tokenspeed_kernel import launch
 
     if device == "cpu":
-        monkeypatch.setattr(launch, "_COUNTERS", {})
+        monkeypatch.setattr(launch, "_BUFFERS", {})
         monkeypatch.setattr(launch, "_current_stream", lambda dev: 1)
         monkeypatch.setattr(launch, "_capturing", lambda: False)
     c = dict(DECODE_CASES["page16_gptoss_bf16"])
@@ -263,7 +263,7 @@ def test_decode_counters_are_left_zero_and_shared_by_calls_of_one_stream(device:
         out, lse = decode.mha_decode_with_kvcache(*args, **kw, num_splits=splits)
         _assert_close(out, exp_out, dtype)
         _assert_lse(lse, exp_lse)
-    held = [t for t in launch._COUNTERS.values() if t.device == q.device]
+    held = [t for (_, kind), t in launch._BUFFERS.items() if kind == "counters" and t.device == q.device]
     assert held and all(int(t.abs().max()) == 0 for t in held)
 
 

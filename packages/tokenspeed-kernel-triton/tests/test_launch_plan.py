@@ -351,14 +351,19 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     assert want and all(k == "hit" for k, _ in want), want
     assert got == want, f"{op}: {plan}"
     if extra:  # one launch, which takes the stream's counters
-        assert plan.launches == ("decode_split_kernel",) and ("unknown", L._COUNTERS[1234].data_ptr()) in want[0][1]
+        assert (
+            plan.launches == ("decode_split_kernel",)
+            and ("unknown", L._BUFFERS[(1234, "counters")].data_ptr()) in want[0][1]
+        )
+        # and the stream's scratch for its partials: the call allocates its output only
+        assert ("unknown", L._BUFFERS[(1234, "scratch")].data_ptr()) in want[0][1] and plan.allocations == 1
 
 
 @pytest.fixture
 def streams(monkeypatch):
     """Fresh stream counters, the current stream a settable handle, no capture unless set."""
     state = types.SimpleNamespace(stream=1234, capturing=False)
-    monkeypatch.setattr(L, "_COUNTERS", {})
+    monkeypatch.setattr(L, "_BUFFERS", {})
     monkeypatch.setattr(L, "_OUTGROWN", [])
     monkeypatch.setattr(L, "_current_stream", lambda device: state.stream)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: state.stream, raising=False)  # (a replay's)
@@ -366,7 +371,7 @@ def streams(monkeypatch):
     return state
 
 
-def test_stream_counters_are_kept_per_stream_zeroed_and_grown_without_freeing(streams):
+def test_stream_buffers_are_kept_per_stream_and_kind_and_grown_without_freeing(streams):
     cpu = torch.device("cpu")
     a = L.stream_counters(cpu, 10)
     assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().max()) == 0
@@ -377,9 +382,16 @@ def test_stream_counters_are_kept_per_stream_zeroed_and_grown_without_freeing(st
     big = L.stream_counters(cpu, 3 * a.numel())  # outgrown: a larger buffer, and the old one kept
     assert big.numel() >= 3 * a.numel() and int(big.abs().max()) == 0 and L._OUTGROWN == [a]
     assert L.stream_counters(cpu, 5) is big
+    # The stream's scratch: another buffer (fp32, never the counters, which must stay zero), kept and grown alike.
+    scratch = L.stream_scratch(cpu, 10)
+    assert scratch.dtype == torch.float32 and scratch.numel() >= 10 and scratch.data_ptr() != big.data_ptr()
+    assert L.stream_scratch(cpu, 10) is scratch and L.stream_counters(cpu, 5) is big
+    more = L.stream_scratch(cpu, 3 * scratch.numel())
+    assert more.numel() >= 3 * scratch.numel() and L._OUTGROWN[-1] is scratch
     streams.capturing = True  # a capture: the graph's own, fresh each time, never kept
     c1, c2 = L.stream_counters(cpu, 5), L.stream_counters(cpu, 5)
-    assert c1 is not big and c2 is not c1 and int(c1.abs().max()) == 0 and L._COUNTERS[1234] is big
+    assert c1 is not big and c2 is not c1 and int(c1.abs().max()) == 0 and L._BUFFERS[(1234, "counters")] is big
+    assert L.stream_scratch(cpu, 5) is not more and L._BUFFERS[(1234, "scratch")] is more
 
 
 def _counting_wrapper(g, n=6, offset=2):
@@ -400,10 +412,10 @@ def test_a_replay_takes_the_counters_of_its_own_stream(fake_gpu, streams):
     run(*_inputs())  # misses: compiles (fake) and fills the launch caches
     streams.stream = 5  # a stream without counters yet: the recorded call makes them, which is not its work
     _, plan, why = L.record(run, _inputs(seed=1))
-    assert plan is not None and 5 in L._COUNTERS, why
+    assert plan is not None and (5, "counters") in L._BUFFERS, why
     streams.stream = 1234
     run(*_inputs())
-    counters = L._COUNTERS[1234]
+    counters = L._BUFFERS[(1234, "counters")]
     new = _inputs(seed=2)
     n = len(g.log)
     plan.replay(*new)
@@ -413,10 +425,10 @@ def test_a_replay_takes_the_counters_of_its_own_stream(fake_gpu, streams):
     streams.stream = 77
     n = len(g.log)
     plan.replay(*new)
-    assert L._COUNTERS[77] is not counters and g.log[n][0] == "hit"
+    assert L._BUFFERS[(77, "counters")] is not counters and g.log[n][0] == "hit"
     n = len(g.log)
     plan.replay(*new)
-    assert L._COUNTERS[77].data_ptr() + 8 in g.log[n][1]
+    assert L._BUFFERS[(77, "counters")].data_ptr() + 8 in g.log[n][1]
     # Outgrown (another call asked for more): the replay takes the new buffer.
     grown = L.stream_counters(torch.device("cpu"), 10 * counters.numel())
     n = len(g.log)

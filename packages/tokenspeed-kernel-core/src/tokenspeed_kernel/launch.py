@@ -78,9 +78,9 @@ Every address a launch received must come from the call: a tensor argument (its 
 address, or inside it when exactly one argument holds it), an allocation of the call
 (its address plus the same offset), or a tensor field of a frozen dataclass or tuple
 argument, guarded by identity (its address is a constant; the plan holds the tensor), or
-the current stream's counters (:func:`stream_counters`: a replay takes its own stream's
-at the same offset, and runs the call's own path when that stream has none large enough
-or is being captured).
+the current stream's counters or scratch (:func:`stream_counters`, :func:`stream_scratch`:
+a replay takes its own stream's at the same offset, and runs the call's own path when that
+stream has none large enough or is being captured).
 Plain values (scalars, dtypes, tuples and frozen dataclasses of them) are guarded by
 value. Anything else (a buffer a wrapper cached on the side) makes the call not
 recordable: a replay could not tell whether the wrapper would pick the same one. The
@@ -124,7 +124,7 @@ from .core.codegen import guarded_tuple_function
 
 __all__ = [
     "CachedLaunch", "LaunchPlan", "NotRecordable", "cached", "cdiv", "jit_launches", "launch_cache_info",
-    "launch_plans_enabled", "next_power_of_2", "record", "stream_counters",
+    "launch_plans_enabled", "next_power_of_2", "record", "stream_counters", "stream_scratch",
 ]  # fmt: skip
 
 _state = threading.local()
@@ -478,11 +478,12 @@ _SCALARS = (type(None), bool, int, float, str)
 _plan_tags = itertools.count()
 
 
-#: int32 counters per CUDA stream (its raw handle), zero between launches (:func:`stream_counters`).
-_COUNTERS: dict[int, torch.Tensor] = {}
-#: counters a stream outgrew: kept, since a launch plan or a captured graph may hold their address.
+#: buffers per (CUDA stream (its raw handle), kind): "counters" (int32, zero between launches: :func:`stream_counters`)
+#: and "scratch" (fp32 temporaries a launch writes and reads itself: :func:`stream_scratch`).
+_BUFFERS: dict[tuple[int, str], torch.Tensor] = {}
+#: buffers a stream outgrew: kept, since a launch plan or a captured graph may hold their address.
 _OUTGROWN: list[torch.Tensor] = []
-_COUNTERS_MIN = 4096
+_KINDS = {"counters": (torch.int32, torch.zeros, 4096), "scratch": (torch.float32, torch.empty, 1 << 16)}
 _capturing = torch.cuda.is_current_stream_capturing
 
 
@@ -497,22 +498,38 @@ def stream_counters(device: torch.device, n: int) -> torch.Tensor:
     replay), so a graph replayed on another stream never shares counters with eager launches. Off CUDA (the Triton
     interpreter): fresh zeroed counters. A launch-plan recording notes the buffer; a replay takes the counters of
     its own stream (launch plans, module doc)."""
+    return _stream_buffer(device, n, "counters")
+
+
+def stream_scratch(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` fp32 elements of scratch for ``device``'s current stream, contents undefined.
+
+    For temporaries one launch writes and reads itself (decode attention's split partials, merged by the last split):
+    launches on one stream run in order, so they share the scratch, and a call allocates nothing for them. The rules
+    of :func:`stream_counters` otherwise (per stream, never freed, fresh while capturing or off CUDA, replays take
+    their own stream's). Never for a temporary that a later launch reads, nor with a launch that lets the next one
+    start early (programmatic dependent launch)."""
+    return _stream_buffer(device, n, "scratch")
+
+
+def _stream_buffer(device: torch.device, n: int, kind: str) -> torch.Tensor:
+    dtype, make, least = _KINDS[kind]
     stream = _current_stream(device)
     if stream is None or _capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    c = _COUNTERS.get(stream)
-    if c is None or c.numel() < n:
-        if c is not None:
-            _OUTGROWN.append(c)
-        size = max(n, _COUNTERS_MIN, 2 * c.numel() if c is not None else 0)
-        # (a stream's setup, not the call's work: a recording does not see the fill, since a replay looks the
-        # counters up; else a call's first use of a new stream could not be recorded)
+        return make(n, dtype=dtype, device=device)
+    b = _BUFFERS.get((stream, kind))
+    if b is None or b.numel() < n:
+        if b is not None:
+            _OUTGROWN.append(b)
+        size = max(n, least, 2 * b.numel() if b is not None else 0)
+        # (a stream's setup, not the call's work: a recording does not see it, since a replay looks the buffer up;
+        # else a call's first use of a new stream could not be recorded)
         with _disable_current_modes():
-            c = _COUNTERS[stream] = torch.zeros(size, dtype=torch.int32, device=device)
+            b = _BUFFERS[(stream, kind)] = make(size, dtype=dtype, device=device)
     rec = getattr(_rec.state, "recorder", None)
     if rec is not None:
-        rec.counters.append((c, n))
-    return c
+        rec.buffers.append((b, n, kind))
+    return b
 
 
 def _current_stream(device: torch.device) -> int | None:
@@ -522,13 +539,13 @@ def _current_stream(device: torch.device) -> int | None:
     return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _counters_address(stream: int, n: int) -> int:
-    """A replay's counters: the address of ``stream``'s (at least ``n``), or 0 when it has none that large or is
-    being captured (the replay then runs the call's own path, which makes them)."""
-    c = _COUNTERS.get(stream)
-    if c is None or c.numel() < n or _capturing():
+def _buffer_address(stream: int, n: int, kind: str) -> int:
+    """A replay's stream buffer: the address of ``stream``'s (at least ``n`` elements), or 0 when it has none that
+    large or is being captured (the replay then runs the call's own path, which makes one)."""
+    b = _BUFFERS.get((stream, kind))
+    if b is None or b.numel() < n or _capturing():
         return 0
-    return c.data_ptr()
+    return b.data_ptr()
 
 
 class NotRecordable(Exception):
@@ -568,7 +585,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.hits: list[tuple] = []  # (launcher, entry, grid, device, args, launch args)
         self.allocs: list[torch.Tensor] = []
-        self.counters: list[tuple[torch.Tensor, int]] = []  # (a stream's counters, how many the call asked for)
+        self.buffers: list[tuple[torch.Tensor, int, str]] = []  # (a stream's buffer, elements the call asked, kind)
         self.refused: list[str] = []
 
     def refuse(self, why: str) -> None:
@@ -705,16 +722,16 @@ def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], li
 
 
 def _address(
-    p: int, sources: list, allocs: list[torch.Tensor], counters: list[tuple[torch.Tensor, int]] = ()
+    p: int, sources: list, allocs: list[torch.Tensor], buffers: list[tuple[torch.Tensor, int, str]] = ()
 ) -> tuple[str, str | None, int | None]:
     """Where address ``p`` comes from in a replay: (expression, the argument it is read from (its address, and
     so its alignment, changes from call to call) or None, the allocation it lies in or None)."""
     if p == 0:  # an empty tensor's: no memory
         return "0", None, None
-    for j, (c, _) in enumerate(counters):  # a stream's counters: the replay looks up its own stream's
-        lo, hi = _storage_range(c)
+    for j, (b, _, _) in enumerate(buffers):  # a stream's buffer: the replay looks up its own stream's
+        lo, hi = _storage_range(b)
         if lo <= p < hi:
-            off = p - c.data_ptr()
+            off = p - b.data_ptr()
             return (f"c{j}" if off == 0 else f"(c{j} + {off})"), None, None
     exact = [e for e, t in sources if t.data_ptr() == p]
     if len(exact) == 1:
@@ -777,7 +794,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
             if isinstance(a, torch.Tensor):
                 if type(v) is not int:
                     raise NotRecordable(f"{launcher.__name__}: a tensor reached the launcher as a tensor")
-                e, arg, j = _address(v, sources, rec.allocs, rec.counters)
+                e, arg, j = _address(v, sources, rec.allocs, rec.buffers)
                 if arg is not None and arg not in read:
                     read.append(arg)
                 if arg is not None and v & 15 == 0 and not (p.do_not_specialize or p.do_not_specialize_on_alignment):
@@ -799,7 +816,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
         _fallback=run, _getdev=torch._C._cuda_getDevice, _getstream=torch._C._cuda_getCurrentRawStream,
         _empty=torch.empty_strided, _chain=knobs.runtime.launch_enter_hook, _rt=knobs.runtime,
         _comp=knobs.compilation, _dbg=knobs.runtime.debug, _instr=knobs.compilation.instrumentation_mode,
-        _dev=dev, _L=sys.modules[__name__], _R=_rec, _ctr=_counters_address,
+        _dev=dev, _L=sys.modules[__name__], _R=_rec, _buf=_buffer_address,
     )  # fmt: skip
     # (a recording open on this thread must see these launches: the prepared path goes through the launch cache)
     state = [
@@ -815,8 +832,8 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
             rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
             rest.append(f"    q{j} = m{j}.data_ptr()")
     rest.append("    s = _getstream(_dev)")
-    for j, (_, n) in enumerate(rec.counters):
-        rest += [f"    c{j} = _ctr(s, {n})", f"    if not c{j}:", f"        return _fallback({params})"]
+    for j, (_, n, kind) in enumerate(rec.buffers):
+        rest += [f"    c{j} = _buf(s, {n}, {kind!r})", f"    if not c{j}:", f"        return _fallback({params})"]
     rest += lines
     rest.append(f"    return {out}")
     fns = []

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters, stream_scratch
 
 from ._shared import LN2, LOG2E, add_sink, mma, normalize, online_softmax_step, score_scales
 from ._shared import scores_log2 as _scores_log2
@@ -91,7 +91,7 @@ def decode_split_kernel(
     """Grid: (sequences, KV heads x head chunks, splits).
 
     ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
-    write into ``Partials`` (fp32, one buffer: one allocation a call) the outputs ``[B, Hq, S, D]``
+    write into ``Partials`` (fp32: the stream's scratch, or a plan's) the outputs ``[B, Hq, S, D]``
     (normalised), then the LSEs ``[B, Hq, S]`` (log2 units, -inf for an empty split), and count
     the arrival on ``Counters`` (int32 ``[B, head programs]``, zero on entry and left zero): the
     last split of a (sequence, head program) to arrive merges them (``BLOCK_S``: splits, padded).
@@ -339,10 +339,11 @@ def mha_decode_with_kvcache(
     if partial_shape is None:
         partials = counters = None
     else:
+        b, hq_, splits, d = partial_shape
         if plan is not None:
             partials = plan.keep(("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device))
-        else:
-            partials = _partials(partial_shape, q.device)
+        else:  # written and merged by this launch: the stream's scratch (no allocation a call)
+            partials = stream_scratch(q.device, b * hq_ * splits * (d + 1))
         counters = stream_counters(q.device, n_counters)
     lse_stride = lse.stride(0) if lse is not None else 0
     _DECODE_SPLIT[grid](
@@ -361,8 +362,9 @@ _DECODE_SPLIT = cached(decode_split_kernel)
 
 
 def _partials(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The split partials in one fp32 buffer (one allocation): outputs ``[B, Hq, splits, D]``, then log-sum-exps
-    ``[B, Hq, splits]`` (the kernels find them by :func:`_partial_lse`)."""
+    """The split partials in one fp32 buffer: outputs ``[B, Hq, splits, D]``, then log-sum-exps ``[B, Hq, splits]``
+    (the kernels find them by :func:`_partial_lse`). A plan keeps one; without a plan they live in the stream's
+    scratch (``tokenspeed_kernel.launch.stream_scratch``), since the launch that writes them merges them."""
     b, hq, splits, d = shape
     return torch.empty((b * hq * splits * (d + 1),), dtype=torch.float32, device=device)
 
