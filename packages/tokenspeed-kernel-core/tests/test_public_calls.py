@@ -232,7 +232,16 @@ def test_moe_weights_are_served_once_validated_and_the_kernel_gets_each_calls_ow
 def test_validated_moe_weights_carry_a_key_and_replace_drops_it():
     from dataclasses import replace
 
+    def key(**changes):
+        w = _moe_weights(**changes)
+        w.validate()
+        return w.__memo_key__
+
     w = _moe_weights()
     w.validate()
-    assert w.__memo_key__ == ("mxfp4", "canonical", True, w.__memo_key__[3])
+    assert w.__memo_key__ is not None and w.__memo_key__ == key()  # other weights of the same metadata: one key
+    # What the checks read tells keys apart: shapes, the optional tensors, the row order.
+    bias = torch.empty(4, 64, dtype=torch.bfloat16, device="meta")
+    others = [key(h=128), key(i=64), key(e=8), key(w13_bias=bias), key(gate_up_interleaved=False)]
+    assert len({w.__memo_key__, *others}) == 6
     assert replace(w, gate_up_interleaved=False).__memo_key__ is None  # new fields: not checked yet

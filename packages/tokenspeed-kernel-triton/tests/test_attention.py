@@ -307,9 +307,8 @@ def test_decode_num_splits_depends_on_shapes_only() -> None:
 
 
 def test_decode_with_a_plan(device: str) -> None:
-    """A plan sizes the split grid by the longest sequence (not the page table's 64 pages) and keeps
-    the split partials: the same bits as the call without a plan at that split count, the reference's
-    values, and one partials buffer for every call with the plan."""
+    """A plan sizes the split grid by the longest sequence (not the page table's 64 pages): the same bits as
+    the call without a plan at that split count, and the reference's values. The plan keeps no partials."""
     gen = torch.Generator().manual_seed(11)
     lens, page, hq, hkv, d = [37, 9], 4, 8, 1, 16
     k_cache, v_cache, _ = _paged_cache([256, 256], page, hkv, d, torch.float32, device, gen)
@@ -340,8 +339,9 @@ def test_decode_with_a_plan(device: str) -> None:
     exp_out, exp_lse = ref.mha_decode_with_kvcache(*args, **kw)
     _assert_close(out, exp_out, torch.float32)
     _assert_lse(lse, exp_lse)
+    # The partials are the stream's scratch, not the plan's (a launch plan can replay a call that uses them).
     kept = [k for k in plan._kept if k[0] == "triton.decode"]
-    assert splits > 1 and len(kept) == 1
+    assert splits > 1 and not kept
     # Through the public op, plan included: the kernel's bits with the device's own config, the reference's values.
     with tokenspeed_kernel.kernel_override("triton"):
         pub, pub_lse = tokenspeed_kernel.mha_decode_with_kvcache(*args, **kw, plan=plan)

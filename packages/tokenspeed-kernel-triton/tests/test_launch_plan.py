@@ -325,8 +325,11 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     def args():
         return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in kargs)
 
-    # Decode attention split in two: its partials, and the stream's counters the last split merges by.
-    extra = {"num_splits": 2} if op == "mha_decode_with_kvcache" else {}
+    # Decode attention split in two (its partials in the stream's scratch, and the stream's counters the last split
+    # merges by), with an attention plan, whose call must record too.
+    extra = {}
+    if op == "mha_decode_with_kvcache":
+        extra = {"num_splits": 2, "plan": tk.mha_plan(cache_seqlens=kargs[4].tolist())}
 
     def run(*vals):
         return fn(*vals, **kkwargs, **extra)

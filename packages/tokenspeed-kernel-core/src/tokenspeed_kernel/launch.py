@@ -120,7 +120,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .core import recording as _rec
-from .core.codegen import guarded_tuple_function
+from .core.codegen import guarded_tuple_function, plain_value
 
 __all__ = [
     "CachedLaunch", "LaunchPlan", "NotRecordable", "cached", "cdiv", "jit_launches", "launch_cache_info",
@@ -474,7 +474,6 @@ _all: weakref.WeakSet[CachedLaunch] = weakref.WeakSet()
 
 _ENV_OFF = os.environ.get("TOKENSPEED_KERNEL_LAUNCH_PLANS", "1").strip().lower() in ("0", "false", "no", "off")
 _T, _P = torch.Tensor, torch.nn.Parameter
-_SCALARS = (type(None), bool, int, float, str)
 _plan_tags = itertools.count()
 
 
@@ -662,22 +661,6 @@ def _storage_range(t: torch.Tensor) -> tuple[int, int]:
     return s.data_ptr(), s.data_ptr() + s.nbytes()
 
 
-def _plain(a: Any) -> bool:
-    """A value a replay compares by value: a scalar, a dtype or device, a tuple of scalars, or a frozen dataclass
-    of those (what the validation memo describes by value too)."""
-    t = type(a)
-    if t in _SCALARS or t is torch.dtype or t is torch.device:
-        return True
-    if t is tuple:
-        return all(_plain(x) for x in a)
-    return (
-        dataclasses.is_dataclass(a)
-        and not isinstance(a, type)
-        and t.__dataclass_params__.frozen
-        and all(_plain(getattr(a, f.name)) for f in dataclasses.fields(a))
-    )
-
-
 def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], list[str], dict[str, Any]]:
     """(expression, tensor) of every tensor the call's arguments reach; the guards on the arguments' metadata
     and values (what a served public call's key already matched) and on objects' identity; the namespace they
@@ -695,7 +678,7 @@ def _sources(flat: tuple) -> tuple[list[tuple[str, torch.Tensor]], list[str], li
             sources.append((f"a{i}", a))
         elif a is None or t is bool:
             guards.append(f"a{i} is not {a!r}")
-        elif _plain(a):
+        elif plain_value(a):  # (what the validation memo describes by value too)
             ns[f"_v{i}"], ns[f"_t{i}"] = a, t
             guards.append(f"type(a{i}) is not _t{i} or a{i} != _v{i}")
         else:

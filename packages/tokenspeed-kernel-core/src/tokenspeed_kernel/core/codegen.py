@@ -8,9 +8,32 @@ machine, meta tensors).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-__all__ = ["guarded_tuple_function"]
+import torch
+
+__all__ = ["VALUE_TYPES", "guarded_tuple_function", "plain_value"]
+
+#: types whose values a generated key holds (or a guard compares) by value: hashable, never holding tensors.
+VALUE_TYPES = frozenset({type(None), bool, int, float, str, torch.dtype, torch.device})
+
+
+def plain_value(a: Any) -> bool:
+    """Whether ``a`` is compared and hashed by value in a key or a guard: a value of :data:`VALUE_TYPES`, a tuple of
+    plain values, or a frozen dataclass instance whose fields are plain values (a ``MoEPlan`` holding its
+    ``MoEActivation``)."""
+    t = type(a)
+    if t in VALUE_TYPES:
+        return True
+    if t is tuple:
+        return all(plain_value(x) for x in a)
+    return (
+        dataclasses.is_dataclass(a)
+        and not isinstance(a, type)
+        and t.__dataclass_params__.frozen
+        and all(plain_value(getattr(a, f.name)) for f in dataclasses.fields(a))
+    )
 
 
 def guarded_tuple_function(

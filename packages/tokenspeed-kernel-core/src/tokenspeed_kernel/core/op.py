@@ -64,7 +64,7 @@ import torch
 from . import profiling
 from . import recording as _recording
 from . import selection as _selection
-from .codegen import guarded_tuple_function
+from .codegen import VALUE_TYPES, guarded_tuple_function, plain_value
 from .contracts import OpContract, add_to_catalog, size_bucket
 from .profiling import kernel_scope, profiler_active
 from .selection import Target, select_for_device
@@ -306,7 +306,7 @@ def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) 
 _T = torch.Tensor
 _P = torch.nn.Parameter
 #: types passed by value into a memo key (hashable, compared by value, never holding tensors).
-_VALUE_TYPES = frozenset({type(None), bool, int, float, str, torch.dtype, torch.device})
+_VALUE_TYPES = VALUE_TYPES
 #: whether public calls are served by prepared calls with launch plans (decided at the first call).
 _public_plans: list[bool | None] = [None]
 #: a call metadata that cannot be prepared: the plain path serves it.
@@ -335,15 +335,9 @@ def _describe(a: Any) -> Any:
 
 
 def _plain_dataclass(a: Any) -> bool:
-    """A frozen dataclass instance whose fields are all plain values or such dataclasses (hashable by value: a
-    ``MoEPlan`` holds its ``MoEActivation``)."""
-    if isinstance(a, type) or not dataclasses.is_dataclass(a) or not type(a).__dataclass_params__.frozen:
-        return False
-    for f in dataclasses.fields(a):
-        v = getattr(a, f.name)
-        if type(v) not in _VALUE_TYPES and not _plain_dataclass(v):
-            return False
-    return True
+    """A frozen dataclass instance of plain values (:func:`~tokenspeed_kernel.core.codegen.plain_value`: hashable
+    by value; a ``MoEPlan`` holds its ``MoEActivation``)."""
+    return dataclasses.is_dataclass(a) and not isinstance(a, type) and plain_value(a)
 
 
 def _memo_kind(a: Any) -> Any:

@@ -32,13 +32,12 @@ them once per step; passing ``plan=plan`` to every layer's attention call then
 - hands it to kernels that need host metadata: FlashInfer plans its schedule from
   it instead of copying the lengths to the host (one sync per call without a
   plan), and the Triton decode sizes its split-KV grid by the longest sequence
-  (not by the page table's capacity) and keeps its partial-result buffers with
-  the plan, so its calls allocate nothing beyond their outputs.
+  (not by the page table's capacity).
 
 The plan must describe the tensors of the call (``TOKENSPEED_KERNEL_DEBUG=1``
 compares the two, with a device sync). Calls with one plan run in stream order:
-the buffers a kernel keeps with a plan serve one call at a time, as FlashInfer's
-plan does. Kernels that read the lengths on the device (FA3, the AMD kernels,
+what a kernel keeps with a plan (:meth:`AttentionPlan.keep`) serves one call at a
+time, as FlashInfer's plan does. Kernels that read the lengths on the device (FA3, the AMD kernels,
 the reference) do not receive the plan.
 """
 

@@ -91,7 +91,7 @@ def decode_split_kernel(
     """Grid: (sequences, KV heads x head chunks, splits).
 
     ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
-    write into ``Partials`` (fp32: the stream's scratch, or a plan's) the outputs ``[B, Hq, S, D]``
+    write into ``Partials`` (fp32, the stream's scratch) the outputs ``[B, Hq, S, D]``
     (normalised), then the LSEs ``[B, Hq, S]`` (log2 units, -inf for an empty split), and count
     the arrival on ``Counters`` (int32 ``[B, head programs]``, zero on entry and left zero): the
     last split of a (sequence, head program) to arrive merges them (``BLOCK_S``: splits, padded).
@@ -304,8 +304,8 @@ def mha_decode_with_kvcache(
         out: optional ``[B, Hq, D]`` output of q's dtype.
         plan: the batch's ``tokenspeed_kernel.AttentionPlan`` or None. With one, the split
             count follows the longest sequence (rounded up to a power of two) instead of the
-            page table's capacity, and the split partials are kept with the plan (no
-            allocation per call; calls with one plan run in stream order).
+            page table's capacity. (The split partials live in the stream's scratch with or
+            without one: a call allocates its outputs only.)
         config: overrides ``configs.DECODE_CONFIGS`` (benchmark sweeps).
         num_splits: overrides :func:`choose_num_splits` (tests, sweeps).
 
@@ -335,15 +335,12 @@ def mha_decode_with_kvcache(
     lse = torch.empty((batch, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if batch == 0:
         return (out, lse) if return_lse else out
-    grid, scalars, kwargs, partial_shape, n_counters = launch
-    if partial_shape is None:
+    grid, scalars, kwargs, n_partials, n_counters = launch
+    if n_partials is None:
         partials = counters = None
     else:
-        b, hq_, splits, d = partial_shape
-        if plan is not None:
-            partials = plan.keep(("triton.decode", q.device, partial_shape), lambda: _partials(partial_shape, q.device))
-        else:  # written and merged by this launch: the stream's scratch (no allocation a call)
-            partials = stream_scratch(q.device, b * hq_ * splits * (d + 1))
+        # Written and merged by this launch: the stream's scratch (no allocation a call, and a launch plan replays it).
+        partials = stream_scratch(q.device, n_partials)
         counters = stream_counters(q.device, n_counters)
     lse_stride = lse.stride(0) if lse is not None else 0
     _DECODE_SPLIT[grid](
@@ -361,18 +358,10 @@ _MAX_PLANS = 1024
 _DECODE_SPLIT = cached(decode_split_kernel)
 
 
-def _partials(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The split partials in one fp32 buffer: outputs ``[B, Hq, splits, D]``, then log-sum-exps ``[B, Hq, splits]``
-    (the kernels find them by :func:`_partial_lse`). A plan keeps one; without a plan they live in the stream's
-    scratch (``tokenspeed_kernel.launch.stream_scratch``), since the launch that writes them merges them."""
-    b, hq, splits, d = shape
-    return torch.empty((b * hq * splits * (d + 1),), dtype=torch.float32, device=device)
-
-
 def _decode_plan(
     q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits, longest=None
 ):
-    """(grid, trailing scalars, kwargs, partials shape or None, counters or None) of one decode call shape;
+    """(grid, trailing scalars, kwargs, partials' fp32 elements or None, counters or None) of one decode call shape;
     ``longest``: a bound on the longest sequence (an attention plan's), else the page table's capacity."""
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -400,6 +389,7 @@ def _decode_plan(
         RETURN_LSE=return_lse, DIRECT=direct, BLOCK_S=next_power_of_2(num_splits),
         DOT_FP32=bool(cfg.get("DOT_FP32", False)), DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
     )  # fmt: skip
-    partial_shape = None if direct else (batch, hq, num_splits, head_dim)
+    # The split partials, one fp32 buffer: outputs [B, Hq, splits, D], then LSEs [B, Hq, splits] (_partial_lse).
+    n_partials = None if direct else batch * hq * num_splits * (head_dim + 1)
     counters = None if direct else batch * hkv * num_head_chunks  # one per (sequence, head program)
-    return (batch, hkv * num_head_chunks, num_splits), scalars, kwargs, partial_shape, counters
+    return (batch, hkv * num_head_chunks, num_splits), scalars, kwargs, n_partials, counters
