@@ -7,6 +7,7 @@ import math
 import time
 
 import pytest
+import torch
 
 import tokenspeed_kernel as tk
 from tokenspeed_kernel.benchmark.oracle import build_table, call_key
@@ -47,14 +48,15 @@ def _case(tokens: int, residual: bool = False) -> Case:
 
 
 def _report(rows, *, name: str = GPU, arch: str = "sm90", date: str = "2026-01-01 00:00:00 UTC") -> dict:
-    """A bench --json report: rows of (case, {kernel: median_us or (median_us, graph_median_us)})."""
+    """A bench --json report: rows of (case, {kernel: median_us or (median_us, graph_median_us[, eager_us])})."""
     results = []
     for case, times in rows:
         entries = []
         for kernel, t in times.items():
-            median, graph = t if isinstance(t, tuple) else (t, None)
+            median, graph, eager = (*t, None)[:3] if isinstance(t, tuple) else (t, None, None)
             entries.append({"name": kernel, "kind": "kernel", "solution": kernel.split(".")[0], "status": "ok",
-                            "median_us": median, "graph_median_us": graph, "method": "cuda-events"})  # fmt: skip
+                            "median_us": median, "graph_median_us": graph, "method": "cuda-events",
+                            "eager_us": eager})  # fmt: skip
         # A peer faster than every kernel: not selectable, so it must not set the case's best time.
         entries.append({"name": "torch.rms_norm", "kind": "peer", "status": "ok", "median_us": 0.01})
         entries.append({"name": "broken.rmsnorm", "kind": "kernel", "status": "error", "median_us": None})
@@ -272,7 +274,7 @@ def _slow_reference_rmsnorm(x, weight, eps, *, residual=None, out=None):
     return rmsnorm(x, weight, eps, residual=residual, out=out)
 
 
-def test_bench_oracle_out_ranks_the_measured_faster_kernel_first(env, tmp_path):
+def test_bench_oracle_out_ranks_the_measured_faster_kernel_first_and_eager_times_the_public_op(env, tmp_path):
     from tokenspeed_kernel import cli
 
     tk.load_plugins()
@@ -280,15 +282,20 @@ def test_bench_oracle_out_ranks_the_measured_faster_kernel_first(env, tmp_path):
     register_kernel("rmsnorm", name=slow, solution="test", impl=_slow_reference_rmsnorm, priority=Priority.SPECIALIZED,
                     formats=[{"x": ("fp32",)}], traits={"fused_residual": (False, True)})  # fmt: skip
     try:
-        table = tmp_path / "t.json"
+        out, table = tmp_path / "r.json", tmp_path / "t.json"
         argv = ["bench", "rmsnorm", "--shape", "tokens=8", "hidden=256", "--dtype", "fp32", "--no-ceilings",
-                "--quiet", "--warmup-ms", "1", "--rep-ms", "10", "--oracle-out", str(table)]  # fmt: skip
+                "--quiet", "--warmup-ms", "1", "--rep-ms", "10", "--eager", "--json", str(out),
+                "--oracle-out", str(table)]  # fmt: skip
         assert cli.main(argv) == 0
+        [res] = json.loads(out.read_text())["results"]
+        eager = {e["name"]: e["eager_us"] for e in res["entries"]}
+        assert eager[slow] > 3000 > eager["reference.rmsnorm"] > 0  # the 3 ms sleep, through the public op
         cpu = tk.make_platform("cpu", device_name="cpu")
         assert _ranked("rmsnorm", ("fp32",), {}, cpu)[0].name == slow  # by priority
         tk.set_selection_oracle(tk.MeasuredTable.load(table))
         [entry] = tk.MeasuredTable.load(table).entries
         assert entry.scores[slow] > 2 and entry.scores["reference.rmsnorm"] == 1.0
+        assert entry.eager_scores[slow] > 2 and entry.eager_scores["reference.rmsnorm"] == 1.0
         # The measured time says the reference is faster, but the reference is the last resort:
         # it never outranks a kernel that can run the call.
         tk.set_selection_oracle(tk.MeasuredTable.load(table))
@@ -296,3 +303,147 @@ def test_bench_oracle_out_ranks_the_measured_faster_kernel_first(env, tmp_path):
         assert cands[0].name == slow and cands[-1].name == "reference.rmsnorm"
     finally:
         unregister_kernel(slow)
+
+
+# -- eager scores: eager and captured calls ---------------------------------------------
+
+
+def _eager_table():
+    """Device time favours SLOW (2x); the eager public op favours FAST (3x): a host-bound call."""
+    return build_table([_report([
+        (_case(1), {FAST: (9.0, 4.0, 10.0), SLOW: (9.0, 2.0, 30.0)}),
+        (_case(1, residual=True), {FAST: (9.0, 4.0), SLOW: (9.0, 2.0)}),  # no eager times: no eager scores
+    ])])  # fmt: skip
+
+
+def test_eager_times_give_eager_scores_which_persist(tmp_path):
+    table = build_table([_report([
+        (_case(64), {FAST: (9.0, 4.0, 10.0), SLOW: (9.0, 2.0, 30.0)}),
+        (_case(65), {FAST: (9.0, 4.0, 20.0), SLOW: (9.0, 2.0, 10.0)}),
+        (_case(66), {FAST: (9.0, 4.0, 10.0), SLOW: (9.0, 2.0)}),  # SLOW has no eager time here
+    ]), _report([(_case(1), {FAST: (1.0, 1.0, 5.0), SLOW: (1.0, 2.0)})])])  # fmt: skip
+    by_rows = {e.buckets["rows"]: e for e in table.entries}
+    # SLOW lacks an eager time in one case of the 64..127 group: FAST alone ranks nothing, so no eager scores.
+    assert by_rows[7].scores == pytest.approx({FAST: 2.0, SLOW: 1.0}) and by_rows[7].eager_scores == {}
+    assert by_rows[1].eager_scores == {}
+    two = build_table([_report([
+        (_case(64), {FAST: (9.0, 4.0, 10.0), SLOW: (9.0, 2.0, 30.0)}),
+        (_case(65), {FAST: (9.0, 4.0, 20.0), SLOW: (9.0, 2.0, 10.0)}),
+    ])])  # fmt: skip
+    [entry] = two.entries
+    assert entry.scores == pytest.approx({FAST: 2.0, SLOW: 1.0})
+    assert entry.eager_scores == pytest.approx({FAST: math.sqrt(1.0 * 2.0), SLOW: math.sqrt(3.0 * 1.0)})
+    path = tmp_path / "t.json"
+    two.save(path)
+    [loaded] = tk.MeasuredTable.load(path).entries
+    assert loaded.eager_scores == pytest.approx(entry.eager_scores) and loaded.scores == pytest.approx(entry.scores)
+    assert "eager" in two.describe()
+    table.save(path)
+    assert all("eager_scores" not in e for e in json.loads(path.read_text())["entries"])
+
+
+def test_eager_calls_rank_by_eager_scores_and_captured_calls_by_device_time(kernels):
+    plat = _sm90()
+    tk.set_selection_oracle(_eager_table())
+    eager = _ranked("rmsnorm", ("bf16",), {}, plat)
+    assert eager[0].name == FAST and eager[0].selected and ", eager" in eager[0].reason
+    assert eager[1].score == pytest.approx(3.0)
+    graph = [c for c in tk.explain_selection("rmsnorm", ("bf16",), {}, platform=plat, captured=True) if c.eligible]
+    assert graph[0].name == SLOW and graph[0].selected and "eager" not in graph[0].reason
+    with tk.fake_platform(plat):
+        selection.clear_selection_cache()
+        sel = tk.select_spec("rmsnorm", ("bf16",), {}, sizes={"rows": 1})
+        assert sel.spec.name == FAST and sel.captured.spec.name == SLOW and sel.for_graph.spec.name == SLOW
+        # A group without eager scores ranks eager calls by device time: one pick, no captured one.
+        res = tk.select_spec("rmsnorm", ("bf16",), {"fused_residual": True}, sizes={"rows": 1})
+        assert res.spec.name == SLOW and res.captured is None and res.for_graph is res
+        # An override decides both modes.
+        forced = tk.select_spec("rmsnorm", ("bf16",), {}, sizes={"rows": 1}, override=FAST)
+        assert forced.spec.name == FAST and forced.captured is None
+
+
+@pytest.fixture
+def tagged(env):
+    """FAST and SLOW rmsnorm kernels that return their own names (the table decides which runs)."""
+    tk.load_plugins()
+    for name, prio in ((FAST, Priority.PORTABLE), (SLOW, Priority.SPECIALIZED)):
+        register_kernel("rmsnorm", name=name, solution=name.split(".")[0], impl=lambda *a, _n=name, **k: _n,
+                        formats=[{"x": ("bf16", "fp32")}], traits={"fused_residual": (False, True)}, priority=prio)  # fmt: skip
+    yield
+    for name in (FAST, SLOW):
+        unregister_kernel(name)
+
+
+def test_a_call_runs_the_captured_pick_only_while_its_stream_is_captured(tagged, monkeypatch):
+    from tokenspeed_kernel.core import op as op_module
+
+    x, w = torch.randn(1, 64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16)
+    capturing = [False]
+    checks = []
+
+    def is_capturing():
+        checks.append(1)
+        return capturing[0]
+
+    monkeypatch.setattr(op_module, "_is_capturing", is_capturing)
+    tk.set_selection_oracle(_eager_table())
+    with tk.fake_platform(_sm90()):
+        assert tk.rmsnorm(x, w) == FAST
+        prepared = tk.rmsnorm.prepare(x, w)
+        assert prepared.kernel == FAST and prepared.captured_call.kernel == SLOW
+        assert f"{SLOW} when captured" in repr(prepared)
+        assert prepared(x, w) == FAST and prepared._served(x, w) == FAST
+        capturing[0] = True
+        assert tk.rmsnorm(x, w) == SLOW
+        assert prepared(x, w) == SLOW and prepared._served(x, w) == SLOW and prepared._run(x, w) == SLOW
+        with monkeypatch.context() as m:  # the checked path (debug mode, a profiler, a dispatch hook) routes too
+            m.setattr(op_module, "debug_checks_enabled", lambda: True)
+            assert prepared(x, w) == SLOW
+        capturing[0] = False
+        assert tk.rmsnorm(x, w) == FAST and prepared._run(x, w) == FAST
+        # Calls whose selection does not differ by mode never check.
+        checks.clear()
+        r = torch.randn(1, 64, dtype=torch.bfloat16)
+        assert tk.rmsnorm(x, w, residual=r) == SLOW
+        assert tk.rmsnorm.prepare(x, w, residual=r)(x, w, residual=r) == SLOW
+        assert checks == []
+
+
+@pytest.mark.gpu
+def test_a_cuda_graph_captures_the_captured_pick_and_eager_calls_run_the_eager_one(env):
+    """On the GPU: eager calls (plain, then served) run the eager pick; a call captured in a CUDA graph, plain or
+    served or prepared, records the captured pick (two stand-in kernels whose outputs differ say which ran)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tk.load_plugins()
+    one, two = "eagerpick.rmsnorm", "graphpick.rmsnorm"
+    for name, prio, k in ((one, Priority.PORTABLE, 1.0), (two, Priority.SPECIALIZED, 2.0)):
+        register_kernel("rmsnorm", name=name, solution=name.split(".")[0], formats=[{"x": ("bf16",)}],
+                        traits={"fused_residual": (False,)}, priority=prio,
+                        impl=lambda x, weight, eps, residual=None, out=None, _k=k: x * _k)  # fmt: skip
+    try:
+        plat = tk.current_platform()
+        tk.set_selection_oracle(build_table([_report(
+            [(_case(1), {one: (9.0, 4.0, 10.0), two: (9.0, 2.0, 30.0)})], name=plat.device_name, arch=plat.arch,
+        )]))  # fmt: skip
+        x = torch.randn(1, 256, dtype=torch.bfloat16, device="cuda")
+        w = torch.ones(256, dtype=torch.bfloat16, device="cuda")
+        for _ in range(4):  # plain, prepared, served...
+            assert torch.equal(tk.rmsnorm(x, w), x)
+        prepared = tk.rmsnorm.prepare(x, w)
+        assert torch.equal(prepared(x, w), x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            tk.rmsnorm(x, w)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            served, direct = tk.rmsnorm(x, w), prepared(x, w)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(served, x * 2) and torch.equal(direct, x * 2)
+        assert torch.equal(tk.rmsnorm(x, w), x)  # eager again after the capture
+    finally:
+        for name in (one, two):
+            unregister_kernel(name)

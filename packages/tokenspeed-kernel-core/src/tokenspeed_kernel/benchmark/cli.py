@@ -114,6 +114,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--peers", action="store_true", help="also time external peers (SDPA, FA3, torch._grouped_mm, ...)")
     p.add_argument("--graph", action="store_true", help="also time under CUDA-graph replay")
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="also time each kernel's public call eager, calls back to back (the table's eager scores)",
+    )
     p.add_argument("--include-reference", action="store_true", help="time the PyTorch references on a GPU too")
     p.add_argument("--no-ceilings", action="store_true", help="do not measure the device ceilings")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
@@ -172,7 +177,7 @@ def _run_host(args: argparse.Namespace) -> int:
     from ..numerics.runner import default_device, resolve_target
     from .host import host_bench, write_host_json, write_host_markdown
 
-    for flag in ("shapes", "replay", "peers", "graph", "include_reference", "oracle_out", "plot"):
+    for flag in ("shapes", "replay", "peers", "graph", "eager", "include_reference", "oracle_out", "plot"):
         if getattr(args, flag):
             print(f"tokenspeed-kernel bench: --host does not take --{flag.replace('_', '-')}", file=sys.stderr)
             return 2
@@ -236,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
             device=device,
             peers=args.peers,
             graph=args.graph,
+            eager=args.eager,
             include_reference=True if args.include_reference else None,
             ceilings=not args.no_ceilings,
             seed=args.seed,

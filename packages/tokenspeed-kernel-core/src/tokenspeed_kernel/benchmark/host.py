@@ -194,6 +194,8 @@ def _measure(op: str, fn: Any, call: dict[str, Any], device: torch.device, calls
     dev, signature, traits, sizes, kargs, kkwargs = fn.bind(**call)
     sel = select_for_device(op, signature, traits, sizes, dev, None, None)
     row: dict[str, Any] = {"kernel": sel.spec.name}
+    if sel.captured is not None:  # (graph_us runs the captured pick: selection's "Eager and captured calls")
+        row["kernel_captured"] = sel.captured.spec.name
 
     def public():
         return fn(**call)
@@ -259,7 +261,8 @@ def _line(row: Mapping[str, Any]) -> str:
         "plan_us",
         "prepared_us",
     )
-    return f"{row['op']:28s} {row['kernel']:34s} " + " ".join(f"{c[:-3]}={_fmt(row.get(c))}" for c in cols)
+    kernel = row["kernel"] + (f" (captured: {row['kernel_captured']})" if row.get("kernel_captured") else "")
+    return f"{row['op']:28s} {kernel:34s} " + " ".join(f"{c[:-3]}={_fmt(row.get(c))}" for c in cols)
 
 
 def write_host_json(rows: list[dict[str, Any]], path: str, meta: Mapping[str, Any]) -> None:
@@ -288,8 +291,9 @@ def write_host_markdown(rows: list[dict[str, Any]], path: str, meta: Mapping[str
             lines.append(f"| {r['op']} | {r['case']} | error: {r['error']} | | | | | | | | |")
             continue
         torch_col = f"{r['torch']} {r['torch_us']:.1f}" if "torch_us" in r else ""
+        kernel = r["kernel"] + (f" (captured: {r['kernel_captured']})" if r.get("kernel_captured") else "")
         lines.append(
-            f"| {r['op']} | {r['case']} | {r['kernel']} | {_fmt(r['public_us'])} | {_fmt(r['public_before_us'])} | "
+            f"| {r['op']} | {r['case']} | {kernel} | {_fmt(r['public_us'])} | {_fmt(r['public_before_us'])} | "
             f"{_fmt(r['direct_us'])} | "
             f"{_fmt(r['dispatch_us'])} | {_fmt(r.get('graph_us'))} | {torch_col} | {_fmt(r.get('plan_us'))} | "
             f"{_fmt(r.get('prepared_us'))} |"

@@ -6,7 +6,9 @@ object says what selection sees for it (:meth:`Op.call_key`: format signature,
 traits, sizes). A case's time for a kernel is its CUDA-graph median when every
 kernel of the case has one (it excludes host overhead), else its plain median;
 kernels registered with ``peer=True`` count like any kernel, external peers are
-ignored. Cases are grouped by (arch, device, op, signature, traits without the
+ignored. A kernel's ``eager_us`` (``bench --eager``: the public op forced to it,
+calls back to back) gives the group's eager scores the same way, among the
+kernels with one in every case of the group. Cases are grouped by (arch, device, op, signature, traits without the
 ``measured=False`` ones, size buckets); a group's score for a kernel is the
 geometric mean over the group's cases of its time over the fastest time in that
 case, among the kernels measured in every case of the group. A group with fewer
@@ -76,6 +78,7 @@ class _Measurement:
     device: str
     case: Any
     times: dict[str, float]  # kernel -> microseconds
+    eager: dict[str, float]  # kernel -> eager public-op microseconds (bench --eager), where measured
     timing: str
     source: str
     date: str
@@ -120,8 +123,9 @@ def _read_report(data: Mapping[str, Any], where: str, measured: dict, notes: lis
             continue
         graph = all(e.get("graph_median_us") for e in kernels)
         times = {e["name"]: float(e["graph_median_us"] if graph else e["median_us"]) for e in kernels}
+        eager = {e["name"]: float(e["eager_us"]) for e in kernels if e.get("eager_us")}
         timing = "graph" if graph else _timing_name(kernels)
-        m = _Measurement(arch, device, case, times, timing, where, date, seed, what)
+        m = _Measurement(arch, device, case, times, eager, timing, where, date, seed, what)
         key = (arch, device, case.op, case.dtype, case.params)
         old = measured.get(key)
         if old is None or (m.timing == "graph", m.date) >= (old.timing == "graph", old.date):
@@ -138,37 +142,44 @@ def _timing_name(kernels: list[Mapping[str, Any]]) -> str:
 
 
 def _aggregate(measurements: Iterable[_Measurement], notes: list[str]) -> list[MeasuredEntry]:
-    groups: dict[tuple, list[tuple[dict[str, float], str]]] = {}
+    groups: dict[tuple, list[tuple[dict[str, float], str, dict[str, float]]]] = {}
     keys: dict[tuple, tuple[dict[str, Any], dict[str, int]]] = {}
     for m in measurements:
         assert m.call is not None
         sig, traits, buckets = m.call
         key = (m.arch, m.device, m.op, sig, tuple(sorted(traits.items())), tuple(sorted(buckets.items())))
         keys[key] = (traits, buckets)
-        groups.setdefault(key, []).append((m.times, m.timing))
+        groups.setdefault(key, []).append((m.times, m.timing, m.eager))
     out: list[MeasuredEntry] = []
     for key, cases in groups.items():
         arch, device, op, sig, _, _ = key
         traits, buckets = keys[key]
-        common = set(cases[0][0])
-        for times, _ in cases[1:]:
-            common &= set(times)
-        if len(common) < 2:
+        scores = _scores([times for times, _, _ in cases])
+        if scores is None:
+            common = set.intersection(*(set(times) for times, _, _ in cases))
             notes.append(
                 f"{device or arch} {op} {'/'.join(sig)} {traits} {buckets}: no ranking "
                 f"(kernels measured in all {len(cases)} case(s): {sorted(common) or 'none'})"
             )
             continue
-        logs = dict.fromkeys(common, 0.0)
-        for times, _ in cases:
-            best = min(times[k] for k in common)
-            for k in common:
-                logs[k] += math.log(times[k] / best)
-        scores = {k: round(math.exp(v / len(cases)), 6) for k, v in logs.items()}  # as saved
-        timings = {t for _, t in cases}
+        timings = {t for _, t, _ in cases}
         timing = timings.pop() if len(timings) == 1 else "mixed"
-        out.append(MeasuredEntry(arch, device, op, sig, traits, buckets, scores, len(cases), timing))
+        eager = _scores([e for _, _, e in cases]) or {}
+        out.append(MeasuredEntry(arch, device, op, sig, traits, buckets, scores, len(cases), timing, eager))
     return out
+
+
+def _scores(cases: list[dict[str, float]]) -> dict[str, float] | None:
+    """Per kernel measured in every case: the geometric mean of its time over the case's fastest (None: < 2 such)."""
+    common = set.intersection(*(set(times) for times in cases))
+    if len(common) < 2:
+        return None
+    logs = dict.fromkeys(common, 0.0)
+    for times in cases:
+        best = min(times[k] for k in common)
+        for k in common:
+            logs[k] += math.log(times[k] / best)
+    return {k: round(math.exp(v / len(cases)), 6) for k, v in logs.items()}  # as saved
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,14 @@ function is then timed directly, so dispatch overhead is not part of the time
 (``tests/test_profiling.py`` measures that separately). The kernel selection would
 pick for the call is read from the same recorded signature and traits; its
 *regret* is its time over the fastest registered kernel's.
+
+With ``eager=True`` (``bench --eager``) each kernel is also timed the way an eager
+caller pays for it: the public op forced to the kernel (validation, selection or a
+served call, wrapper, launches), ``EAGER_ROUNDS`` rounds of calls back to back and
+one synchronisation, the kernels of a case taking turns; the median round's time
+per call is the entry's ``eager_us`` (no L2 flush: a call costs the slower of its
+host path and its device time). ``oracle build`` turns them into the table's eager
+scores, which rank eager calls (``core/selection.py``, "Eager and captured calls").
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ from .timer import Timing, time_fn
 
 __all__ = ["Entry", "CaseResult", "BenchReport", "bench"]
 
+#: rounds of eager timing per kernel and case (``bench --eager``); the median round is kept.
+EAGER_ROUNDS = 5
+
 
 @dataclass
 class Entry:
@@ -54,6 +65,8 @@ class Entry:
     bound: str | None = None
     #: a kernel registered with peer=True (a wrapper of the library users would pick instead).
     peer: bool = False
+    #: ``bench --eager``: the public op forced to this kernel, per call of calls back to back (module doc).
+    eager_us: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +89,7 @@ class Entry:
             "pct_ceiling": self.pct_ceiling,
             "bound": self.bound,
             "peer": self.peer,
+            "eager_us": self.eager_us,
         }
 
 
@@ -189,7 +203,10 @@ def _selected_kernel(oc: OpCases, call: dict[str, Any], device: torch.device) ->
     """The kernel selection picks for the case's call (signature, traits and size buckets)."""
     try:
         signature, traits, sizes = oc.fn.call_key(**call)
-        return select_spec(oc.op, signature, traits, sizes=sizes, platform=platform_for_device(device)).spec.name
+        # (the device-time pick: regret compares device times)
+        return select_spec(
+            oc.op, signature, traits, sizes=sizes, platform=platform_for_device(device)
+        ).for_graph.spec.name
     except NoKernelFoundError:
         return None
 
@@ -208,6 +225,7 @@ def bench(
     device: torch.device | str | None = None,
     peers: bool = False,
     graph: bool = False,
+    eager: bool = False,
     include_reference: bool | None = None,
     ceilings: bool | Ceilings = True,
     seed: int = 0,
@@ -228,6 +246,7 @@ def bench(
         device: default CUDA if available, else CPU (wall-clock timing).
         peers: also time the external peers of each op.
         graph: also time each kernel and peer under CUDA-graph replay.
+        eager: also time each kernel's public call eager, calls back to back (module doc).
         include_reference: time the PyTorch references too (default: on CPU only;
             on a GPU they are slow and never the point).
         ceilings: measure the device ceilings first (or pass measured ones; False: none).
@@ -276,6 +295,7 @@ def bench(
         "shape_set": None if explicit is not None else set_name,
         "peers": peers,
         "graph": graph,
+        "eager": eager,
         "include_reference": include_reference,
         "seed": seed,
         "warmup_ms": warmup_ms,
@@ -287,7 +307,7 @@ def bench(
     bar = Progress(total, stream=stream, enabled=progress)
     timing = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "flush_l2": flush_l2}
     for oc, case, specs in work:
-        res = _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar)
+        res = _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar, eager)
         if counts and case in counts:
             res.count = counts[case]
         report.results.append(res)
@@ -311,7 +331,29 @@ def _time_entry(entry: Entry, fn, dev: torch.device, graph: bool, timing: dict, 
             entry.note = ", ".join(x for x in (entry.note, f"graph capture failed: {_short(exc)}") if x)
 
 
-def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar) -> CaseResult:
+def _time_eager(thunks: list[tuple[Entry, Any]], dev: torch.device, rep_ms: float) -> None:
+    """``eager_us`` of each entry: EAGER_ROUNDS rounds, the entries taking turns, about ``rep_ms`` a round."""
+    from .host import per_call_us
+
+    rounds: list[list[float]] = [[] for _ in thunks]
+    failed: set[int] = set()
+    for _ in range(EAGER_ROUNDS):
+        for i, (entry, fn) in enumerate(thunks):
+            if i in failed:
+                continue
+            est = entry.timing.median_us if entry.timing is not None else 10.0
+            calls = max(20, min(400, int(rep_ms * 1e3 / max(est, 5.0))))
+            try:
+                rounds[i].append(per_call_us(fn, calls, dev))
+            except Exception as exc:
+                entry.note = ", ".join(x for x in (entry.note, f"eager timing failed: {_short(exc)}") if x)
+                failed.add(i)
+    for i, (entry, _) in enumerate(thunks):
+        if i not in failed:
+            entry.eager_us = sorted(rounds[i])[EAGER_ROUNDS // 2]
+
+
+def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar, eager=False) -> CaseResult:
     op = oc.op
     desc = case.describe(defaults=oc.defaults)
     res = CaseResult(op, case, case.label, desc)
@@ -323,6 +365,7 @@ def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar) -> 
             bar.step(f"{op} {spec.name}")
         return res
     cost: Cost | None = None
+    eager_thunks: list[tuple[Entry, Any]] = []
     for spec in specs:
         bar.step(f"{op} {desc[:60]} {spec.name}")
         entry = Entry(spec.name, "kernel", spec.solution, peer=spec.peer)
@@ -351,6 +394,10 @@ def _bench_case(oc, case, specs, dev, seed, peers, graph, ceil, timing, bar) -> 
                 res.error = f"cost model failed: {_short(exc)}"
         fn = spec.resolve()
         _time_entry(entry, lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs), dev, graph, timing)
+        if eager and entry.timing is not None:
+            eager_thunks.append((entry, lambda kcall=kcall: oc.fn(**kcall)))
+    if eager_thunks:
+        _time_eager(eager_thunks, dev, timing["rep_ms"])
     if peers:
         for peer in oc.peers:
             bar.step(f"{op} {desc[:60]} {peer.name}")

@@ -3,7 +3,12 @@
 A table holds groups keyed by (arch, device, op, format signature, traits, size
 buckets). A group's score for a kernel is the geometric mean over the group's
 cases of its time over the fastest kernel's time in that case: 1.0 is "always
-fastest", 1.3 "30 % slower on average". Traits marked ``measured=False`` in the
+fastest", 1.3 "30 % slower on average". ``scores`` rank by device time (CUDA-graph
+medians where measured): what a call captured in a CUDA graph costs. A group may
+also hold ``eager_scores``, the same ratios of the public op's eager cost (calls
+back to back and one synchronisation: the slower of its host path and its device
+time); selection ranks eager calls by them (``selection``, "Eager and captured
+calls"). Traits marked ``measured=False`` in the
 op's contract (MoE's weight ``layout``) are not part of the key, so kernels that
 differ only in them are compared with each other.
 
@@ -71,6 +76,8 @@ class MeasuredEntry:
     cases: int
     #: ``graph`` (CUDA-graph medians), ``events``/``wall-clock`` (plain medians) or ``mixed``.
     timing: str
+    #: kernel name -> geometric mean of its eager public-op time over the case's fastest; empty if not measured.
+    eager_scores: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +91,11 @@ class MeasuredEntry:
             "cases": self.cases,
             "timing": self.timing,
             "scores": dict(sorted(self.scores.items(), key=lambda kv: (kv[1], kv[0]))),
+            **(
+                {"eager_scores": dict(sorted(self.eager_scores.items(), key=lambda kv: (kv[1], kv[0])))}
+                if self.eager_scores
+                else {}
+            ),
         }
 
     @staticmethod
@@ -98,6 +110,7 @@ class MeasuredEntry:
             scores={str(k): float(v) for k, v in data["scores"].items()},
             cases=int(data.get("cases", 0)),
             timing=str(data.get("timing", "")),
+            eager_scores={str(k): float(v) for k, v in data.get("eager_scores", {}).items()},
         )
 
 
@@ -127,22 +140,28 @@ class MeasuredTable:
         traits: Mapping[str, Any],
         buckets: Mapping[str, int] | None,
         platform: Any,
+        *,
+        eager: bool = False,
     ) -> tuple[dict[str, float], str] | None:
         """(kernel -> score, what was matched) for a call on ``platform``, or None without data.
 
         ``traits`` complete (the contract's defaults filled in), as selection passes them.
+        ``eager``: the groups' eager scores instead (only groups that hold them are looked at).
         """
         contract = get_contract(op)
         found = self._index.get((platform.arch, op, tuple(signature), _key(contract.measured_traits(traits))))
+        if found and eager:
+            found = [e for e in found if e.eager_scores]
         if not found:
             return None
+        field_ = "eager_scores" if eager else "scores"
         name = getattr(platform, "device_name", "")
         own = [e for e in found if e.device == name]
         found = own or [e for e in found if e.device == found[0].device]
         if buckets is None or not found[0].buckets:
             if len(found) == 1:
-                return dict(found[0].scores), _describe_entry(found[0])
-            return _aggregate(found), f"{len(found)} size buckets aggregated"
+                return dict(getattr(found[0], field_)), _describe_entry(found[0], eager)
+            return _aggregate(found, field_), f"{len(found)} size buckets aggregated" + (", eager" if eager else "")
         want = dict(buckets)
 
         def distance(e: MeasuredEntry) -> tuple[int, int]:
@@ -150,10 +169,10 @@ class MeasuredTable:
             return d, -sum(e.buckets.values())
 
         best = min(found, key=distance)
-        how = _describe_entry(best)
+        how = _describe_entry(best, eager)
         if best.buckets != want:
             how += " (nearest measured)"
-        return dict(best.scores), how
+        return dict(getattr(best, field_)), how
 
     # -- persistence ---------------------------------------------------------
 
@@ -238,21 +257,27 @@ class MeasuredTable:
             lines.append(f"  {e.cases} case(s), {e.timing} timing")
             for name, score in sorted(e.scores.items(), key=lambda kv: (kv[1], kv[0])):
                 lines.append(f"    {score:7.3f}  {name}")
+            if e.eager_scores:
+                lines.append("  eager (public op, calls back to back):")
+                for name, score in sorted(e.eager_scores.items(), key=lambda kv: (kv[1], kv[0])):
+                    lines.append(f"    {score:7.3f}  {name}")
         for n in self.notes:
             lines.append(f"note: {n}")
         return "\n".join(lines)
 
 
-def _describe_entry(e: MeasuredEntry) -> str:
+def _describe_entry(e: MeasuredEntry, eager: bool = False) -> str:
     sizes = ", ".join(f"{k}={describe_bucket(b)}" for k, b in e.buckets.items())
-    return f"{e.device or e.arch}, {sizes}" if sizes else (e.device or e.arch)
+    what = f"{e.device or e.arch}, {sizes}" if sizes else (e.device or e.arch)
+    return what + ", eager" if eager else what
 
 
-def _aggregate(entries: Sequence[MeasuredEntry]) -> dict[str, float]:
-    common = set(entries[0].scores)
-    for e in entries[1:]:
-        common &= set(e.scores)
-    return {k: math.exp(sum(math.log(e.scores[k]) for e in entries) / len(entries)) for k in common}
+def _aggregate(entries: Sequence[MeasuredEntry], field_: str = "scores") -> dict[str, float]:
+    tables = [getattr(e, field_) for e in entries]
+    common = set(tables[0])
+    for t in tables[1:]:
+        common &= set(t)
+    return {k: math.exp(sum(math.log(t[k]) for t in tables) / len(tables)) for k in common}
 
 
 # ---------------------------------------------------------------------------

@@ -46,6 +46,11 @@ Hints (``Op(hints=(...))``): keyword arguments that carry host metadata a kernel
 may use (an attention plan). ``bind`` passes one only when the caller gave it, and
 the selected kernel receives it only when its signature names it: a kernel that
 reads the same facts on the device needs none of it, and its result is the same.
+
+Eager and captured calls (``selection``'s module doc): where selection picks one kernel for eager calls and
+another for calls captured in a CUDA graph (``Selection.captured``), the call checks whether the current CUDA
+stream is being captured and runs the captured pick then; a prepared call holds a second prepared call for it.
+Calls whose selection does not differ by mode never make the check.
 """
 
 from __future__ import annotations
@@ -75,6 +80,14 @@ __all__ = ["Op", "NotPreparable", "PreparedCall", "Reference", "KernelCall", "ke
 
 #: What ``bind`` returns: (device, format signature, traits, sizes, kernel args, kernel kwargs).
 KernelCall = tuple[torch.device, tuple[str, ...], Mapping[str, object], tuple[int, ...], tuple, dict]
+
+
+def _never() -> bool:
+    return False
+
+
+#: whether the current CUDA stream is being captured (without CUDA: never; a torch without CUDA raises instead).
+_is_capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _never
 
 
 def kernel_call(
@@ -220,6 +233,8 @@ class Op(OpContract):
         else:
             device, signature, traits, sizes, kargs, kkwargs = self.bind(*args, **kwargs)
         sel = select_for_device(self.name, signature, traits, sizes, device, solution, override)
+        if sel.captured is not None and _is_capturing():
+            sel = sel.captured
         if self.hints and kkwargs:
             kkwargs = hinted_kwargs(self.hints, sel.fn, kkwargs)
         hook = profiling.dispatch_hook
@@ -528,11 +543,15 @@ class PreparedCall:
     ``kernel``: the selected kernel's name. A call must pass as many positional arguments and the same
     keyword names as :meth:`Op.prepare` got (``TypeError`` otherwise); the kernel receives the call's own
     objects where ``bind`` passed the prepared call's (by position), and the plain values ``bind`` computed.
+    Where selection picks another kernel for calls captured in a CUDA graph, ``captured_call`` is the prepared
+    call of that pick, which calls made while the current stream is captured run (the module doc).
     """
 
     __slots__ = (
         "_call",
         "_consts",
+        "_eager_run",
+        "_eager_served",
         "_fn",
         "_get_args",
         "_get_kwargs",
@@ -544,16 +563,32 @@ class PreparedCall:
         "_run",
         "_served",
         "_tries",
+        "captured_call",
         "kernel",
         "launch_plan",
         "op",
         "plan_status",
     )  # fmt: skip
 
-    def __init__(self, op: Op, args: tuple, kwargs: dict, solution: Target | None, override: Target | None) -> None:
+    def __init__(
+        self,
+        op: Op,
+        args: tuple,
+        kwargs: dict,
+        solution: Target | None,
+        override: Target | None,
+        *,
+        captured: bool = False,
+    ) -> None:
         flat = (*args, *kwargs.values())
         device, signature, traits, sizes, kargs, kkwargs = op.bind(*args, **kwargs)
         sel = select_for_device(op.name, signature, traits, sizes, device, solution, override)
+        self.captured_call = None
+        if captured:
+            sel = sel.for_graph
+        elif sel.captured is not None:
+            self.captured_call = PreparedCall(op, args, kwargs, solution, override, captured=True)
+            self._run, self._served = self._routed_run, self._routed_served
         if op.hints and kkwargs:
             kkwargs = hinted_kwargs(op.hints, sel.fn, dict(kkwargs))
         if _aliased(flat):
@@ -565,13 +600,14 @@ class PreparedCall:
         self._n, self._kw_names = len(args), tuple(kwargs)
         arg_i, self._names, kw_i, self._consts = recipes
         self._get_args, self._get_kwargs = _getter(arg_i), _getter(kw_i)
-        self._plain = self._run = self._served = _runner(sel.fn, len(flat), recipes)
+        self._plain = _runner(sel.fn, len(flat), recipes)
+        self._paths(self._plain)
         self._key = (device, tuple(signature), _trait_items(traits), tuple(sizes))
         self._call = (signature, traits)
         self.launch_plan = None
         self._tries = 0
         if device.type == "cuda" and _recording.plans_enabled():
-            self._run = self._served = self._record_run
+            self._paths(self._record_run)
             self.plan_status = "not recorded yet (from the second call)"
         else:
             self.plan_status = "off (TOKENSPEED_KERNEL_LAUNCH_PLANS=0, TOKENSPEED_KERNEL_LAUNCH=jit, no CUDA, or ROCm)"
@@ -585,15 +621,33 @@ class PreparedCall:
         result, plan, why = _recording.record(self._plain, flat)
         if plan is not None:
             self.launch_plan, self.plan_status = plan, "recorded"
-            self._run, self._served = plan.replay, plan.replay_served
+            self._paths(plan.replay, plan.replay_served)
         else:
             self.plan_status = f"not recordable: {why}"
             if n >= 4:
-                self._run = self._served = self._plain
+                self._paths(self._plain)
         return result
 
+    def _paths(self, run: Callable[..., Any], served: Callable[..., Any] | None = None) -> None:
+        """Set the paths of eager calls (behind the routers when the captured pick differs)."""
+        if self.captured_call is None:
+            self._run, self._served = run, served or run
+        else:
+            self._eager_run, self._eager_served = run, served or run
+
+    def _routed_run(self, *flat: Any) -> Any:
+        if _is_capturing():
+            return self.captured_call._run(*flat)  # type: ignore[union-attr]
+        return self._eager_run(*flat)
+
+    def _routed_served(self, *flat: Any) -> Any:
+        if _is_capturing():
+            return self.captured_call._served(*flat)  # type: ignore[union-attr]
+        return self._eager_served(*flat)
+
     def __repr__(self) -> str:
-        return f"<tokenspeed_kernel prepared {self.op.name} -> {self.kernel}>"
+        also = f" ({self.captured_call.kernel} when captured)" if self.captured_call is not None else ""
+        return f"<tokenspeed_kernel prepared {self.op.name} -> {self.kernel}{also}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) != self._n or tuple(kwargs) != self._kw_names:
@@ -601,6 +655,8 @@ class PreparedCall:
                 f"{self.op.name} (prepared): expected {self._n} positional arguments and keywords "
                 f"{list(self._kw_names)}, got {len(args)} and {list(kwargs)}"
             )
+        if self.captured_call is not None and _is_capturing():
+            return self.captured_call(*args, **kwargs)
         if profiling.dispatch_hook is None and not profiler_active() and not debug_checks_enabled():
             return self._run(*args, *kwargs.values())
         if debug_checks_enabled():

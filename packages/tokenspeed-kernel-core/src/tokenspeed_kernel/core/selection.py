@@ -14,6 +14,18 @@ Ranking (fair: a plugin's kernel competes on the same terms as ours):
    otherwise; unmeasured kernels order by the objective's tag, then priority;
 3. REFERENCE-band kernels (the PyTorch references) come last: the last resort.
 
+Eager and captured calls. A measured score is device time (CUDA-graph medians):
+what a call pays inside a CUDA graph. An eager call pays the slower of its host
+path and its device time, and at decode sizes the host path decides (a recorded
+Triton launch against ``torch.mm``'s dispatch, say). Where a table also holds
+*eager* scores for the call (``bench --eager``), the call is ranked twice: by its
+eager scores for eager calls, by its device scores for calls captured in a CUDA
+graph. When the two rankings pick different kernels, the :class:`Selection` is the
+eager pick and carries the captured one in ``captured``; the op's call takes it
+while the current CUDA stream is being captured (one check, made only for such
+calls). Overrides decide both. Selections made ahead of the call that fix a
+choice for both modes (``moe_plan``: the weights' layout) take the captured pick.
+
 Overrides, strongest first:
 
 1. per call: ``solution="triton"`` or ``override="triton.rmsnorm"``;
@@ -98,6 +110,13 @@ class Selection:
     spec: KernelSpec
     fn: Callable[..., Any]
     forced_by: str | None  # which override mechanism decided, if any
+    #: the pick for a call captured in a CUDA graph, where it differs from this (the eager) pick (module doc).
+    captured: Selection | None = None
+
+    @property
+    def for_graph(self) -> Selection:
+        """The selection a call captured in a CUDA graph runs (ranked by device time)."""
+        return self.captured or self
 
 
 # ---------------------------------------------------------------------------
@@ -203,11 +222,19 @@ def _env_table(paths: tuple[str, ...], platform: Platform) -> list[measured.Meas
 
 
 def _scores(
-    op: str, signature: tuple[str, ...], traits: Mapping[str, object], buckets: dict[str, int] | None, plat: Platform
+    op: str,
+    signature: tuple[str, ...],
+    traits: Mapping[str, object],
+    buckets: dict[str, int] | None,
+    plat: Platform,
+    eager: bool = False,
 ) -> tuple[Mapping[str, float], str] | None:
+    """(kernel -> score, what matched), or None; ``eager``: the eager scores (None where none are measured)."""
     if _oracle is not None:
         if isinstance(_oracle, measured.MeasuredTable):
-            return _oracle.lookup(op, signature, traits, buckets, plat)
+            return _oracle.lookup(op, signature, traits, buckets, plat, eager=eager)
+        if eager:
+            return None  # an oracle function scores one way
         got = _oracle(op, signature, traits, buckets, plat)
         return (got, "set_selection_oracle") if got else None
     if plat.vendor == "cpu":
@@ -215,7 +242,7 @@ def _scores(
     tables = _env_table(_settings.settings().oracle, plat)
     # A later table wins for a group both hold (TOKENSPEED_KERNEL_ORACLE's order).
     for table in reversed(tables):
-        found = table.lookup(op, signature, traits, buckets, plat)
+        found = table.lookup(op, signature, traits, buckets, plat, eager=eager)
         if found is not None:
             return found
     return None
@@ -272,6 +299,7 @@ def _evaluate(
     buckets: tuple[int, ...] | None,
     platform: Platform,
     objective: str | None,
+    eager: bool = False,
 ) -> list[Candidate]:
     contract = get_contract(op)
     if len(signature) != len(contract.roles):
@@ -280,7 +308,9 @@ def _evaluate(
         )
     full = contract.normalize_traits(traits)
     named = _named_buckets(contract, buckets)
-    found = _scores(op, signature, full, named, platform)
+    found = (_scores(op, signature, full, named, platform, eager=True) if eager else None) or _scores(
+        op, signature, full, named, platform
+    )
     scores, matched = found if found is not None else ({}, "")
     eligible: list[tuple[KernelSpec, float | None]] = []
     rejected: list[Candidate] = []
@@ -361,6 +391,7 @@ def _decide(
     solution: Target | None,
     override: Target | None,
     ctx: tuple[tuple[str, Target], ...],
+    eager: bool = False,
 ) -> tuple[list[Candidate], Candidate, str | None]:
     ensure_loaded()
     contract = get_contract(op)
@@ -368,7 +399,7 @@ def _decide(
         solution = _as_target(solution, what="solution")
     if override is not None:
         override = _as_target(override, what="override")
-    cands = _evaluate(op, signature, traits, buckets, platform, objective)
+    cands = _evaluate(op, signature, traits, buckets, platform, objective, eager)
     s = _settings.settings()
     forced: tuple[str, Target] | None = None
     for where, target in (
@@ -452,25 +483,43 @@ def _select(
     hit = _cache.get(key)
     if hit is not None:
         return hit
+    args = (op, signature, traits, buckets, plat, objective, solution, override, ctx)
+    cands, selection = _resolved(args, eager=False)
+    if selection.forced_by is None and _eager_measured(op, signature, traits, buckets, plat):  # (overrides decide both)
+        eager_cands, eager = _resolved(args, eager=True)
+        if eager.spec.name != selection.spec.name:
+            cands, selection = eager_cands, replace(eager, captured=selection)
+    with _cache_lock:
+        _cache[key] = selection
+    _log_decision(op, signature, traits, buckets, plat, selection, cands)
+    return selection
+
+
+def _eager_measured(
+    op: str, signature: tuple[str, ...], traits: Mapping[str, object], buckets: tuple[int, ...] | None, plat: Platform
+) -> bool:
+    """Whether a table holds eager scores for this call (else eager calls rank as captured ones)."""
+    contract = get_contract(op)
+    full, named = contract.normalize_traits(traits), _named_buckets(contract, buckets)
+    return _scores(op, signature, full, named, plat, eager=True) is not None
+
+
+def _resolved(args: tuple, *, eager: bool) -> tuple[list[Candidate], Selection]:
+    """The candidates and the selection ``_decide(*args)`` makes, its kernel loaded (kernels that fail to load are
+    reported once and skipped)."""
     while True:
-        cands, chosen, forced_by = _decide(op, signature, traits, buckets, plat, objective, solution, override, ctx)
+        cands, chosen, forced_by = _decide(*args, eager=eager)
         spec = registry.get(chosen.name)
         assert spec is not None
         try:
-            fn = spec.resolve()
-            break
+            return cands, Selection(spec, spec.resolve(), forced_by)
         except Exception as exc:  # a kernel whose library cannot load is reported and skipped
             _broken[spec.name] = f"{type(exc).__name__}: {exc}"
             warnings.warn(
                 f"tokenspeed_kernel: kernel {spec.name!r} failed to load and is skipped: {_broken[spec.name]}",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
-    selection = Selection(spec, fn, forced_by)
-    with _cache_lock:
-        _cache[key] = selection
-    _log_decision(op, signature, traits, buckets, plat, selection, cands)
-    return selection
 
 
 def select_for_device(
@@ -544,6 +593,8 @@ def _log_decision(op, signature, traits, buckets, plat, selection: Selection, ca
             f"{c.name}" + ("" if c.eligible else " (rejected)") for c in cands if c.name != selection.spec.name
         )
         how = f" forced by {selection.forced_by}" if selection.forced_by else ""
+        if selection.captured is not None:
+            how += f" (eager; {selection.captured.spec.name} when captured in a CUDA graph)"
         logger.warning(
             "tokenspeed_kernel: %s %s on %s -> %s%s; others: %s",
             op,
@@ -574,21 +625,25 @@ def explain_selection(
     objective: str | None = None,
     solution: Target | None = None,
     override: Target | None = None,
+    captured: bool = False,
 ) -> list[Candidate]:
     """Every candidate for this call: its rank and score, or the exact reason it was rejected.
 
     The candidate selection would pick is marked ``selected``; if the call cannot
     be served (or an override does not fit) every candidate is still returned,
-    none selected, and the error is not raised.
+    none selected, and the error is not raised. Ranked as for an eager call (eager
+    scores where measured), or with ``captured=True`` as for a call captured in a
+    CUDA graph (device time; module doc, "Eager and captured calls").
     """
     plat = platform or current_platform()
     buckets = _buckets_of(op, sizes)
+    eager = not captured
     try:
         cands, chosen, _ = _decide(
-            op, signature, dict(traits), buckets, plat, objective, solution, override, _context.get()
+            op, signature, dict(traits), buckets, plat, objective, solution, override, _context.get(), eager=eager
         )
     except NoKernelFoundError as exc:
-        return exc.candidates or _evaluate(op, signature, dict(traits), buckets, plat, objective)
+        return exc.candidates or _evaluate(op, signature, dict(traits), buckets, plat, objective, eager)
     return [replace(c, selected=c.name == chosen.name) for c in cands]
 
 

@@ -707,7 +707,7 @@ def moe_plan(
     sizes = None if tokens is None else {"tokens": tokens}
     sel = select_spec(
         "moe_apply", sig, traits, sizes=sizes, platform=platform_for_device(dev), solution=solution, override=override
-    )
+    ).for_graph  # (a plan fixes the weights' layout for eager and captured calls alike: ranked by device time)
     return MoEPlan(kernel=sel.spec.name, layout=sel.spec.weight_layout, format=weights.format, activation=activation)
 
 
