@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -364,12 +365,19 @@ def test_eager_calls_rank_by_eager_scores_and_captured_calls_by_device_time(kern
 
 @pytest.fixture
 def tagged(env):
-    """FAST and SLOW rmsnorm kernels that return their own names (the table decides which runs)."""
+    """FAST and SLOW rmsnorm kernels that return their own names (the table decides which runs); yields the list of
+    the kernels' runs, in order."""
     tk.load_plugins()
+    ran: list[str] = []
+
+    def impl(*a, _n, **k):
+        ran.append(_n)
+        return _n
+
     for name, prio in ((FAST, Priority.PORTABLE), (SLOW, Priority.SPECIALIZED)):
-        register_kernel("rmsnorm", name=name, solution=name.split(".")[0], impl=lambda *a, _n=name, **k: _n,
+        register_kernel("rmsnorm", name=name, solution=name.split(".")[0], impl=functools.partial(impl, _n=name),
                         formats=[{"x": ("bf16", "fp32")}], traits={"fused_residual": (False, True)}, priority=prio)  # fmt: skip
-    yield
+    yield ran
     for name in (FAST, SLOW):
         unregister_kernel(name)
 
@@ -377,6 +385,7 @@ def tagged(env):
 def test_a_call_runs_the_captured_pick_only_while_its_stream_is_captured(tagged, monkeypatch):
     from tokenspeed_kernel.core import op as op_module
 
+    ran = tagged
     x, w = torch.randn(1, 64, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16)
     capturing = [False]
     checks = []
@@ -388,25 +397,51 @@ def test_a_call_runs_the_captured_pick_only_while_its_stream_is_captured(tagged,
     monkeypatch.setattr(op_module, "_is_capturing", is_capturing)
     tk.set_selection_oracle(_eager_table())
     with tk.fake_platform(_sm90()):
-        assert tk.rmsnorm(x, w) == FAST
+        # The first eager call also runs the captured pick once, first (a capture must not be its first run).
+        assert tk.rmsnorm(x, w) == FAST and ran == [SLOW, FAST]
+        assert tk.rmsnorm(x, w) == FAST and ran == [SLOW, FAST, FAST]
         prepared = tk.rmsnorm.prepare(x, w)
         assert prepared.kernel == FAST and prepared.captured_call.kernel == SLOW
         assert f"{SLOW} when captured" in repr(prepared)
-        assert prepared(x, w) == FAST and prepared._served(x, w) == FAST
+        ran.clear()
+        assert prepared(x, w) == FAST and prepared._served(x, w) == FAST and ran == [SLOW, FAST, FAST]
         capturing[0] = True
+        ran.clear()
         assert tk.rmsnorm(x, w) == SLOW
         assert prepared(x, w) == SLOW and prepared._served(x, w) == SLOW and prepared._run(x, w) == SLOW
         with monkeypatch.context() as m:  # the checked path (debug mode, a profiler, a dispatch hook) routes too
             m.setattr(op_module, "debug_checks_enabled", lambda: True)
             assert prepared(x, w) == SLOW
+        assert ran == [SLOW] * 5
         capturing[0] = False
-        assert tk.rmsnorm(x, w) == FAST and prepared._run(x, w) == FAST
+        ran.clear()
+        assert tk.rmsnorm(x, w) == FAST and prepared._run(x, w) == FAST and ran == [FAST, FAST]
+        # A prepared call whose first eager call takes the checked path warms the captured pick there.
+        other = tk.rmsnorm.prepare(x, w)
+        ran.clear()
+        with monkeypatch.context() as m:
+            m.setattr(op_module, "debug_checks_enabled", lambda: True)
+            assert other(x, w) == FAST and ran == [SLOW, FAST]
         # Calls whose selection does not differ by mode never check.
         checks.clear()
         r = torch.randn(1, 64, dtype=torch.bfloat16)
         assert tk.rmsnorm(x, w, residual=r) == SLOW
         assert tk.rmsnorm.prepare(x, w, residual=r)(x, w, residual=r) == SLOW
         assert checks == []
+
+
+def test_ops_that_write_in_place_are_not_split_by_mode(tagged):
+    assert not tk.kvcache_store.rerunnable and not tk.apply_rotary_and_store.rerunnable and tk.mm.rerunnable
+    tk.set_selection_oracle(_eager_table())
+    object.__setattr__(tk.rmsnorm, "rerunnable", False)  # (as an op that mutates an argument)
+    try:
+        with tk.fake_platform(_sm90()):
+            selection.clear_selection_cache()
+            sel = tk.select_spec("rmsnorm", ("bf16",), {}, sizes={"rows": 1})
+            assert sel.spec.name == SLOW and sel.captured is None  # device time decides both modes
+    finally:
+        object.__setattr__(tk.rmsnorm, "rerunnable", True)
+        selection.clear_selection_cache()
 
 
 @pytest.mark.gpu

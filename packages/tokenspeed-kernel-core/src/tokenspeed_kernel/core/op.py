@@ -48,9 +48,13 @@ the selected kernel receives it only when its signature names it: a kernel that
 reads the same facts on the device needs none of it, and its result is the same.
 
 Eager and captured calls (``selection``'s module doc): where selection picks one kernel for eager calls and
-another for calls captured in a CUDA graph (``Selection.captured``), the call checks whether the current CUDA
-stream is being captured and runs the captured pick then; a prepared call holds a second prepared call for it.
-Calls whose selection does not differ by mode never make the check.
+another for calls captured in a CUDA graph (``Selection.captured``; only for ops that are ``rerunnable``), the call
+checks whether the current CUDA stream is being captured and runs the captured pick then; a prepared call holds a
+second prepared call for it. A captured call must not be the captured pick's first run (cuBLAS creates its handle
+then, Triton compiles a new specialisation: neither may happen inside a capture, and an engine's eager warm-up ran
+the eager pick only). So the first eager call of a selection (plain path) and of each prepared call's metadata also
+runs the captured pick once, before the eager pick, whose outputs are the call's. Calls whose selection does not
+differ by mode never make the check.
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ KernelCall = tuple[torch.device, tuple[str, ...], Mapping[str, object], tuple[in
 
 def _never() -> bool:
     return False
+
+
+#: captured picks the plain path ran once outside a capture (module doc, "Eager and captured calls"): id -> selection.
+_WARMED: dict[int, Any] = {}
 
 
 #: whether the current CUDA stream is being captured (without CUDA: never; a torch without CUDA raises instead).
@@ -131,6 +139,12 @@ class Op(OpContract):
     mutates: tuple[str, ...] = ()
     #: an op that writes in place and also returns one new tensor (gdn_decode's output).
     mutating_result: bool = False
+    #: running the selected kernel twice on the call's kernel arguments does nothing but rewrite the outputs (no
+    #: argument written in place: an op that ``mutates`` is never rerunnable; random draws are made by ``bind``, not
+    #: by the kernel: the sampler is rerunnable). Only then may selection pick another
+    #: kernel for calls captured in a CUDA graph, which the op also runs once, outside the capture, the first time a
+    #: call of that metadata runs eagerly (module doc, "Eager and captured calls").
+    rerunnable: bool = True
     #: memoise validation by call metadata (module doc): for ops whose checks cost more than
     #: describing their arguments (bind -> memo hit on the 2-core machine, meta tensors, two runs: mm
     #: 5.4-5.6 -> 3.4-4.2 us, apply_rotary 5.2-6.2 -> 3.9, kvcache_store 5.6-6.4 -> 4.0-4.2,
@@ -141,6 +155,8 @@ class Op(OpContract):
     hints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.mutates:
+            object.__setattr__(self, "rerunnable", False)
         sig = inspect.signature(self.bind)
         params = list(sig.parameters.values())
         for name in ("solution", "override"):
@@ -233,8 +249,13 @@ class Op(OpContract):
         else:
             device, signature, traits, sizes, kargs, kkwargs = self.bind(*args, **kwargs)
         sel = select_for_device(self.name, signature, traits, sizes, device, solution, override)
-        if sel.captured is not None and _is_capturing():
-            sel = sel.captured
+        if sel.captured is not None:
+            if _is_capturing():
+                sel = sel.captured
+            elif id(sel.captured) not in _WARMED:
+                _WARMED[id(sel.captured)] = sel.captured  # (kept: its id is never reused)
+                warm = hinted_kwargs(self.hints, sel.captured.fn, kkwargs) if self.hints and kkwargs else kkwargs
+                sel.captured.fn(*kargs, **warm)
         if self.hints and kkwargs:
             kkwargs = hinted_kwargs(self.hints, sel.fn, kkwargs)
         hook = profiling.dispatch_hook
@@ -563,6 +584,7 @@ class PreparedCall:
         "_run",
         "_served",
         "_tries",
+        "_warm",
         "captured_call",
         "kernel",
         "launch_plan",
@@ -589,6 +611,7 @@ class PreparedCall:
         elif sel.captured is not None:
             self.captured_call = PreparedCall(op, args, kwargs, solution, override, captured=True)
             self._run, self._served = self._routed_run, self._routed_served
+        self._warm = self.captured_call is not None  # (its first eager call also runs the captured pick)
         if op.hints and kkwargs:
             kkwargs = hinted_kwargs(op.hints, sel.fn, dict(kkwargs))
         if _aliased(flat):
@@ -638,12 +661,21 @@ class PreparedCall:
     def _routed_run(self, *flat: Any) -> Any:
         if _is_capturing():
             return self.captured_call._run(*flat)  # type: ignore[union-attr]
+        if self._warm:
+            self._warm_captured(flat)
         return self._eager_run(*flat)
 
     def _routed_served(self, *flat: Any) -> Any:
         if _is_capturing():
             return self.captured_call._served(*flat)  # type: ignore[union-attr]
+        if self._warm:
+            self._warm_captured(flat)
         return self._eager_served(*flat)
+
+    def _warm_captured(self, flat: tuple) -> None:
+        """The first eager call runs the captured pick once too, outside any capture (the module doc)."""
+        self._warm = False
+        self.captured_call._plain(*flat)  # type: ignore[union-attr]
 
     def __repr__(self) -> str:
         also = f" ({self.captured_call.kernel} when captured)" if self.captured_call is not None else ""
@@ -657,6 +689,8 @@ class PreparedCall:
             )
         if self.captured_call is not None and _is_capturing():
             return self.captured_call(*args, **kwargs)
+        if self._warm:
+            self._warm_captured((*args, *kwargs.values()))
         if profiling.dispatch_hook is None and not profiler_active() and not debug_checks_enabled():
             return self._run(*args, *kwargs.values())
         if debug_checks_enabled():

@@ -20,7 +20,9 @@ path and its device time, and at decode sizes the host path decides (a recorded
 Triton launch against ``torch.mm``'s dispatch, say). Where a table also holds
 *eager* scores for the call (``bench --eager``), the call is ranked twice: by its
 eager scores for eager calls, by its device scores for calls captured in a CUDA
-graph. When the two rankings pick different kernels, the :class:`Selection` is the
+graph. When the two rankings pick different kernels (and the op is ``rerunnable``:
+running a kernel twice on a call's arguments only rewrites the outputs, so the
+captured pick can run once outside the capture first; ``core/op.py``), the :class:`Selection` is the
 eager pick and carries the captured one in ``captured``; the op's call takes it
 while the current CUDA stream is being captured (one check, made only for such
 calls). Overrides decide both. Selections made ahead of the call that fix a
@@ -485,7 +487,11 @@ def _select(
         return hit
     args = (op, signature, traits, buckets, plat, objective, solution, override, ctx)
     cands, selection = _resolved(args, eager=False)
-    if selection.forced_by is None and _eager_measured(op, signature, traits, buckets, plat):  # (overrides decide both)
+    if (
+        selection.forced_by is None  # (an override decides both modes)
+        and getattr(get_contract(op), "rerunnable", True)
+        and _eager_measured(op, signature, traits, buckets, plat)
+    ):
         eager_cands, eager = _resolved(args, eager=True)
         if eager.spec.name != selection.spec.name:
             cands, selection = eager_cands, replace(eager, captured=selection)
