@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument(
         "--decode-configs", default="full,triton,hopper.moe_apply",
-        help="selection configs (full, triton, or a moe_apply kernel); a +plan suffix gives each step an attention plan "
+        help="selection configs (full, triton, op=kernel: one op forced, or a moe_apply kernel); a +plan suffix gives each step an attention plan "
         "(code that has tk.mha_plan: not the old wheels of gpu_session.sh host-before); +prepared decodes through "
         "prepared calls (GptOssModel(prepared_decode=True); not in the old wheels either); both: full+prepared+plan",
     )  # fmt: skip
@@ -489,6 +489,9 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
             make_ctx = contextlib.nullcontext
         elif base == "triton":
             make_ctx = functools.partial(tk.kernel_override, "triton")
+        elif "=" in base:  # op=kernel: one op forced (mm=cublas.mm_bf16: the dense GEMMs as before eager scores)
+            op_name, target = base.split("=", 1)
+            make_ctx = functools.partial(tk.kernel_override, **{op_name: target})
         else:  # a moe_apply kernel forced (its weights converted by the plan)
             make_ctx = functools.partial(tk.kernel_override, moe_apply=(base, "triton.moe_apply"))
         with make_ctx():

@@ -343,7 +343,7 @@ def test_eager_times_give_eager_scores_which_persist(tmp_path):
     assert all("eager_scores" not in e for e in json.loads(path.read_text())["entries"])
 
 
-def test_eager_calls_rank_by_eager_scores_and_captured_calls_by_device_time(kernels):
+def test_eager_calls_rank_by_eager_scores_and_captured_calls_by_device_time(kernels, env):
     plat = _sm90()
     tk.set_selection_oracle(_eager_table())
     eager = _ranked("rmsnorm", ("bf16",), {}, plat)
@@ -361,6 +361,16 @@ def test_eager_calls_rank_by_eager_scores_and_captured_calls_by_device_time(kern
         # An override decides both modes.
         forced = tk.select_spec("rmsnorm", ("bf16",), {}, sizes={"rows": 1}, override=FAST)
         assert forced.spec.name == FAST and forced.captured is None
+    # TOKENSPEED_KERNEL_EAGER_SCORES=0: device time ranks both modes (one pick).
+    env.setenv("TOKENSPEED_KERNEL_EAGER_SCORES", "0")
+    selection.reload_settings()
+    assert _ranked("rmsnorm", ("bf16",), {}, plat)[0].name == SLOW
+    with tk.fake_platform(plat):
+        sel = tk.select_spec("rmsnorm", ("bf16",), {}, sizes={"rows": 1})
+        assert sel.spec.name == SLOW and sel.captured is None
+    env.setenv("TOKENSPEED_KERNEL_EAGER_SCORES", "maybe")
+    with pytest.raises(tk.SettingsError, match="TOKENSPEED_KERNEL_EAGER_SCORES: expected 1 or 0"):
+        selection.reload_settings()
 
 
 @pytest.fixture

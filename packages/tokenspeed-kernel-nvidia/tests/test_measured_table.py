@@ -1,4 +1,4 @@
-"""The measured H200 table this package ships and registers from its plugin (CPU: no GPU needed)."""
+"""The measured H200 and H100 tables this package ships and registers from its plugin (CPU: no GPU needed)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def test_the_plugin_registers_its_h200_table_and_it_loads():
     assert any(d == "H200" and w.endswith("h200.json") for d, w in measured.registered_tables())
     assert tk.plugin_reports()["nvidia"].tables
     [table] = measured.tables_for_device("NVIDIA H200")
-    assert measured.tables_for_device("NVIDIA H100 80GB HBM3") == []
+    [h100] = measured.tables_for_device("NVIDIA H100 80GB HBM3")
+    assert h100 is not table and {e.op for e in h100.entries} == {"mm"} and not h100.notes
+    assert all(s["device"] == "NVIDIA H100 80GB HBM3" for s in h100.sources)
     assert len(table) >= 3 and not table.notes
     assert all(s["device"] == "NVIDIA H200" and s["date"].startswith("2026-") for s in table.sources)
     assert {e.op for e in table.entries} == {
@@ -154,3 +156,23 @@ def test_gdn_prefill_follows_the_table(env, measured_kernels):
     env.setenv("TOKENSPEED_KERNEL_ORACLE", "none")
     selection.reload_settings()
     assert _ranked("gdn_chunk_prefill", traits, h200, tokens=16384)[0] == "fla.gdn_chunk_prefill"
+
+
+def test_the_h100_table_ranks_eager_mm_by_its_eager_scores_and_captured_mm_by_device_time(env, measured_kernels):
+    """Measured 2026-12-06 (docs/benchmarks/h100-2026-12-06/sel, sets A-C: GPT-OSS's QKV, O, router and unembedding
+    GEMMs, bench --graph --eager): the Triton GEMV's public call is 1.25-1.86x faster eager than cuBLAS's up to
+    M = 64 (bias) / 255 (no bias), where cuBLAS is as fast or faster by device time; from M = 128 (bias) / 512 (no
+    bias) cuBLAS wins both."""
+    h100 = tk.make_platform("sm90", device_name="NVIDIA H100 80GB HBM3")
+    for bias in (True, False):
+        for m in (1, 2, 8, 32):
+            assert _ranked("mm", {"bias": bias}, h100, m=m)[0] == "triton.mm", (bias, m)
+            graph = tk.explain_selection("mm", ("bf16",) * 3, {"bias": bias}, sizes={"m": m}, platform=h100,
+                                         captured=True)  # fmt: skip
+            assert next(c.name for c in graph if c.selected) == "cublas.mm_bf16", (bias, m)
+        for m in (512, 4096):
+            assert _ranked("mm", {"bias": bias}, h100, m=m)[0] == "cublas.mm_bf16", (bias, m)
+    with tk.fake_platform(h100):
+        selection.clear_selection_cache()
+        sel = tk.select_spec("mm", ("bf16",) * 3, {"bias": True}, sizes={"m": 1})
+        assert sel.spec.name == "triton.mm" and sel.captured.spec.name == "cublas.mm_bf16"

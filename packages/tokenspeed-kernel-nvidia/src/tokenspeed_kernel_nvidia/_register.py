@@ -13,7 +13,7 @@ from tokenspeed_kernel import ANY, Capability, Priority, Range, register_kernel,
 
 #: Measured tables shipped for NVIDIA devices (device-name substring -> file in data/), built with
 #: ``tokenspeed-kernel oracle build`` from the reports under docs/benchmarks/ (see each table's sources).
-MEASURED_TABLES = {"H200": "h200.json"}
+MEASURED_TABLES = {"H200": "h200.json", "H100": "h100.json"}
 
 #: FlashAttention-3 runs on Hopper only (wgmma + TMA).
 HOPPER = Capability(

@@ -25,7 +25,9 @@ running a kernel twice on a call's arguments only rewrites the outputs, so the
 captured pick can run once outside the capture first; ``core/op.py``), the :class:`Selection` is the
 eager pick and carries the captured one in ``captured``; the op's call takes it
 while the current CUDA stream is being captured (one check, made only for such
-calls). Overrides decide both. Selections made ahead of the call that fix a
+calls). Overrides decide both. ``TOKENSPEED_KERNEL_EAGER_SCORES=0`` ranks eager
+calls by device time too: one pick, so an eager call and its CUDA-graph replay
+run the same kernel (bit-identical results). Selections made ahead of the call that fix a
 choice for both modes (``moe_plan``: the weights' layout) take the captured pick.
 
 Overrides, strongest first:
@@ -310,6 +312,7 @@ def _evaluate(
         )
     full = contract.normalize_traits(traits)
     named = _named_buckets(contract, buckets)
+    eager = eager and _settings.settings().eager_scores
     found = (_scores(op, signature, full, named, platform, eager=True) if eager else None) or _scores(
         op, signature, full, named, platform
     )

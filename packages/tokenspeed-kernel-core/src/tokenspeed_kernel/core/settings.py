@@ -34,6 +34,7 @@ ENV = {
     "log": "TOKENSPEED_KERNEL_LOG",
     "debug": "TOKENSPEED_KERNEL_DEBUG",
     "oracle": "TOKENSPEED_KERNEL_ORACLE",
+    "eager_scores": "TOKENSPEED_KERNEL_EAGER_SCORES",
 }
 _LOG_TOPICS = ("selection",)
 
@@ -51,6 +52,9 @@ class Settings:
     debug: bool
     #: measured tables: ``("default",)`` = the plugins' shipped tables, ``()`` = none, else paths (and "default").
     oracle: tuple[str, ...]
+    #: rank eager calls by the tables' eager scores (default); off: one pick for eager and captured calls, ranked
+    #: by device time, so an eager call and its CUDA-graph replay run the same kernel (``selection``'s module doc).
+    eager_scores: bool = True
 
 
 def parse_targets(raw: str, *, where: str) -> Target:
@@ -125,13 +129,15 @@ def _parse_log(raw: str) -> bool:
     return "selection" in topics
 
 
-def _parse_debug(raw: str) -> bool:
+def _parse_flag(raw: str, what: str, default: bool = False) -> bool:
     low = raw.strip().lower()
-    if low in ("", "0", "false", "no", "off"):
+    if not low:
+        return default
+    if low in ("0", "false", "no", "off"):
         return False
     if low in ("1", "true", "yes", "on"):
         return True
-    raise SettingsError(f"{ENV['debug']}: expected 1 or 0, got {raw!r}")
+    raise SettingsError(f"{ENV[what]}: expected 1 or 0, got {raw!r}")
 
 
 def _parse_oracle(raw: str) -> tuple[str, ...]:
@@ -156,8 +162,9 @@ def load_settings() -> Settings:
         config_override=_parse_config(path) if path else {},
         config_path=path,
         log_selection=_parse_log(env.get(ENV["log"], "")),
-        debug=_parse_debug(env.get(ENV["debug"], "")),
+        debug=_parse_flag(env.get(ENV["debug"], ""), "debug"),
         oracle=_parse_oracle(env.get(ENV["oracle"], "")),
+        eager_scores=_parse_flag(env.get(ENV["eager_scores"], ""), "eager_scores", default=True),
     )
 
 
