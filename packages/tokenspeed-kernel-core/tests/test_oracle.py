@@ -285,7 +285,7 @@ def test_bench_oracle_out_ranks_the_measured_faster_kernel_first_and_eager_times
     try:
         out, table = tmp_path / "r.json", tmp_path / "t.json"
         argv = ["bench", "rmsnorm", "--shape", "tokens=8", "hidden=256", "--dtype", "fp32", "--no-ceilings",
-                "--quiet", "--warmup-ms", "1", "--rep-ms", "10", "--eager", "--json", str(out),
+                "--quiet", "--warmup-ms", "1", "--rep-ms", "10", "--eager", "--json", str(out), "--device", "cpu",
                 "--oracle-out", str(table)]  # fmt: skip
         assert cli.main(argv) == 0
         [res] = json.loads(out.read_text())["results"]
