@@ -373,6 +373,24 @@ def test_eager_calls_rank_by_eager_scores_and_captured_calls_by_device_time(kern
         selection.reload_settings()
 
 
+def test_explain_captured_ranks_as_a_captured_call(kernels, env, tmp_path, capsys):
+    from tokenspeed_kernel import cli
+
+    path = tmp_path / "t.json"
+    _eager_table().save(path)
+    env.setenv("TOKENSPEED_KERNEL_ORACLE", str(path))
+    selection.reload_settings()
+    picks = {}
+    for flag in ((), ("--captured",)):
+        capsys.readouterr()
+        code = cli.main(["explain", "rmsnorm", "--platform", "sm90", "--dtype", "bf16", "--size", "rows=1", *flag])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        picks[flag] = next(line.split()[2] for line in out.splitlines() if line.startswith("*"))
+        assert ("a call captured in a CUDA graph" in out) == bool(flag)
+    assert picks == {(): FAST, ("--captured",): SLOW}
+
+
 @pytest.fixture
 def tagged(env):
     """FAST and SLOW rmsnorm kernels that return their own names (the table decides which runs); yields the list of

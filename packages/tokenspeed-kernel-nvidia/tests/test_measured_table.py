@@ -160,9 +160,9 @@ def test_gdn_prefill_follows_the_table(env, measured_kernels):
 
 def test_the_h100_table_ranks_eager_mm_by_its_eager_scores_and_captured_mm_by_device_time(env, measured_kernels):
     """Measured 2026-12-06 (docs/benchmarks/h100-2026-12-06/sel, sets A-C: GPT-OSS's QKV, O, router and unembedding
-    GEMMs, bench --graph --eager): the Triton GEMV's public call is 1.25-1.86x faster eager than cuBLAS's up to
-    M = 64 (bias) / 255 (no bias), where cuBLAS is as fast or faster by device time; from M = 128 (bias) / 512 (no
-    bias) cuBLAS wins both."""
+    GEMMs, bench --graph --eager): the Triton mm's public call (the dense GEMV at M <= 2) is 1.25-1.86x faster
+    eager than cuBLAS's below M = 64, and faster up to M = 127 (bias) / 255 (no bias), where cuBLAS is as fast or
+    faster by device time; from M = 128 (bias) / 512 (no bias) cuBLAS wins both."""
     h100 = tk.make_platform("sm90", device_name="NVIDIA H100 80GB HBM3")
     for bias in (True, False):
         for m in (1, 2, 8, 32):

@@ -1,4 +1,4 @@
-"""The sampling kernels (two-stage argmax; the top-k / top-p sampler's passes) compile for sm90,
+"""The sampling kernels (one-launch argmax; the top-k / top-p sampler's passes) compile for sm90,
 gfx942 and gfx950 for bf16 logits at GPT-OSS's vocabulary (201088), spilling nothing.
 
 ``python test_cross_compile_sampling.py sm90`` prints one target's raw results.
@@ -60,19 +60,24 @@ def _sample_cases(smp: Any) -> dict[str, Case]:
 def cases(family: str) -> dict[str, Case]:
     am = sampling.ARGMAX_CONFIGS[family]
     return {
-        "argmax-chunk": Case(
-            sampling._argmax_chunk_kernel,
-            {"x_ptr": "*bf16", "val_ptr": "*fp32", "idx_ptr": "*i32", **ints("V", "stride_x", "n_chunks")},
-            {"BLOCK": am.block, "STEPS": am.rows},
+        "argmax": Case(
+            sampling._argmax_kernel,
+            {
+                "x_ptr": "*bf16",
+                "out_ptr": "*i64",
+                "part_ptr": "*fp32",
+                "counter_ptr": "*i32",
+                **ints("V", "stride_x", "n_chunks"),
+            },
+            # the number of chunks of one GPT-OSS vocabulary row, rounded up to a power of two
+            {
+                "BLOCK": am.block,
+                "STEPS": am.rows,
+                "BLOCK_C": 1 << (-(-VOCAB // (am.block * am.rows)) - 1).bit_length(),
+                "SPLIT": True,
+            },
             am.num_warps,
             values={"V": VOCAB, "stride_x": VOCAB, "n_chunks": 50},
-        ),
-        "argmax-reduce": Case(
-            sampling._argmax_reduce_kernel,
-            {"val_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64", "n_chunks": "i32"},
-            # the number of chunks of one GPT-OSS vocabulary row, rounded up to a power of two
-            {"BLOCK_C": 1 << (-(-VOCAB // (am.block * am.rows)) - 1).bit_length()},
-            values={"n_chunks": 50},
         ),
         **_sample_cases(sampling.SAMPLE_CONFIGS[family]),
     }

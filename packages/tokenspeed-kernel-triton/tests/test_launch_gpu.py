@@ -36,6 +36,7 @@ IN_TREE = ("triton.", "hopper.")
 
 #: ops whose in-tree kernels' calls must record a launch plan (the GPT-OSS decode step's Triton ops).
 MUST_RECORD = {
+    "argmax",
     "rmsnorm",
     "apply_rotary_and_store",
     "mha_decode_with_kvcache",

@@ -20,7 +20,7 @@ from tokenspeed_kernel.reference import sampling as ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("vocab", [100, 700], ids=["one-chunk", "two-stage"])
+@pytest.mark.parametrize("vocab", [100, 700], ids=["one-chunk", "split"])
 def test_argmax(device, dtype, vocab):
     g = torch.Generator().manual_seed(vocab)
     x = torch.randn(5, vocab, generator=g)
@@ -42,6 +42,25 @@ def test_argmax(device, dtype, vocab):
     ]
     assert got.cpu().tolist() == expected
     assert torch.equal(got.cpu(), ref.argmax(x).cpu())
+
+
+def test_argmax_counters_are_left_zero_and_shared_by_calls_of_one_stream(device, monkeypatch):
+    """The last chunk of each row zeroes the row's counter: calls of one stream share the counters and the scratch
+    (on CPU the held buffers are forced here; a GPU holds one set per stream anyway), whatever chunk count and batch
+    the call before used."""
+    from tokenspeed_kernel import launch
+
+    if device == "cpu":
+        monkeypatch.setattr(launch, "_BUFFERS", {})
+        monkeypatch.setattr(launch, "_current_stream", lambda dev: 1)
+        monkeypatch.setattr(launch, "_capturing", lambda: False)
+    g = torch.Generator().manual_seed(3)
+    for batch, vocab in ((5, 700), (3, 1500), (7, 700), (2, 100)):
+        x = torch.randn(batch, vocab, generator=g).to(device)
+        x[0, vocab - 1] = 100.0  # the last chunk's
+        assert torch.equal(tk.argmax(x).cpu(), x.cpu().argmax(dim=-1))
+    held = [t for (_, kind), t in launch._BUFFERS.items() if kind == "counters" and t.device == x.device]
+    assert held and all(int(t.abs().max()) == 0 for t in held)
 
 
 # -- top-k / top-p -------------------------------------------------------------------

@@ -423,7 +423,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     _load_plugins(quiet=args.json)
     _check_target("--solution", args.solution)
     _check_target("--override", args.override)
-    kwargs = {"objective": args.objective, "solution": args.solution, "override": args.override, "sizes": sizes}
+    kwargs = {"objective": args.objective, "solution": args.solution, "override": args.override, "sizes": sizes,
+              "captured": args.captured}  # fmt: skip
     if args.platform is not None:
         with fake_platform(platform):
             candidates = explain_selection(contract.name, signature, traits, **kwargs)
@@ -446,6 +447,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                     "sizes": sizes,
                     "buckets": {k: describe_bucket(size_bucket(v)) for k, v in sizes.items()},
                     "selected": selected.name if selected else None,
+                    "captured": args.captured,
                     "candidates": [c.__dict__ for c in candidates],
                 },
                 indent=2,
@@ -465,6 +467,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         print(f"forced:    {', '.join(forced)}")
     if args.objective:
         print(f"objective: {args.objective}")
+    print(f"ranked as: {'a call captured in a CUDA graph (device time)' if args.captured else 'an eager call'}")
     print("candidates (* selected, + eligible, - rejected with the reason):")
     print(format_explanation(candidates) if candidates else "  (no kernel is registered for this op)")
     if selected is None:
@@ -577,6 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solution", help="force a solution, as solution= does")
     p.add_argument("--override", help="force a kernel (or solution), as override= does")
     p.add_argument("--objective", help="rank kernels carrying this tag first (e.g. latency)")
+    p.add_argument(
+        "--captured",
+        action="store_true",
+        help="rank as for a call captured in a CUDA graph (device time), not an eager call (eager scores where measured)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_explain)
 

@@ -1,8 +1,10 @@
 """Portable Triton sampling: greedy argmax and the index-order top-k / top-p sampler.
 
-``argmax`` runs in two stages so that one row of a large vocabulary (GPT-OSS:
-201088) spreads over many programs: stage one reduces fixed chunks to
-(value, first index) pairs, stage two reduces a row's chunks. NaN counts as the
+``argmax`` spreads one row of a large vocabulary (GPT-OSS: 201088) over many
+programs in one launch: each reduces a fixed chunk to a (value, first index) pair
+in the stream's scratch and counts its arrival on the row's counter of the stream
+(``tokenspeed_kernel.launch.stream_counters``); the row's last chunk to arrive
+reduces the row's pairs (as decode attention merges its splits). NaN counts as the
 largest value (the first NaN wins), as in ``torch.argmax``.
 
 ``top_k_top_p_sample`` follows ``tokenspeed_kernel.ops.sampling``'s definition exactly,
@@ -53,7 +55,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed_kernel.graphs import GraphCache, in_place_key, tensor_key
-from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters, stream_scratch
 
 from ._host import RowConfig, arch_family, row_config
 
@@ -67,9 +69,9 @@ __all__ = [
     "TRITON_KERNELS",
 ]
 
-#: argmax, per family: ``block`` elements per step, ``rows`` steps per chunk of stage one
-#: (a chunk is block * rows logits; 201088 / 4096 -> 50 chunks per row). Not tuned on
-#: hardware; the interpreter's small chunks send test rows through the two-stage path.
+#: argmax, per family: ``block`` elements per step, ``rows`` steps per chunk (a chunk is
+#: block * rows logits; 201088 / 4096 -> 50 chunks per row). Not tuned on hardware; the
+#: interpreter's small chunks send test rows through the split path.
 ARGMAX_CONFIGS: dict[str, RowConfig] = {
     "nvidia": RowConfig(block=1024, rows=4, num_warps=4),
     "amd": RowConfig(block=1024, rows=4, num_warps=4),
@@ -142,8 +144,13 @@ _FIRST_SPAN = tl.constexpr(1 << 28)
 
 
 @triton.jit
-def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, n_chunks, BLOCK: tl.constexpr, STEPS: tl.constexpr):
-    """Stage one: the max (NaN if the chunk has one) and its first index over ``BLOCK * STEPS`` logits."""
+def _argmax_kernel(
+    x_ptr, out_ptr, part_ptr, counter_ptr, V, stride_x, n_chunks,
+    BLOCK: tl.constexpr, STEPS: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """The max (NaN if the chunk has one) and its first index over ``BLOCK * STEPS`` logits; without ``SPLIT`` (one
+    chunk a row) that index is the row's answer, else the row's last chunk to arrive reduces the row's pairs
+    (``part_ptr``: per row, ``n_chunks`` values then ``n_chunks`` indices as fp32 bits)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     start = chunk * (BLOCK * STEPS)
@@ -163,25 +170,33 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, n_chunks, BLOCK: 
         best_idx = tl.where(take, i, best_idx)
         best = tl.where(take, m, best)
     has_nan = nan_idx < _INT_MAX
-    tl.store(val_ptr + row * n_chunks + chunk, tl.where(has_nan, float("nan"), best))
-    tl.store(idx_ptr + row * n_chunks + chunk, tl.where(has_nan, nan_idx, best_idx).to(idx_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _argmax_reduce_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK_C: tl.constexpr):
-    """Stage two: the first chunk holding a NaN, else the first chunk reaching the max."""
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    ok = c < n_chunks
-    v = tl.load(val_ptr + row * n_chunks + c, mask=ok, other=float("-inf"))
-    i = tl.load(idx_ptr + row * n_chunks + c, mask=ok, other=_INT_MAX)
-    is_nan = v != v
-    nan_i = tl.min(tl.where(is_nan & ok, i, _INT_MAX), axis=0)
-    v = tl.where(is_nan, float("-inf"), v)
-    m = tl.max(v, axis=0)
-    # Chunks are in index order, so the smallest index among the tied maxima is the first.
-    best = tl.min(tl.where((v == m) & ok, i, _INT_MAX), axis=0)
-    tl.store(out_ptr + row, tl.where(nan_i < _INT_MAX, nan_i, best).to(tl.int64))
+    idx = tl.where(has_nan, nan_idx, best_idx).to(tl.int32)
+    if not SPLIT:
+        tl.store(out_ptr + row, idx.to(tl.int64))
+    else:
+        base = part_ptr + row * (2 * n_chunks)
+        tl.store(base + chunk, tl.where(has_nan, float("nan"), best))
+        tl.store(base + n_chunks + chunk, idx.to(tl.float32, bitcast=True))
+        # Publish the pair (a CTA barrier, then a release at GPU scope) and count it: the chunk that brings the
+        # row's counter to n_chunks zeroes it and reduces the row (no program ever waits).
+        tl.debug_barrier()
+        counter = counter_ptr + row
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
+            tl.store(counter, 0)  # every chunk of this row has arrived: zero for the next launch
+            tl.debug_barrier()
+            c = tl.arange(0, BLOCK_C)
+            ok = c < n_chunks
+            # (names of their own: a variable the branch shares with the code above must keep its type)
+            pv = tl.load(base + c, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            pi = tl.load(base + n_chunks + c, mask=ok, other=0.0, cache_modifier=".cg").to(tl.int32, bitcast=True)
+            pi = tl.where(ok, pi, _INT_MAX)
+            p_nan = pv != pv
+            nan_i = tl.min(tl.where(p_nan & ok, pi, _INT_MAX), axis=0)
+            pv = tl.where(p_nan, float("-inf"), pv)
+            pm = tl.max(pv, axis=0)
+            # Chunks are in index order, so the smallest index among the tied maxima is the first.
+            first = tl.min(tl.where((pv == pm) & ok, pi, _INT_MAX), axis=0)
+            tl.store(out_ptr + row, tl.where(nan_i < _INT_MAX, nan_i, first).to(tl.int64))
 
 
 # --------------------------------------------------------------------------- top-k / top-p
@@ -714,8 +729,7 @@ def _final_pick_kernel(
 
 
 TRITON_KERNELS = {
-    "argmax_chunk": _argmax_chunk_kernel,
-    "argmax_reduce": _argmax_reduce_kernel,
+    "argmax": _argmax_kernel,
     "sample_topk_pass": _topk_pass_kernel,
     "sample_candidates": _candidates_kernel,
     "sample_topp_pass": _topp_pass_kernel,
@@ -748,19 +762,14 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     block = min(cfg.block, next_power_of_2(v))
     steps = min(cfg.rows, cdiv(v, block))
     n_chunks = cdiv(v, block * steps)
-    if n_chunks == 1:
-        # One chunk per row: stage one's index is the answer.
-        values = torch.empty((b,), dtype=torch.float32, device=logits.device)
-        cached(_argmax_chunk_kernel)[(b, 1)](
-            logits, values, out, v, logits.stride(0), 1, BLOCK=block, STEPS=steps, num_warps=cfg.num_warps
-        )
-        return out
-    values = torch.empty((b, n_chunks), dtype=torch.float32, device=logits.device)
-    indices = torch.empty((b, n_chunks), dtype=torch.int32, device=logits.device)
-    cached(_argmax_chunk_kernel)[(b, n_chunks)](
-        logits, values, indices, v, logits.stride(0), n_chunks, BLOCK=block, STEPS=steps, num_warps=cfg.num_warps
-    )
-    cached(_argmax_reduce_kernel)[(b,)](values, indices, out, n_chunks, BLOCK_C=next_power_of_2(n_chunks))
+    if n_chunks == 1:  # one chunk a row: its index is the answer (out stands in for the unused buffers)
+        parts = counters = out
+    else:  # written and reduced by this launch: the stream's scratch and counters (nothing allocated but out)
+        parts, counters = stream_scratch(logits.device, 2 * b * n_chunks), stream_counters(logits.device, b)
+    cached(_argmax_kernel)[(b, n_chunks)](
+        logits, out, parts, counters, v, logits.stride(0), n_chunks,
+        BLOCK=block, STEPS=steps, BLOCK_C=next_power_of_2(n_chunks), SPLIT=n_chunks > 1, num_warps=cfg.num_warps,
+    )  # fmt: skip
     return out
 
 
