@@ -467,6 +467,7 @@ def test_ops_that_write_in_place_are_not_split_by_mode(tagged):
             selection.clear_selection_cache()
             sel = tk.select_spec("rmsnorm", ("bf16",), {}, sizes={"rows": 1})
             assert sel.spec.name == SLOW and sel.captured is None  # device time decides both modes
+            assert _ranked("rmsnorm", ("bf16",), {}, _sm90())[0].name == SLOW  # and explain says so
     finally:
         object.__setattr__(tk.rmsnorm, "rerunnable", True)
         selection.clear_selection_cache()

@@ -312,7 +312,8 @@ def _evaluate(
         )
     full = contract.normalize_traits(traits)
     named = _named_buckets(contract, buckets)
-    eager = eager and _settings.settings().eager_scores
+    # (an op that is not rerunnable never splits: its eager calls rank as captured ones; core/op.py)
+    eager = eager and _settings.settings().eager_scores and getattr(contract, "rerunnable", True)
     found = (_scores(op, signature, full, named, platform, eager=True) if eager else None) or _scores(
         op, signature, full, named, platform
     )
@@ -490,11 +491,7 @@ def _select(
         return hit
     args = (op, signature, traits, buckets, plat, objective, solution, override, ctx)
     cands, selection = _resolved(args, eager=False)
-    if (
-        selection.forced_by is None  # (an override decides both modes)
-        and getattr(get_contract(op), "rerunnable", True)
-        and _eager_measured(op, signature, traits, buckets, plat)
-    ):
+    if selection.forced_by is None and _eager_measured(op, signature, traits, buckets, plat):  # (overrides: both)
         eager_cands, eager = _resolved(args, eager=True)
         if eager.spec.name != selection.spec.name:
             cands, selection = eager_cands, replace(eager, captured=selection)
