@@ -283,14 +283,16 @@ def test_bench_oracle_out_ranks_the_measured_faster_kernel_first_and_eager_times
     register_kernel("rmsnorm", name=slow, solution="test", impl=_slow_reference_rmsnorm, priority=Priority.SPECIALIZED,
                     formats=[{"x": ("fp32",)}], traits={"fused_residual": (False, True)})  # fmt: skip
     try:
-        out, table = tmp_path / "r.json", tmp_path / "t.json"
+        out, table, md = tmp_path / "r.json", tmp_path / "t.json", tmp_path / "r.md"
         argv = ["bench", "rmsnorm", "--shape", "tokens=8", "hidden=256", "--dtype", "fp32", "--no-ceilings",
                 "--quiet", "--warmup-ms", "1", "--rep-ms", "10", "--eager", "--json", str(out), "--device", "cpu",
+                "--md", str(md),
                 "--oracle-out", str(table)]  # fmt: skip
         assert cli.main(argv) == 0
         [res] = json.loads(out.read_text())["results"]
         eager = {e["name"]: e["eager_us"] for e in res["entries"]}
         assert eager[slow] > 3000 > eager["reference.rmsnorm"] > 0  # the 3 ms sleep, through the public op
+        assert f"eager {eager[slow]:.1f} us" in md.read_text()  # the report shows it
         cpu = tk.make_platform("cpu", device_name="cpu")
         assert _ranked("rmsnorm", ("fp32",), {}, cpu)[0].name == slow  # by priority
         tk.set_selection_oracle(tk.MeasuredTable.load(table))

@@ -26,6 +26,7 @@ examples:
   tokenspeed-kernel bench mha_prefill --peers --graph
   tokenspeed-kernel bench mm --shape m=4096 n=5120 k=2880
   tokenspeed-kernel bench mha_decode_with_kvcache --graph --oracle-out decode-oracle.json
+  tokenspeed-kernel bench mm --shapes cases.json --graph --eager --oracle-out mm.json
   TOKENSPEED_KERNEL_CAPTURE_SHAPES=calls.json python serve.py ...; tokenspeed-kernel bench --replay calls.json
 """
 
@@ -47,8 +48,10 @@ _ORACLE_DESCRIPTION = """\
 Measured selection tables. `build` reads bench JSON reports, rebuilds each case's
 call to read its format signature and traits, and scores every kernel per
 (arch, device, op, signature, traits) as the geometric mean of its time over the
-fastest kernel's (CUDA-graph times when measured). Selection ranks scored kernels
-first, best score first, when TOKENSPEED_KERNEL_ORACLE names the table.
+fastest kernel's (CUDA-graph times when measured), and, from `bench --eager`
+reports, the same of their eager public calls (eager scores: they rank eager
+calls, device times rank calls captured in a CUDA graph). Selection ranks scored
+kernels first, best score first, when TOKENSPEED_KERNEL_ORACLE names the table.
 
 examples:
   tokenspeed-kernel oracle build prefill.json decode.json -o h200.json

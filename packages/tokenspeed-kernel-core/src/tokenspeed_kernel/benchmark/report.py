@@ -63,6 +63,8 @@ def _cell(e: Entry | None, metric: str) -> str:
         parts.append(f"{e.pct_ceiling:.0f}%")
     if e.graph is not None:
         parts.append(f"graph {e.graph.median_us:.1f} us")
+    if e.eager_us is not None:
+        parts.append(f"eager {e.eager_us:.1f} us")
     return " · ".join(parts)
 
 
@@ -102,6 +104,7 @@ def markdown(report: BenchReport, *, command: str | None = None) -> str:
         f"- timing: median of repeats ({'CUDA events, L2 flushed between calls' if s.get('flush_l2') else 'wall clock'}); "
         "cells: median time · rate · % of the ceiling that binds"
         + (" · CUDA-graph replay time" if s.get("graph") else "")
+        + (" · eager public call, calls back to back (`--eager`)" if s.get("eager") else "")
     )
     if command:
         lines.append(f"- command: `{command}`")
@@ -203,6 +206,7 @@ def print_summary(report: BenchReport, stream: TextIO, *, write: Callable[[str],
                 continue
             t = e.timing
             extra = f"  graph {e.graph.median_us:9.1f} us" if e.graph else ""
+            extra += f"  eager {e.eager_us:9.1f} us" if e.eager_us is not None else ""
             pct = f"  {e.pct_ceiling:5.1f}% {e.bound}" if e.pct_ceiling is not None else ""
             peer = "  (peer)" if e.kind == "peer" else ""
             note = f"  [{e.note}]" if e.note else ""
