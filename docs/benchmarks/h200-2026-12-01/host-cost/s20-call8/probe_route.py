@@ -2,7 +2,6 @@
 call in bench --host. Time public / prepared / direct alternated in one process, and print the served replay's
 source and how often it falls back to the wrapper."""
 
-import os
 import statistics
 import time
 
@@ -29,10 +28,12 @@ def per_call(f, n=400):
     return (time.perf_counter() - t) / n * 1e6
 
 
-for op in ("moe_route", "rmsnorm"):
+def probe(op: str) -> None:
     oc = get_op_cases(op)
     params = (HOST_CASES.get(op) or [{}])[0]
-    case = Case.make(op, params.get("dtype", "bf16"), {**oc.defaults, **{k: v for k, v in params.items() if k in oc.defaults}})
+    case = Case.make(
+        op, params.get("dtype", "bf16"), {**oc.defaults, **{k: v for k, v in params.items() if k in oc.defaults}}
+    )
     call = oc.make(case, dev, make_generator(dev, 0))
     fn = getattr(tk, op)
     d, sig, traits, sizes, kargs, kkwargs = fn.bind(**call)
@@ -59,3 +60,7 @@ for op in ("moe_route", "rmsnorm"):
     if served.launch_plan is not None:
         print(served.launch_plan.replay_served.__source__)
         print(prepared.launch_plan.replay.__source__)
+
+
+for name in ("moe_route", "rmsnorm"):
+    probe(name)
