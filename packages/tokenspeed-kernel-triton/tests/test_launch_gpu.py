@@ -34,8 +34,9 @@ pytestmark = pytest.mark.gpu
 
 IN_TREE = ("triton.", "hopper.")
 
-#: ops whose in-tree kernels' calls must record a launch plan (the GPT-OSS decode step's Triton ops).
+#: ops whose in-tree kernels' calls must record a launch plan (the GPT-OSS decode step's Triton ops, moe_dispatch).
 MUST_RECORD = {
+    "moe_dispatch",
     "argmax",
     "rmsnorm",
     "apply_rotary_and_store",

@@ -9,6 +9,7 @@ tensors: same kernels, grids, scalars and addresses. The GPU test (``test_launch
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -144,6 +145,43 @@ def test_replay_makes_the_wrappers_launches_on_new_tensors(fake_gpu):
     for a, b in zip(got_out, want_out):
         assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype) and a.data_ptr() != b.data_ptr()
     assert ("arg", 0, 4) in got[1][1]  # x[:, 1:] of the new x (float32: 4 bytes on)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    out: torch.Tensor
+    scratch: torch.Tensor
+    extra: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class _MutablePair:
+    out: torch.Tensor
+    scratch: torch.Tensor
+
+
+def test_a_frozen_dataclass_result_is_rebuilt_of_the_replays_tensors(fake_gpu):
+    """A wrapper may return a frozen dataclass of its allocations (``MoEDispatchResult``): the replay builds a new one
+    of its own allocations; a mutable one is refused (a caller may have changed what the recording saw)."""
+    g = fake_gpu
+    base = _wrapper(g)
+    base(*_inputs())
+
+    def paired(x, w, eps):
+        y, tmp = base(x, w, eps)
+        return _Pair(y, tmp)
+
+    _, plan, why = L.record(paired, _inputs(seed=1))
+    assert plan is not None, why
+    new = _inputs(seed=2)
+    want, _ = _logged(g, paired, new)
+    got, _ = _logged(g, plan.replay, new)
+    assert type(got) is _Pair and got.extra is None
+    for a, b in ((got.out, want.out), (got.scratch, want.scratch)):
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype) and a.data_ptr() != b.data_ptr()
+    assert got.out.data_ptr() != got.scratch.data_ptr()
+    _, plan, why = L.record(lambda x, w, eps: _MutablePair(*base(x, w, eps)), _inputs())
+    assert plan is None and "the result (_MutablePair) is not" in why, why
 
 
 def test_a_replay_falls_back_when_a_guard_fails(fake_gpu):

@@ -84,7 +84,8 @@ stream has none large enough or is being captured).
 Plain values (scalars, dtypes, tuples and frozen dataclasses of them) are guarded by
 value. Anything else (a buffer a wrapper cached on the side) makes the call not
 recordable: a replay could not tell whether the wrapper would pick the same one. The
-call's result must be its allocations, or its tensor arguments, exactly.
+call's result must be its allocations, or its tensor arguments, exactly, or None, or tuples,
+lists and frozen dataclasses of them (``MoEDispatchResult``: the replay builds a new one).
 
 A replay checks, then falls back to the prepared call's own path when any fails:
 every tensor argument's shape, strides and dtype (the prepared call's promise, which the
@@ -737,13 +738,22 @@ def _address(
     raise NotRecordable(f"address {p:#x} is neither an argument's nor an allocation's (a buffer held elsewhere)")
 
 
-def _result(r: Any, flat: tuple, allocs: list[torch.Tensor], used: set[int]) -> str:
-    """The replay's expression of the call's result (module doc); adds the allocations it returns to ``used``."""
+def _result(r: Any, flat: tuple, allocs: list[torch.Tensor], used: set[int], ns: dict[str, Any]) -> str:
+    """The replay's expression of the call's result (module doc); adds the allocations it returns to ``used`` and the
+    dataclass types it builds to ``ns``."""
     if r is None:
         return "None"
     if type(r) is tuple or type(r) is list:
-        inner = ", ".join(_result(x, flat, allocs, used) for x in r)
+        inner = ", ".join(_result(x, flat, allocs, used, ns) for x in r)
         return f"({inner}{',' if len(r) == 1 else ''})" if type(r) is tuple else f"[{inner}]"
+    t = type(r)
+    if dataclasses.is_dataclass(r) and t.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        fields = dataclasses.fields(r)
+        if all(f.init for f in fields):  # (a field the constructor does not take could not be rebuilt)
+            name = f"_res{sum(k.startswith('_res') for k in ns)}"
+            ns[name] = t
+            inner = ", ".join(f"{f.name}={_result(getattr(r, f.name), flat, allocs, used, ns)}" for f in fields)
+            return f"{name}({inner})"
     if isinstance(r, torch.Tensor):
         for i, a in enumerate(flat):
             if r is a:
@@ -792,7 +802,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
             f"    _l{n}({g[0]}, {g[1]}, {g[2]}, s, _f{n}, _co{n}, _pdl{n}, None, None, _m{n}, None, None, None, "
             f"{', '.join(exprs)}{', ' if exprs else ''}*_tail{n})"
         )
-    out = _result(result, flat, rec.allocs, used_allocs)
+    out = _result(result, flat, rec.allocs, used_allocs, ns)
     n_flat = len(flat)
     params = ", ".join(f"a{i}" for i in range(n_flat))
     ns.update(
