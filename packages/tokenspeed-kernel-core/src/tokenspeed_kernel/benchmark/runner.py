@@ -341,7 +341,7 @@ def _time_eager(thunks: list[tuple[Entry, Any]], dev: torch.device, rep_ms: floa
         for i, (entry, fn) in enumerate(thunks):
             if i in failed:
                 continue
-            est = entry.timing.median_us if entry.timing is not None else 10.0
+            est = entry.timing.median_us  # (only timed entries are passed)
             calls = max(20, min(400, int(rep_ms * 1e3 / max(est, 5.0))))
             try:
                 rounds[i].append(per_call_us(fn, calls, dev))

@@ -341,8 +341,6 @@ def hinted_kwargs(hints: tuple[str, ...], fn: Callable[..., Any], kwargs: dict) 
 
 _T = torch.Tensor
 _P = torch.nn.Parameter
-#: types passed by value into a memo key (hashable, compared by value, never holding tensors).
-_VALUE_TYPES = VALUE_TYPES
 #: whether public calls are served by prepared calls with launch plans (decided at the first call).
 _public_plans: list[bool | None] = [None]
 #: a call metadata that cannot be prepared: the plain path serves it.
@@ -358,7 +356,7 @@ def _describe(a: Any) -> Any:
         if a.is_cpu:
             return _MISS
         return (a.shape, a.stride(), a.dtype, a.device)
-    if t in _VALUE_TYPES:
+    if t in VALUE_TYPES:
         return (t, a)
     if t is tuple and _all_ints(a):
         return (t, a)
@@ -381,7 +379,7 @@ def _memo_kind(a: Any) -> Any:
     t = type(a)
     if t is _T or t is _P:
         return "tensor"
-    if t in _VALUE_TYPES:
+    if t in VALUE_TYPES:
         return t
     if t is tuple and _all_ints(a):
         return "ints"
@@ -546,9 +544,9 @@ def _recipe(v: Any, flat: tuple, consts: list) -> int | None:
     identity), or of a plain value bind computed (a function of the key, appended to ``consts``); None when
     neither."""
     for i, a in enumerate(flat):
-        if v is a and type(a) not in _VALUE_TYPES:
+        if v is a and type(a) not in VALUE_TYPES:
             return i
-    if type(v) in _VALUE_TYPES or (type(v) is tuple and _all_ints(v)) or _plain_dataclass(v):
+    if type(v) in VALUE_TYPES or (type(v) is tuple and _all_ints(v)) or _plain_dataclass(v):
         consts.append(v)
         return len(flat) + len(consts) - 1
     return None
@@ -639,7 +637,7 @@ class PreparedCall:
         """The call while it has no launch plan: the first runs plainly (it compiles and fills the launch caches);
         the next ones record (``tokenspeed_kernel.launch``, "Launch plans") until one records or three could not."""
         n = self._tries = self._tries + 1
-        if n == 1 or torch.cuda.is_current_stream_capturing():
+        if n == 1 or _is_capturing():
             return self._plain(*flat)
         result, plan, why = _recording.record(self._plain, flat)
         if plan is not None:
