@@ -64,6 +64,15 @@ token's ``TOP_K`` pairs times ``KSPLIT``) resets it to zero, reads every partial
 L2) and sums them in the order of :func:`swiglu_splits` / :func:`combine_slots`, so the bits are those
 of the unfused path. The counters are zero before a launch and after it; a launch never waits on
 another program (the last arrival does the work), so no residency is assumed.
+
+**L2 prefetch** (``PREFETCH``, ``layer.DECODE_PREFETCH``): the ring keeps ``STAGES`` K blocks in flight a program, and at
+a few tokens that is too few bytes in flight to stream the weights at the memory's rate (a program spends most of its
+time waiting on its next block). With ``PREFETCH >= 1`` the first K split of each tile issues, as soon as it knows its
+expert, one ``cp.async.bulk.prefetch.L2`` per weight row (the row's codes, and its scales widened to 16 bytes): the whole
+tile's bytes are requested at once, from the copy engine, without registers; the ring's loads then find them in L2 or
+in flight. ``PREFETCH`` 2 / 3 (gate/up only): the program of N tile ``j`` also prefetches rows ``j * NEXT_ROWS ..`` of its
+expert's down weights (``nw``, ``ns``), at its start / after its work, so the down GEMM reads from L2. A prefetch moves
+no data a kernel reads: results are bit-identical in every mode.
 """
 
 from __future__ import annotations
