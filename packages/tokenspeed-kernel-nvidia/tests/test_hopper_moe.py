@@ -300,9 +300,10 @@ def test_l2_prefetch_modes_cross_compile_to_bulk_prefetches_without_spills(monke
     """``layer.DECODE_PREFETCH``: mode 0 issues no prefetch; from 1 each GEMM prefetches its tile's codes and scales (two
     bulk prefetches a program, codes and scales); 2 and 3 add the down GEMM's rows to the gate/up programs (two more).
     The instructions must survive to the SASS (``UBLKPF``: they have no result, so a pure asm would be dropped)."""
+    from triton.tools.disasm import get_sass
+
     from tokenspeed_kernel.testing import compile_launch
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
-    from triton.tools.disasm import get_sass
 
     monkeypatch.setattr(layer, "DECODE_PREFETCH", mode)
     calls = [c for c in _launches(monkeypatch, 1, e=32) if c[0] is decode.moe_decode_gemm]
