@@ -294,33 +294,6 @@ def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch
         assert spills <= MAX_SPILLS, spills
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", [0, 1, 2, 3])
-def test_l2_prefetch_modes_cross_compile_to_bulk_prefetches_without_spills(monkeypatch, mode):
-    """``layer.DECODE_PREFETCH``: mode 0 issues no prefetch; from 1 each GEMM prefetches its tile's codes and scales (two
-    bulk prefetches a program, codes and scales); 2 and 3 add the down GEMM's rows to the gate/up programs (two more).
-    The instructions must survive to the SASS (``UBLKPF``: they have no result, so a pure asm would be dropped)."""
-    from triton.tools.disasm import get_sass
-
-    from tokenspeed_kernel.testing import compile_launch
-    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
-
-    monkeypatch.setattr(layer, "DECODE_PREFETCH", mode)
-    calls = [c for c in _launches(monkeypatch, 1, e=32) if c[0] is decode.moe_decode_gemm]
-    assert [c[3]["GATE_UP"] for c in calls] == [True, False]
-    for _fn, _grid, args, kwargs in calls:
-        want = 0 if mode == 0 else 4 if kwargs["GATE_UP"] and mode >= 2 else 2
-        assert kwargs["PREFETCH"] == (min(mode, 1) if not kwargs["GATE_UP"] else mode)
-        if want == 4:  # the down GEMM's rows, 16 a gate/up tile (2880 rows over 180 tiles)
-            assert (kwargs["NEXT_N"], kwargs["NEXT_K"], kwargs["NEXT_ROWS"]) == (2880, 2880, 16), kwargs
-        ck = compile_launch(decode.moe_decode_gemm, args, dict(kwargs), "sm90")
-        ptx = ck.asm["ptx"]
-        assert ptx.count("cp.async.bulk.prefetch.L2.global") == want, kwargs["GATE_UP"]
-        sass = get_sass(ck.asm["cubin"])
-        assert sass.count("UBLKPF.L2") == want
-        assert len(re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass)) <= MAX_SPILLS
-
-
 # -- on the H200 ----------------------------------------------------------------------------
 
 

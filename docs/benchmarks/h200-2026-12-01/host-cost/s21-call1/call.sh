@@ -2,7 +2,7 @@
 # session 21, call 1 (issue 13): moe_apply's decode GEMMs with L2 prefetch of their weights (layer.DECODE_PREFETCH
 # modes 0-3): bits against mode 0, route + apply timed in turns, each GEMM alone with and without the L2 flush;
 # the GPT-OSS-20B decode step (graph and prepared eager) with modes 0 and 2 in alternated processes; then the Hopper
-# MoE GPU tests with mode 2.
+# MoE GPU tests with mode 2. Ran at fb62686; the probe is kept beside this script (moe_prefetch_probe.py).
 rm -rf /tmp/site
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site

@@ -64,15 +64,6 @@ token's ``TOP_K`` pairs times ``KSPLIT``) resets it to zero, reads every partial
 L2) and sums them in the order of :func:`swiglu_splits` / :func:`combine_slots`, so the bits are those
 of the unfused path. The counters are zero before a launch and after it; a launch never waits on
 another program (the last arrival does the work), so no residency is assumed.
-
-**L2 prefetch** (``PREFETCH``, ``layer.DECODE_PREFETCH``): the ring keeps ``STAGES`` K blocks in flight a program, and at
-a few tokens that is too few bytes in flight to stream the weights at the memory's rate (a program spends most of its
-time waiting on its next block). With ``PREFETCH >= 1`` the first K split of each tile issues, as soon as it knows its
-expert, one ``cp.async.bulk.prefetch.L2`` per weight row (the row's codes, and its scales widened to 16 bytes): the whole
-tile's bytes are requested at once, from the copy engine, without registers; the ring's loads then find them in L2 or
-in flight. ``PREFETCH`` 2 / 3 (gate/up only): the program of N tile ``j`` also prefetches rows ``j * NEXT_ROWS ..`` of its
-expert's down weights (``nw``, ``ns``), at its start / after its work, so the down GEMM reads from L2. A prefetch moves
-no data a kernel reads: results are bit-identical in every mode.
 """
 
 from __future__ import annotations
@@ -145,31 +136,6 @@ def _tl_grid_sync(PDL: tl.constexpr):
 @gluon.jit
 def _add(a, b):
     return a + b
-
-
-@gluon.jit
-def _prefetch_l2(addr, nbytes, ok):
-    """``cp.async.bulk.prefetch.L2`` of ``nbytes`` at int64 address ``addr`` (both 16-byte multiples) where ``ok``:
-    one instruction a range, served by the copy engine; it holds no register and nothing waits for it."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-        "=r,l,r,r", [addr, nbytes, ok.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@gluon.jit
-def _prefetch_rows(w_row0, s_base, s_end, rows, ok, ROW_BYTES: gl.constexpr, SROW: gl.constexpr,
-                   SBYTES: gl.constexpr):  # fmt: skip
-    """Prefetch into L2 weight ``rows`` (where ``ok``) of one expert: each row's ``ROW_BYTES`` code bytes from
-    ``w_row0`` (uint8 pointer of row 0) and its ``SBYTES`` scale bytes from ``s_base`` (row stride ``SROW``), the
-    scale range widened to 16 bytes but not past ``s_end`` (the int64 end of the expert's scales). A range whose
-    start is not 16-byte aligned is skipped (its bytes are loaded as usual)."""
-    w = (w_row0 + rows.to(gl.int64) * ROW_BYTES).to(gl.int64, bitcast=True)
-    _prefetch_l2(w, gl.full(rows.shape, ROW_BYTES, gl.int32, rows.type.layout), ok & ((w & 15) == 0))
-    s = (s_base + rows.to(gl.int64) * SROW).to(gl.int64, bitcast=True)
-    lo = s & -16
-    hi = gl.minimum((s + SBYTES + 15) & -16, s_end & -16)
-    _prefetch_l2(lo, (hi - lo).to(gl.int32), ok & (hi > lo))
 
 
 @gluon.jit
@@ -409,13 +375,11 @@ def _weight_rows(m, pid_n, N: gl.constexpr, BLOCK_M: gl.constexpr, GATE_UP: gl.c
 @gluon.jit
 def moe_decode_gemm(
     a_ptr, stride_a, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, tw_ptr, y_ptr, stride_y, stride_ys,
-    c_ptr, o_ptr, stride_o, num_pairs, alpha, limit, up_offset, nw_ptr, stride_nwe, ns_ptr, stride_nse,
+    c_ptr, o_ptr, stride_o, num_pairs, alpha, limit, up_offset,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, PAIRS_P2: gl.constexpr,
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr,
     TWO_STEP: gl.constexpr, PDL: gl.constexpr, PACKED: gl.constexpr = False, FUSED: gl.constexpr = False,
-    PREFETCH: gl.constexpr = 0, NEXT_N: gl.constexpr = 0, NEXT_K: gl.constexpr = 0, NEXT_SROW: gl.constexpr = 0,
-    NEXT_ROWS: gl.constexpr = 1,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -456,17 +420,6 @@ def moe_decode_gemm(
         rank = gl.convert_layout(rank, gl.SliceLayout(1, LP))
         w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
         s_base = s_ptr + e.to(gl.int64) * stride_se
-        LPF: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        if PREFETCH > 0:
-            if ks == 0:
-                # The tile's rows, every K split's bytes (module doc, "L2 prefetch").
-                mp = gl.arange(0, BLOCK_M, layout=LPF)
-                p_rows, p_ok = _weight_rows(mp, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
-                s_end = (s_base + N * SROW).to(gl.int64, bitcast=True)
-                _prefetch_rows(w_ptr + e.to(gl.int64) * stride_we, s_base, s_end, p_rows, p_ok, K // 2, SROW, K // 32)
-                if GATE_UP and PREFETCH == 2:
-                    _prefetch_next(nw_ptr, stride_nwe, ns_ptr, stride_nse, e, pid_n, NEXT_N, NEXT_K, NEXT_SROW,
-                                   NEXT_ROWS, LPF)  # fmt: skip
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, 8])
         LW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
@@ -547,22 +500,6 @@ def moe_decode_gemm(
                                                    cache_modifier=".cg")  # fmt: skip
                             o_ptrs = o_ptr + tok_c[None, :].to(gl.int64) * stride_o + n_rows[:, None]
                             gl.store(o_ptrs, tot.to(o_ptr.dtype.element_ty), mask=ok)
-        if GATE_UP and PREFETCH == 3:
-            if ks == 0:
-                _prefetch_next(nw_ptr, stride_nwe, ns_ptr, stride_nse, e, pid_n, NEXT_N, NEXT_K, NEXT_SROW, NEXT_ROWS,
-                               LPF)  # fmt: skip
-
-
-@gluon.jit
-def _prefetch_next(nw_ptr, stride_nwe, ns_ptr, stride_nse, e, pid_n, NEXT_N: gl.constexpr, NEXT_K: gl.constexpr,
-                   NEXT_SROW: gl.constexpr, NEXT_ROWS: gl.constexpr, LPF: gl.constexpr):  # fmt: skip
-    """The gate/up program of N tile ``pid_n`` prefetches rows ``pid_n * NEXT_ROWS ..`` of expert ``e``'s down weights
-    (``NEXT_N`` rows of ``NEXT_K`` values): the down GEMM then reads them from L2."""
-    m = gl.arange(0, NEXT_ROWS, layout=LPF)
-    rows = pid_n * NEXT_ROWS + m
-    ns_base = ns_ptr + e.to(gl.int64) * stride_nse
-    _prefetch_rows(nw_ptr + e.to(gl.int64) * stride_nwe, ns_base, (ns_base + NEXT_N * NEXT_SROW).to(gl.int64, bitcast=True),
-                   rows, rows < NEXT_N, NEXT_K // 2, NEXT_SROW, NEXT_K // 32)  # fmt: skip
 
 
 @gluon.jit

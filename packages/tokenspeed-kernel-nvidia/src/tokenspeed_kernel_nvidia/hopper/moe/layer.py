@@ -28,7 +28,6 @@ run as token slices); selection offers the layer up to 255 tokens
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -113,11 +112,6 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
     (4, (DecodeTile(32, 8, 1, 8, 1), DecodeTile(32, 8, 1, 4, 4))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
 )
-
-
-#: L2 prefetch of the decode GEMMs (:mod:`.decode`, "L2 prefetch"): 0 none; 1 each GEMM's tiles prefetch their rows;
-#: 2 / 3 also the gate/up programs prefetch the down GEMM's weights, at their start / end.
-DECODE_PREFETCH = int(os.environ.get("TOKENSPEED_KERNEL_MOE_PREFETCH", "0"))
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -283,7 +277,7 @@ def _grid(n: int, gate_up: bool, tile: DecodeTile, pairs: int) -> tuple[int, int
 
 
 def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activation, tile, two_step, packed,
-            counters=None, o=None, prefetch=0, nxt=None):  # fmt: skip
+            counters=None, o=None):  # fmt: skip
     """One GEMM. ``y``: ``inter [pairs, I]`` (gate/up, one split) or fp32 ``[ksplit, pairs, N]``; with
     ``counters`` (the fused epilogues, :mod:`.decode`) the last programs write ``o`` (``inter`` or the output)."""
     block_m, tokens, warps, stages, ksplit = tile[:5]
@@ -291,21 +285,11 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     k_dim = a.shape[1]
     limit = activation.limit
     fused = counters is not None
-    grid = _grid(n, gate_up, tile, pairs)
-    # prefetch 2 / 3 (gate/up only): ``nxt`` = the down GEMM's (codes, scales), prefetched by the N tiles in turn
-    if nxt is None or prefetch < 2:
-        prefetch = min(prefetch, 1)
-        nxt = (w, s)
-    nw, ns = nxt
-    nrows = cdiv(nw.shape[1], grid[1])
-    cached(moe_decode_gemm)[grid](
+    cached(moe_decode_gemm)[_grid(n, gate_up, tile, pairs)](
         a, a.stride(0), ids, w, w.stride(0), s, s.stride(0), bias if bias is not None else y,
         bias.stride(0) if bias is not None else 0, tw, y, y.stride(-2), y.stride(0) if y.dim() == 3 else 0,
         counters if fused else ids, o if fused else y, o.stride(0) if fused else 0, pairs,
         float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset),
-        nw, nw.stride(0), ns, ns.stride(0), PREFETCH=prefetch, NEXT_N=nw.shape[1] if prefetch >= 2 else 0,
-        NEXT_K=nw.shape[2] * 2 if prefetch >= 2 else 0, NEXT_SROW=ns.stride(1) if prefetch >= 2 else 0,
-        NEXT_ROWS=next_power_of_2(nrows) if prefetch >= 2 else 1,
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
@@ -403,7 +387,7 @@ def moe_apply(
         # outside any capture): it is part of the key, as the weights' addresses and shapes are (one int per
         # weights object and activation: _graph_token).
         key = (
-            _graph_token(weights), _graph_token(activation), fp8, decode.PDL_ENABLED, DECODE_PREFETCH,
+            _graph_token(weights), _graph_token(activation), fp8, decode.PDL_ENABLED,
             x.shape, x.stride(), x.dtype, x.device, topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
             topk_ids.shape, topk_ids.stride(),
         )  # fmt: skip
@@ -448,8 +432,6 @@ def moe_apply(
     w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
     common = dict(pairs=pairs, k=k, activation=activation, two_step=two_step, packed=is_packed)
-    pf = DECODE_PREFETCH
-    gu_pf = dict(prefetch=pf, nxt=(w2, s2))
     gu_split = gu_tile[4]
     fuse_gu, fuse_down = gu_split > 1 and gu_tile.fused, down_tile.fused
     if fuse_gu or fuse_down:
@@ -458,11 +440,11 @@ def moe_apply(
         counters = stream_counters(x.device, gu_counters + t * _grid(w2.shape[1], False, down_tile, pairs)[1])
     if gu_split == 1:
         _launch(x, ids, w13, s13, weights.w13_bias, tw, inter, gate_up=True, interleaved=weights.gate_up_interleaved,
-                tile=gu_tile, **gu_pf, **common)  # fmt: skip
+                tile=gu_tile, **common)  # fmt: skip
     else:
         ws = torch.empty((gu_split, pairs, 2 * i), dtype=torch.float32, device=x.device)
         _launch(x, ids, w13, s13, weights.w13_bias, tw, ws, gate_up=True, interleaved=weights.gate_up_interleaved,
-                tile=gu_tile, counters=counters if fuse_gu else None, o=inter, **gu_pf, **common)  # fmt: skip
+                tile=gu_tile, counters=counters if fuse_gu else None, o=inter, **common)  # fmt: skip
         if not fuse_gu:
             limit = activation.limit
             cached(swiglu_splits)[(pairs, cdiv(i, 1024))](
@@ -473,10 +455,9 @@ def moe_apply(
     y = torch.empty((down_tile[4], pairs, h), dtype=torch.float32, device=x.device)
     if fuse_down:
         _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile,
-                counters=counters[gu_counters:], o=result, prefetch=min(pf, 1), **common)  # fmt: skip
+                counters=counters[gu_counters:], o=result, **common)  # fmt: skip
     else:
-        _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile,
-                prefetch=min(pf, 1), **common)  # fmt: skip
+        _launch(inter, ids, w2, s2, weights.w2_bias, tw, y, gate_up=False, interleaved=True, tile=down_tile, **common)
         block = 1024
         cached(combine_slots)[(t, cdiv(h, block))](y, result, result.stride(0), y.stride(0), h, TOP_K=k,
                                                   KSPLIT=down_tile[4], BLOCK=block, **pdl_kwargs())  # fmt: skip

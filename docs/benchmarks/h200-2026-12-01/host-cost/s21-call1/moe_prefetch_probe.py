@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """The decode path of ``hopper.moe_apply`` with and without L2 prefetch of its weights (issue 13; an H100/H200 probe).
 
+Record of session 21's call 1: it ran as ``tools/moe_prefetch_probe.py`` at commit fb62686, whose
+``layer.DECODE_PREFETCH`` modes and ``PREFETCH`` kernel code were removed after the call measured every mode slower
+(``../README.md``, "Session 21"). It does not run on later commits.
+
     python tools/moe_prefetch_probe.py --out OUT [--tokens 1,2,3,4] [--modes 0,1,2,3] [--rounds 2] [--experts 32]
 
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up;
