@@ -144,8 +144,12 @@ def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
 def test_decode_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
-    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1, False)
+    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1, False, None)
     assert DecodeTile(64, 8, 2, 6, 4, 1).fused is True and not DecodeTile(64, 8, 2).fused
+    assert DecodeTile(32, 8, 1, 8, 1, maxnreg=128).maxnreg == 128 and DecodeTile(64, 8, 2).maxnreg is None
+    for cap in (31, 256, 128.0, "128"):
+        with pytest.raises(ValueError, match="maxnreg"):
+            DecodeTile(32, 8, 1, maxnreg=cap)
     with pytest.raises(TypeError, match="fused"):
         DecodeTile(64, 8, 2, 6, 4, "yes")
     with pytest.raises(ValueError, match="ksplit"):
@@ -292,6 +296,43 @@ def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch
         assert ("HMMA" in sass) == gemm, fn  # the disassembly is real: the GEMMs' tensor-core MMAs
         spills = len(re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass))
         assert spills <= MAX_SPILLS, spills
+
+
+def _registers(cubin: bytes) -> int:
+    """Registers a thread of the cubin's kernel (``cuobjdump --dump-resource-usage``, Triton's copy)."""
+    import subprocess
+    import tempfile
+
+    from triton.tools.disasm import path_to_cuobjdump
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([path_to_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+    return int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+@pytest.mark.slow
+def test_a_tiles_register_cap_reaches_ptxas(monkeypatch):
+    """``DecodeTile.maxnreg`` is the GEMM launch's ``maxnreg``: capped at 128, both one-token GEMMs compile to at
+    most 128 registers a thread (uncapped they take more than 200), and still use the MMA."""
+    from triton.tools.disasm import get_sass
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import decode
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
+
+    for cap in (None, 128):
+        tiles = DecodeTile(32, 8, 1, 8, 1, maxnreg=cap), DecodeTile(32, 8, 1, 4, 4, maxnreg=cap)
+        gemms = [c for c in _launches(monkeypatch, 1, tiles=tiles) if c[0] is decode.moe_decode_gemm]
+        assert len(gemms) == 2
+        for fn, _grid, args, kwargs in gemms:
+            assert kwargs.get("maxnreg") == cap
+            ck = compile_launch(fn, args, dict(kwargs), "sm90")
+            regs = _registers(ck.asm["cubin"])
+            assert (regs <= 128) if cap else (regs > 200), (cap, regs)
+            assert "HMMA" in get_sass(ck.asm["cubin"])
 
 
 # -- on the H200 ----------------------------------------------------------------------------

@@ -57,19 +57,28 @@ ONE_STEP_MAX_SCALE = 128
 
 
 class DecodeTile(tuple):
-    """``(block_m, tokens, warps, stages, ksplit, fused)``: weight rows per program, token columns per MMA
+    """``(block_m, tokens, warps, stages, ksplit, fused, maxnreg)``: weight rows per program, token columns per MMA
     tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
     sharing one tile's K range; their fp32 partial sums are added in split order afterwards), and whether
     the GEMM's last programs do the sums after it (``fused``, :mod:`.decode`: the split sums' SwiGLU of a
     gate/up GEMM with splits, the combine of a down GEMM) instead of a launch of their own. A gate/up tile
-    without splits writes its SwiGLU directly, so it has no sums to fuse either way."""
+    without splits writes its SwiGLU directly, so it has no sums to fuse either way.
+
+    ``maxnreg`` (None: ptxas's choice) caps the registers a thread of the GEMM may use (Triton's ``maxnreg``
+    launch option). Uncapped, a one-warp decode program uses about 250 registers, which lets 8 of them share an
+    SM; a cap lets more share it (16 at 128) to hide more latency, at the price of the spills ptxas adds."""
 
     __slots__ = ()
 
-    def __new__(cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1, fused: bool = False):
+    def __new__(
+        cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1, fused: bool = False,
+        maxnreg: int | None = None,
+    ):  # fmt: skip
         if fused not in (False, True):  # 0 and 1 too (the benches' tile lists)
             raise TypeError(f"fused: expected a bool, got {fused!r}")
         fused = bool(fused)
+        if maxnreg is not None and (type(maxnreg) is not int or not 32 <= maxnreg <= 255):
+            raise ValueError(f"maxnreg: expected None or an int from 32 to 255 (registers a thread), got {maxnreg!r}")
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
         if ksplit < 1:
@@ -80,11 +89,15 @@ class DecodeTile(tuple):
             raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
         if block_m % (16 * warps):
             raise ValueError(f"block_m: expected a multiple of 16 * warps = {16 * warps}, got {block_m}")
-        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit, fused))
+        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit, fused, maxnreg))
 
     @property
     def fused(self) -> bool:
         return self[5]
+
+    @property
+    def maxnreg(self) -> int | None:
+        return self[6]
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
@@ -293,8 +306,13 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
-        PACKED=packed, FUSED=fused, num_warps=warps, **pdl_kwargs(),
+        PACKED=packed, FUSED=fused, num_warps=warps, **pdl_kwargs(), **_reg_cap(tile),
     )  # fmt: skip
+
+
+def _reg_cap(tile: DecodeTile) -> dict[str, int]:
+    """The ``maxnreg`` launch option of a tile that caps its registers (none otherwise: the launch key is unchanged)."""
+    return {} if tile.maxnreg is None else {"maxnreg": tile.maxnreg}
 
 
 #: eager calls of at most this many tokens replay a captured graph (host cost; a few MB a graph at 64 tokens).
