@@ -237,20 +237,22 @@ def _word_offsets(w_rows, blk, K: gl.constexpr, W: gl.constexpr, LW: gl.constexp
 
 
 @gluon.jit
-def _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, blk, live, SROW: gl.constexpr, W: gl.constexpr,
-             LW: gl.constexpr, LX: gl.constexpr):  # fmt: skip
-    """K block ``blk``'s scale bytes ``[BLOCK_M, 4]`` (lane q's MX block) and activations
-    ``[TOKENS, 4, 8 W]``; masked off unless ``live``."""
+def _load_s(s_base, w_rows, w_ok, blk, live, SROW: gl.constexpr, W: gl.constexpr, LW: gl.constexpr):
+    """K block ``blk``'s scale bytes ``[BLOCK_M, 4]`` (lane q's MX block); masked off unless ``live``."""
     SL: gl.constexpr = gl.SliceLayout(2, LW)
     qs = gl.arange(0, 4, layout=gl.SliceLayout(0, SL))
     # K block blk holds MX blocks 4 blk .. 4 blk + 3 (the tail: 2 blocks, 2 lanes each).
     s_off = w_rows[:, None] * SROW + (blk * 4 + qs * W // 4)[None, :]
-    sc = gl.load(s_base + s_off, mask=w_ok[:, None] & live, other=127)
+    return gl.load(s_base + s_off, mask=w_ok[:, None] & live, other=127)
+
+
+@gluon.jit
+def _load_x(a_ptr, a_rows, a_ok, stride_a, blk, live, W: gl.constexpr, LX: gl.constexpr):
+    """K block ``blk``'s activations ``[TOKENS, 4, 8 W]``; masked off unless ``live``."""
     qx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, LX)))
     jx = gl.arange(0, 8 * W, layout=gl.SliceLayout(0, gl.SliceLayout(1, LX)))
     x_off = a_rows[:, None, None] * stride_a + (blk * 128 + qx * (8 * W))[None, :, None] + jx[None, None, :]
-    xv = gl.load(a_ptr + x_off, mask=a_ok[:, None, None] & live, other=0.0)
-    return sc, xv
+    return gl.load(a_ptr + x_off, mask=a_ok[:, None, None] & live, other=0.0)
 
 
 @gluon.jit
@@ -290,7 +292,7 @@ def _ring_step(ring, acc, sc, xv, i, b0, nloc, w_base, w_rows, w_ok, K: gl.const
 def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks,
                  K: gl.constexpr, SROW: gl.constexpr, BLOCK_M: gl.constexpr, TOKENS: gl.constexpr,
                  WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr, TWO_STEP: gl.constexpr,
-                 WAIT: gl.constexpr, PACKED: gl.constexpr):  # fmt: skip
+                 WAIT: gl.constexpr, PACKED: gl.constexpr, SCALES_AHEAD: gl.constexpr = 3):  # fmt: skip
     """``W[w_rows, K slice ks] @ A[a_rows, K slice ks].T`` as fp32 ``[BLOCK_M, TOKENS]`` (MMA layout,
     rows in the MMA's order: see :func:`_decode_a`). Split ``ks`` of ``KSPLIT`` takes full K blocks
     ``ks * NBS ..`` (``NBS = cdiv(K // 128, KSPLIT)``); the last split also takes the 64-value tail.
@@ -308,7 +310,8 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
     b0 = ks * NBS
     nloc = gl.minimum(NB - b0, NBS)
     # The codes stream through a STAGES-deep cp.async ring in shared memory (no registers held
-    # while in flight); scales and activations (small, L2-resident) through three register stages.
+    # while in flight); activations (small, L2-resident) through three register stages, scales through
+    # SCALES_AHEAD (3 or 6; a stage is one register a lane and row).
     ring = gl.allocate_shared_memory(gl.uint32, [STAGES, BLOCK_M, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     for j in gl.static_range(STAGES - 1):
         _issue_words(ring, w_base, w_rows, w_ok, b0 + j, j, j < nloc, K, LW)
@@ -319,6 +322,17 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
         wt_rows = gl.convert_layout(w_rows, gl.SliceLayout(1, gl.SliceLayout(2, LWT)))
         wt_ok = gl.convert_layout(w_ok, gl.SliceLayout(1, gl.SliceLayout(2, LWT))) & tail
         wt = gl.load(w_base + _word_offsets(wt_rows, NB, K, 2, LWT), mask=wt_ok[:, None, None], other=0)
+    # Scale bytes are weights too (never written by an earlier kernel): the first SCALES_AHEAD blocks' are
+    # requested with the codes, before the grid wait.
+    if K % 128 != 0:
+        st = _load_s(s_base, wt_rows, wt_ok, NB, tail, SROW, 2, LWT)
+    sa = _load_s(s_base, w_rows, w_ok, b0, 0 < nloc, SROW, 4, LW)
+    sb = _load_s(s_base, w_rows, w_ok, b0 + 1, 1 < nloc, SROW, 4, LW)
+    sc = _load_s(s_base, w_rows, w_ok, b0 + 2, 2 < nloc, SROW, 4, LW)
+    if SCALES_AHEAD == 6:
+        sd = _load_s(s_base, w_rows, w_ok, b0 + 3, 3 < nloc, SROW, 4, LW)
+        se = _load_s(s_base, w_rows, w_ok, b0 + 4, 4 < nloc, SROW, 4, LW)
+        sf = _load_s(s_base, w_rows, w_ok, b0 + 5, 5 < nloc, SROW, 4, LW)
     if WAIT:
         # The weights are in flight; the activations are the previous kernel's output (module doc).
         _grid_wait(True)
@@ -326,27 +340,39 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
     if K % 128 != 0:
         at_rows = gl.convert_layout(a_rows, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
         at_ok = gl.convert_layout(a_ok, gl.SliceLayout(1, gl.SliceLayout(2, LXT)))
-        st, xt = _load_sx(s_base, a_ptr, wt_rows, wt_ok, at_rows, at_ok, stride_a, NB, tail, SROW, 2, LWT, LXT)
+        xt = _load_x(a_ptr, at_rows, at_ok, stride_a, NB, tail, 2, LXT)
     acc = gl.zeros([BLOCK_M, TOKENS], gl.float32, MMA)
-    sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0, 0 < nloc, SROW, 4, LW, LX)
-    sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + 1, 1 < nloc, SROW, 4, LW, LX)
-    sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + 2, 2 < nloc, SROW, 4, LW, LX)
-    # Unrolled by three so that no register stage is copied.
+    xa = _load_x(a_ptr, a_rows, a_ok, stride_a, b0, 0 < nloc, 4, LX)
+    xb = _load_x(a_ptr, a_rows, a_ok, stride_a, b0 + 1, 1 < nloc, 4, LX)
+    xc = _load_x(a_ptr, a_rows, a_ok, stride_a, b0 + 2, 2 < nloc, 4, LX)
+    # Unrolled by three so that no activation stage is copied (a scale stage six ahead is: one register).
     for i in range(0, nloc, 3):
         acc = _ring_step(ring, acc, sa, xa, i, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS, WARPS, LW,
                          AL, BL, TWO_STEP, PACKED)  # fmt: skip
-        sa, xa = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 3, i + 3 < nloc, SROW, 4, LW,
-                          LX)  # fmt: skip
+        xa = _load_x(a_ptr, a_rows, a_ok, stride_a, b0 + i + 3, i + 3 < nloc, 4, LX)
+        if SCALES_AHEAD == 6:
+            sa = sd
+            sd = _load_s(s_base, w_rows, w_ok, b0 + i + 6, i + 6 < nloc, SROW, 4, LW)
+        else:
+            sa = _load_s(s_base, w_rows, w_ok, b0 + i + 3, i + 3 < nloc, SROW, 4, LW)
         if i + 1 < nloc:
             acc = _ring_step(ring, acc, sb, xb, i + 1, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS,
                              WARPS, LW, AL, BL, TWO_STEP, PACKED)  # fmt: skip
-        sb, xb = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 4, i + 4 < nloc, SROW, 4, LW,
-                          LX)  # fmt: skip
+        xb = _load_x(a_ptr, a_rows, a_ok, stride_a, b0 + i + 4, i + 4 < nloc, 4, LX)
+        if SCALES_AHEAD == 6:
+            sb = se
+            se = _load_s(s_base, w_rows, w_ok, b0 + i + 7, i + 7 < nloc, SROW, 4, LW)
+        else:
+            sb = _load_s(s_base, w_rows, w_ok, b0 + i + 4, i + 4 < nloc, SROW, 4, LW)
         if i + 2 < nloc:
             acc = _ring_step(ring, acc, sc, xc, i + 2, b0, nloc, w_base, w_rows, w_ok, K, STAGES, BLOCK_M, TOKENS,
                              WARPS, LW, AL, BL, TWO_STEP, PACKED)  # fmt: skip
-        sc, xc = _load_sx(s_base, a_ptr, w_rows, w_ok, a_rows, a_ok, stride_a, b0 + i + 5, i + 5 < nloc, SROW, 4, LW,
-                          LX)  # fmt: skip
+        xc = _load_x(a_ptr, a_rows, a_ok, stride_a, b0 + i + 5, i + 5 < nloc, 4, LX)
+        if SCALES_AHEAD == 6:
+            sc = sf
+            sf = _load_s(s_base, w_rows, w_ok, b0 + i + 8, i + 8 < nloc, SROW, 4, LW)
+        else:
+            sc = _load_s(s_base, w_rows, w_ok, b0 + i + 5, i + 5 < nloc, SROW, 4, LW)
     async_copy.wait_group(0)
     if K % 128 != 0:
         # Masked off (all zeros) outside the last split: adds nothing there.
@@ -380,6 +406,7 @@ def moe_decode_gemm(
     GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr,
     BLOCK_M: gl.constexpr, TOKENS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, KSPLIT: gl.constexpr,
     TWO_STEP: gl.constexpr, PDL: gl.constexpr, PACKED: gl.constexpr = False, FUSED: gl.constexpr = False,
+    SCALES_AHEAD: gl.constexpr = 3,
 ):  # fmt: skip
     """One GEMM of the decode path; see the module docstring.
 
@@ -429,6 +456,13 @@ def moe_decode_gemm(
         m_of_t = ((t // (16 * WARPS) * WARPS + (t // 8) % WARPS) * 2 + (t // (8 * WARPS)) % 2) * 8 + t % 8
         w_rows, w_ok = _weight_rows(m_of_t, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
         slots = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, LP))
+        COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+        m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
+        n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
+        if HAS_BIAS:
+            # Added once: by the first K split. Loaded before the K loop (as the routing weights below), so that
+            # no load waits at the program's end: the bias is never written by a kernel before this one.
+            bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok & (ks == 0), other=0.0)
         for chunk in range(0, count, TOKENS):
             # The pairs of expert e ranked chunk .. chunk + TOKENS (pair order).
             pick = same[:, None] & (rank[:, None] == (chunk + slots)[None, :])
@@ -438,18 +472,17 @@ def moe_decode_gemm(
                 a_rows = members // TOP_K
             else:
                 a_rows = members
+            out_pairs = gl.convert_layout(members, COLS)
+            out_ok = gl.convert_layout(live, COLS)
+            if not GATE_UP:
+                # The routing weights: written by the route, two launches or more before this one, so complete
+                # when this program starts (module doc, "Programmatic dependent launch").
+                tw = gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)
             ROWS_X: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LX))
             acc = _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, gl.convert_layout(a_rows, ROWS_X),
                                gl.convert_layout(live, ROWS_X), ks, K, SROW, BLOCK_M, TOKENS, WARPS, STAGES, KSPLIT, TWO_STEP,
-                               PDL and not GATE_UP, PACKED)  # fmt: skip
-            COLS: gl.constexpr = gl.SliceLayout(0, MMA)
-            out_pairs = gl.convert_layout(members, COLS)
-            out_ok = gl.convert_layout(live, COLS)
-            m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
-            n_rows, n_ok = _weight_rows(m, pid_n, N, BLOCK_M, GATE_UP, INTERLEAVED)
+                               PDL and not GATE_UP, PACKED, SCALES_AHEAD)  # fmt: skip
             if HAS_BIAS:
-                # Added once: by the first K split.
-                bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + n_rows, mask=n_ok & (ks == 0), other=0.0)
                 acc = acc + bias.to(gl.float32)[:, None]
             if GATE_UP and KSPLIT == 1:
                 _store_swiglu(acc, y_ptr, stride_y, out_pairs, out_ok, pid_n, N, BLOCK_M, TOKENS, alpha, limit,
@@ -458,7 +491,7 @@ def moe_decode_gemm(
                 # fp32 rows of y [KSPLIT, pairs, N]: the down GEMM's (times the routing weight), or
                 # the gate/up GEMM's partial sums (for :func:`swiglu_splits`, or this grid's last split).
                 if not GATE_UP:
-                    acc = acc * gl.load(tw_ptr + out_pairs, mask=out_ok, other=0.0)[None, :]
+                    acc = acc * tw[None, :]
                 y_cols = y_ptr + out_pairs[None, :].to(gl.int64) * stride_y + n_rows[:, None]
                 gl.store(y_cols + ks.to(gl.int64) * stride_ys, acc, mask=n_ok[:, None] & out_ok[None, :])
                 if FUSED:

@@ -127,6 +127,10 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 )
 
 
+#: K blocks of scale bytes the decode GEMMs request ahead of their use (3 or 6; :func:`.decode._expert_tile`).
+SCALES_AHEAD = 3
+
+
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
 #: that variant free of register spills (sm90 cross-compile, Triton 3.6).
 TWO_STEP_TILES = (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))
@@ -306,7 +310,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
-        PACKED=packed, FUSED=fused, num_warps=warps, **pdl_kwargs(), **_reg_cap(tile),
+        PACKED=packed, FUSED=fused, SCALES_AHEAD=SCALES_AHEAD, num_warps=warps, **pdl_kwargs(), **_reg_cap(tile),
     )  # fmt: skip
 
 

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""``hopper.moe_apply``'s decode path across versions and scale-request depths (an H100/H200 probe; issue 13).
+
+    python tools/moe_ahead_probe.py --out OUT --tag after [--tokens 1,2,4] [--rounds 2] [--experts 32]
+
+Runs on any version of the package (the old wheels of ``tools/gpu_session.sh host-before`` too), so that two
+processes compare versions; in a version with ``layer.SCALES_AHEAD`` it also compares depths 3 and 6 (how many K
+blocks of scale bytes a decode GEMM requests ahead of their use) in the same process. GPT-OSS layer shapes (H = I =
+2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 = 20B), fixed seeds:
+
+- **Bits**: each depth's ``moe_apply`` output is saved as ``OUT/bits-{tag}-d{depth}-t{tokens}.pt``; the call script
+  compares the files of every process and depth (the same inputs in each).
+- **The layer**: ``moe_route`` + ``moe_apply``, one CUDA graph, L2 flushed before each replay, the depths taking
+  turns for ``--rounds`` rounds.
+- **Each GEMM alone** (the table's tiles, programmatic launch off), L2 flushed and not.
+
+Writes ``OUT/moe_ahead_probe-{tag}.json``.
+"""
+
+# ruff: noqa: B023 - every closure below is timed within the loop iteration that defines it
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hopper_moe_h200 as base
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--tag", required=True)
+    p.add_argument("--tokens", default="1,2,4")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--experts", type=int, default=32)
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+
+    tk.load_plugins()
+    act = tk.MoEActivation(alpha=1.702, limit=7.0, up_offset=1.0)
+    gen = torch.Generator().manual_seed(1234)
+    e = args.experts
+    w = base._weights(e, base.H, base.I, gen)
+    depths = [3, 6] if hasattr(layer, "SCALES_AHEAD") else [None]
+    res = {"device": torch.cuda.get_device_name(), "tag": args.tag, "depths": depths, "layer": [], "gemm": []}
+    default = getattr(layer, "SCALES_AHEAD", None)
+
+    def run(depth, fn):
+        if depth is not None:
+            layer.SCALES_AHEAD = depth
+        try:
+            return fn()
+        finally:
+            if depth is not None:
+                layer.SCALES_AHEAD = default
+
+    for t in [int(v) for v in args.tokens.split(",")]:
+        g = torch.Generator().manual_seed(100 + t)
+        x = torch.randn(t, base.H, generator=g).to(torch.bfloat16).cuda()
+        logits = torch.randn(t, e, generator=g).cuda()
+        tw, ids = tk.moe_route(logits, 4)
+        for d in depths:
+            o = run(d, lambda: layer.moe_apply(x, tw, ids, w, act, graphs=False))
+            torch.save(o.cpu(), os.path.join(args.out, f"bits-{args.tag}-d{d or 3}-t{t}.pt"))
+        out = torch.empty_like(x)
+
+        def layer_fn():
+            tw2, ids2 = tk.moe_route(logits, 4)
+            return layer.moe_apply(x, tw2, ids2, w, act, out=out, graphs=False)
+
+        for r in range(args.rounds):
+            for d in depths if r % 2 == 0 else depths[::-1]:
+                us = run(d, lambda: time_fn(layer_fn, device="cuda", graph=True, warmup_ms=5, rep_ms=40).median_us)
+                res["layer"].append({"tokens": t, "depth": d, "round": r, "us": us})
+                print("layer", args.tag, t, d, r, round(us, 2), flush=True)
+        # each GEMM alone
+        pairs = 4 * t
+        flat_ids, flat_w = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
+        inter = torch.randn(pairs, base.I, generator=g).to(torch.bfloat16).cuda()
+        gu, dn = layer._tiles(t)
+        common = dict(pairs=pairs, k=4, activation=act, two_step=False, packed=False)
+        ws = (torch.empty(pairs, base.I, dtype=torch.bfloat16, device="cuda") if gu[4] == 1 else
+              torch.empty(gu[4], pairs, 2 * base.I, dtype=torch.float32, device="cuda"))  # fmt: skip
+        y = torch.empty(dn[4], pairs, base.H, dtype=torch.float32, device="cuda")
+        pdl = decode.PDL_ENABLED
+        decode.PDL_ENABLED = False  # alone in a graph: nothing to overlap
+        try:
+            for d in depths:
+                for name, fn in (
+                    ("gate_up", lambda: layer._launch(x, flat_ids, w.w13, w.w13_scale, w.w13_bias, flat_w, ws,
+                                                      gate_up=True, interleaved=True, tile=gu, **common)),
+                    ("down", lambda: layer._launch(inter, flat_ids, w.w2, w.w2_scale, w.w2_bias, flat_w, y,
+                                                   gate_up=False, interleaved=True, tile=dn, **common)),
+                ):  # fmt: skip
+                    row = {"tokens": t, "gemm": name, "depth": d}
+                    for flush in (True, False):
+                        row["flushed_us" if flush else "hot_us"] = run(d, lambda: time_fn(
+                            fn, device="cuda", graph=True, warmup_ms=5, rep_ms=30, flush_l2=flush).median_us)  # fmt: skip
+                    res["gemm"].append(row)
+                    print(
+                        "gemm", args.tag, t, name, d, round(row["flushed_us"], 2), round(row["hot_us"], 2), flush=True
+                    )
+        finally:
+            decode.PDL_ENABLED = pdl
+    with open(os.path.join(args.out, f"moe_ahead_probe-{args.tag}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
