@@ -2,6 +2,7 @@
 """``hopper.moe_apply``'s decode path across versions and scale-request depths (an H100/H200 probe; issue 13).
 
     python tools/moe_ahead_probe.py --out OUT --tag after [--tokens 1,2,4] [--rounds 2] [--experts 32]
+        [--gate-up-alt 32,8,1,4,1]
 
 Runs on any version of the package (the old wheels of ``tools/gpu_session.sh host-before`` too), so that two
 processes compare versions; in a version with ``layer.SCALES_AHEAD`` it also compares depths 3 and 6 (how many K
@@ -14,6 +15,9 @@ blocks of scale bytes a decode GEMM requests ahead of their use) in the same pro
   turns for ``--rounds`` rounds.
 - **Each GEMM alone** (the table's tiles, programmatic launch off), L2 flushed and not.
 
+``--gate-up-alt``: a second gate/up tile (``block_m,tokens,warps,stages,ksplit``), timed alone and in the layer with
+the table's down tile (configuration ``alt``).
+
 Writes ``OUT/moe_ahead_probe-{tag}.json``.
 """
 
@@ -22,6 +26,7 @@ Writes ``OUT/moe_ahead_probe-{tag}.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -39,12 +44,14 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,2,4")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--experts", type=int, default=32)
+    p.add_argument("--gate-up-alt", default="")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import tokenspeed_kernel as tk
     from tokenspeed_kernel.benchmark.timer import time_fn
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
 
+    alt = layer.DecodeTile(*map(int, args.gate_up_alt.split(","))) if args.gate_up_alt else None
     tk.load_plugins()
     act = tk.MoEActivation(alpha=1.702, limit=7.0, up_offset=1.0)
     gen = torch.Generator().manual_seed(1234)
@@ -72,36 +79,45 @@ def main(argv=None) -> int:
             o = run(d, lambda: layer.moe_apply(x, tw, ids, w, act, graphs=False))
             torch.save(o.cpu(), os.path.join(args.out, f"bits-{args.tag}-d{d or 3}-t{t}.pt"))
         out = torch.empty_like(x)
+        table = layer._tiles(t)
+        configs = [(d, name) for d in depths for name in (["table", "alt"] if alt else ["table"])]
+        tiles_of = {"table": table, "alt": (alt, table[1])}
 
         def layer_fn():
             tw2, ids2 = tk.moe_route(logits, 4)
-            return layer.moe_apply(x, tw2, ids2, w, act, out=out, graphs=False)
+            return layer.moe_apply(x, tw2, ids2, w, act, out=out, graphs=False, tiles=tiles_of[name])
 
         for r in range(args.rounds):
-            for d in depths if r % 2 == 0 else depths[::-1]:
+            for d, name in configs if r % 2 == 0 else configs[::-1]:
                 us = run(d, lambda: time_fn(layer_fn, device="cuda", graph=True, warmup_ms=5, rep_ms=40).median_us)
-                res["layer"].append({"tokens": t, "depth": d, "round": r, "us": us})
-                print("layer", args.tag, t, d, r, round(us, 2), flush=True)
+                res["layer"].append({"tokens": t, "depth": d, "config": name, "round": r, "us": us})
+                print("layer", args.tag, t, d, name, r, round(us, 2), flush=True)
         # each GEMM alone
         pairs = 4 * t
         flat_ids, flat_w = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
         inter = torch.randn(pairs, base.I, generator=g).to(torch.bfloat16).cuda()
-        gu, dn = layer._tiles(t)
+        gu, dn = table
         common = dict(pairs=pairs, k=4, activation=act, two_step=False, packed=False)
-        ws = (torch.empty(pairs, base.I, dtype=torch.bfloat16, device="cuda") if gu[4] == 1 else
-              torch.empty(gu[4], pairs, 2 * base.I, dtype=torch.float32, device="cuda"))  # fmt: skip
+
+        def gate_up_out(tile):
+            return (torch.empty(pairs, base.I, dtype=torch.bfloat16, device="cuda") if tile[4] == 1 else
+                    torch.empty(tile[4], pairs, 2 * base.I, dtype=torch.float32, device="cuda"))  # fmt: skip
+
         y = torch.empty(dn[4], pairs, base.H, dtype=torch.float32, device="cuda")
         pdl = decode.PDL_ENABLED
         decode.PDL_ENABLED = False  # alone in a graph: nothing to overlap
         try:
             for d in depths:
-                for name, fn in (
-                    ("gate_up", lambda: layer._launch(x, flat_ids, w.w13, w.w13_scale, w.w13_bias, flat_w, ws,
-                                                      gate_up=True, interleaved=True, tile=gu, **common)),
-                    ("down", lambda: layer._launch(inter, flat_ids, w.w2, w.w2_scale, w.w2_bias, flat_w, y,
-                                                   gate_up=False, interleaved=True, tile=dn, **common)),
-                ):  # fmt: skip
-                    row = {"tokens": t, "gemm": name, "depth": d}
+                for name, tile in (("gate_up", gu), ("down", dn), ("gate_up_alt", alt)):
+                    if tile is None:
+                        continue
+                    if name == "down":
+                        fn = functools.partial(layer._launch, inter, flat_ids, w.w2, w.w2_scale, w.w2_bias, flat_w, y,
+                                               gate_up=False, interleaved=True, tile=tile, **common)  # fmt: skip
+                    else:
+                        fn = functools.partial(layer._launch, x, flat_ids, w.w13, w.w13_scale, w.w13_bias, flat_w,
+                                               gate_up_out(tile), gate_up=True, interleaved=True, tile=tile, **common)  # fmt: skip
+                    row = {"tokens": t, "gemm": name, "tile": list(tile)[:5], "depth": d}
                     for flush in (True, False):
                         row["flushed_us" if flush else "hot_us"] = run(d, lambda: time_fn(
                             fn, device="cuda", graph=True, warmup_ms=5, rep_ms=30, flush_l2=flush).median_us)  # fmt: skip

@@ -2,16 +2,17 @@
 # session 22, call 3 (issue 13): hopper.moe_apply's decode GEMMs with the bias, routing weights and first scale bytes
 # requested before the K loop (and before the grid wait), against the wheels of 7c09426 (the same decode path
 # otherwise) in alternated processes; in the new code, scale bytes requested 3 or 6 K blocks ahead
-# (tools/moe_ahead_probe.py); bits compared across every process and depth; then the Hopper MoE GPU tests.
+# (tools/moe_ahead_probe.py; also a 4-deep gate/up ring, which fits 6 scale stages without spills); bits compared
+# across every process and depth; then the Hopper MoE GPU tests.
 rm -rf /tmp/site /tmp/site-before
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-before .whl/*.whl .anchors/before/*.whl
 export PYTHONUNBUFFERED=1
 R=$PWD; W=$OUT/r; mkdir -p $W
 nvidia-smi --query-gpu=name --format=csv,noheader
-for run in before1 after1 before2 after2; do
+for run in before1 after1 before2; do
   site=/tmp/site; [ "${run:0:6}" = before ] && site=/tmp/site-before
-  PYTHONPATH=$site timeout 100 python3 tools/moe_ahead_probe.py --out $W --tag $run --tokens 1,2,4 --rounds 2 > $W/$run.txt 2>&1
+  PYTHONPATH=$site timeout 150 python3 tools/moe_ahead_probe.py --out $W --tag $run --tokens 1,2,4 --rounds 2 --gate-up-alt 32,8,1,4,1 > $W/$run.txt 2>&1
   echo "$run rc $?"; grep -E "^(layer|gemm)" $W/$run.txt | cut -d' ' -f3- | awk '{printf "%s | ", $0} END {print ""}'
   tail -1 $W/$run.txt | cut -c1-200
 done
