@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-b
 export PYTHONUNBUFFERED=1
 R=$PWD; W=$OUT/r; mkdir -p $W
 nvidia-smi --query-gpu=name --format=csv,noheader
-for run in before1 after1 before2; do
+for run in before1 after1; do
   site=/tmp/site; [ "${run:0:6}" = before ] && site=/tmp/site-before
   PYTHONPATH=$site timeout 150 python3 tools/moe_ahead_probe.py --out $W --tag $run --tokens 1,2,4 --rounds 2 --gate-up-alt 32,8,1,4,1 > $W/$run.txt 2>&1
   echo "$run rc $?"; grep -E "^(layer|gemm)" $W/$run.txt | cut -d' ' -f3- | awk '{printf "%s | ", $0} END {print ""}'
