@@ -13,7 +13,10 @@ blocks of scale bytes a decode GEMM requests ahead of their use) in the same pro
   compares the files of every process and depth (the same inputs in each).
 - **The layer**: ``moe_route`` + ``moe_apply``, one CUDA graph, L2 flushed before each replay, the depths taking
   turns for ``--rounds`` rounds.
-- **Each GEMM alone** (the table's tiles, programmatic launch off), L2 flushed and not.
+- **Each GEMM alone** (the table's tiles, programmatic launch off), L2 flushed and not, and flushed clean: the timer
+  flushes L2 by zeroing a buffer twice its size, which leaves L2 full of dirty lines that a kernel's reads must first
+  write back; ``clean_us`` flushes by reading that buffer instead (as a decode step's previous layer leaves L2: full
+  of clean weight lines).
 
 ``--gate-up-alt``: a second gate/up tile (``block_m,tokens,warps,stages,ksplit``), timed alone and in the layer with
 the table's down tile (configuration ``alt``).
@@ -70,6 +73,32 @@ def main(argv=None) -> int:
             if depth is not None:
                 layer.SCALES_AHEAD = default
 
+    from tokenspeed_kernel.benchmark.timer import _flush_buffer
+
+    flush_buf = _flush_buffer(torch.device("cuda")).view(torch.int64)
+
+    def clean_us(fn, reps=60):
+        """Median us of a CUDA graph of ``fn``, L2 flushed by a read of the flush buffer before each replay."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        sink = torch.empty((), dtype=torch.int64, device="cuda")
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for a, b in pairs:
+            torch.sum(flush_buf, out=sink)
+            a.record()
+            graph.replay()
+            b.record()
+        torch.cuda.synchronize()
+        times = sorted(a.elapsed_time(b) * 1e3 for a, b in pairs)
+        return times[len(times) // 2]
+
     for t in [int(v) for v in args.tokens.split(",")]:
         g = torch.Generator().manual_seed(100 + t)
         x = torch.randn(t, base.H, generator=g).to(torch.bfloat16).cuda()
@@ -121,10 +150,12 @@ def main(argv=None) -> int:
                     for flush in (True, False):
                         row["flushed_us" if flush else "hot_us"] = run(d, lambda: time_fn(
                             fn, device="cuda", graph=True, warmup_ms=5, rep_ms=30, flush_l2=flush).median_us)  # fmt: skip
+                    row["clean_us"] = run(d, lambda: clean_us(fn))
                     res["gemm"].append(row)
                     print(
-                        "gemm", args.tag, t, name, d, round(row["flushed_us"], 2), round(row["hot_us"], 2), flush=True
-                    )
+                        "gemm", args.tag, t, name, d, round(row["flushed_us"], 2), round(row["hot_us"], 2),
+                        round(row["clean_us"], 2), flush=True,
+                    )  # fmt: skip
         finally:
             decode.PDL_ENABLED = pdl
     with open(os.path.join(args.out, f"moe_ahead_probe-{args.tag}.json"), "w") as f:
