@@ -12,7 +12,7 @@ R=$PWD; W=$OUT/r; mkdir -p $W
 nvidia-smi --query-gpu=name --format=csv,noheader
 for run in before1 after1; do
   site=/tmp/site; [ "${run:0:6}" = before ] && site=/tmp/site-before
-  PYTHONPATH=$site timeout 150 python3 tools/moe_ahead_probe.py --out $W --tag $run --tokens 1,2,4 --rounds 2 --gate-up-alt 32,8,1,4,1 > $W/$run.txt 2>&1
+  PYTHONPATH=$site timeout 150 python3 tools/moe_ahead_probe.py --out $W --tag $run --tokens 1,4,2 --rounds 1 --gate-up-alt 32,8,1,4,1 > $W/$run.txt 2>&1
   echo "$run rc $?"; grep -E "^(layer|gemm)" $W/$run.txt | cut -d' ' -f3- | awk '{printf "%s | ", $0} END {print ""}'
   tail -1 $W/$run.txt | cut -c1-200
 done
@@ -24,6 +24,6 @@ for t in (1, 2, 4):
     ref = torch.load(files[0])
     print("bits", t, {os.path.basename(f): bool(torch.equal(torch.load(f), ref)) for f in files})
 PY
-(cd /tmp && PYTHONPATH=/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
+(cd /tmp && PYTHONPATH=/tmp/site timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
   $R/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe.py $R/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe_pdl.py > $W/tests-moe.txt 2>&1)
 echo "tests moe rc $?"; grep -E "FAILED|ERROR" $W/tests-moe.txt | cut -c1-300 | head -5; tail -1 $W/tests-moe.txt
