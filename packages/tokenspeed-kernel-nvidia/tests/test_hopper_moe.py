@@ -144,7 +144,11 @@ def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
 def test_decode_tile_rejects_shapes_the_kernel_cannot_lay_out():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
-    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1, False, None)
+    assert tuple(DecodeTile(64, 8, 2)) == (64, 8, 2, 6, 1, False, None, 3)
+    assert DecodeTile(32, 8, 1, scales_ahead=6).scales_ahead == 6
+    for depth in (4, 6.0):
+        with pytest.raises(ValueError, match="scales_ahead"):
+            DecodeTile(32, 8, 1, scales_ahead=depth)
     assert DecodeTile(64, 8, 2, 6, 4, 1).fused is True and not DecodeTile(64, 8, 2).fused
     assert DecodeTile(32, 8, 1, 8, 1, maxnreg=128).maxnreg == 128 and DecodeTile(64, 8, 2).maxnreg is None
     for cap in (31, 256, 128.0, "128"):
@@ -231,7 +235,7 @@ def _fused(tiles, fused):
     """Decode tiles ``(gate/up, down)`` with both ``fused`` flags set to ``fused``."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
-    return tuple(DecodeTile(*v[:5], fused) for v in tiles)
+    return tuple(DecodeTile(*v[:5], fused, *v[6:]) for v in tiles)
 
 
 CASES = [

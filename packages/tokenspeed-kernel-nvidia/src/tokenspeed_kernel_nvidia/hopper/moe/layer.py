@@ -57,7 +57,7 @@ ONE_STEP_MAX_SCALE = 128
 
 
 class DecodeTile(tuple):
-    """``(block_m, tokens, warps, stages, ksplit, fused, maxnreg)``: weight rows per program, token columns per MMA
+    """``(block_m, tokens, warps, stages, ksplit, fused, maxnreg, scales_ahead)``: weight rows per program, token columns per MMA
     tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
     sharing one tile's K range; their fp32 partial sums are added in split order afterwards), and whether
     the GEMM's last programs do the sums after it (``fused``, :mod:`.decode`: the split sums' SwiGLU of a
@@ -66,19 +66,25 @@ class DecodeTile(tuple):
 
     ``maxnreg`` (None: ptxas's choice) caps the registers a thread of the GEMM may use (Triton's ``maxnreg``
     launch option). Uncapped, a one-warp decode program uses about 250 registers, which lets 8 of them share an
-    SM; a cap lets more share it (16 at 128) to hide more latency, at the price of the spills ptxas adds."""
+    SM; a cap lets more share it (16 at 128) to hide more latency, at the price of the spills ptxas adds.
+
+    ``scales_ahead`` (3 or 6): how many K blocks ahead of their use a program requests its scale bytes (one register
+    a stage and row; the codes come through the cp.async ring, ``stages`` deep). Six hide more of DRAM's latency
+    where the registers allow it without spills (session 22 of the host-cost report)."""
 
     __slots__ = ()
 
     def __new__(
         cls, block_m: int, tokens: int, warps: int, stages: int = 6, ksplit: int = 1, fused: bool = False,
-        maxnreg: int | None = None,
+        maxnreg: int | None = None, scales_ahead: int = 3,
     ):  # fmt: skip
         if fused not in (False, True):  # 0 and 1 too (the benches' tile lists)
             raise TypeError(f"fused: expected a bool, got {fused!r}")
         fused = bool(fused)
         if maxnreg is not None and (type(maxnreg) is not int or not 32 <= maxnreg <= 255):
             raise ValueError(f"maxnreg: expected None or an int from 32 to 255 (registers a thread), got {maxnreg!r}")
+        if scales_ahead not in (3, 6) or type(scales_ahead) is not int:
+            raise ValueError(f"scales_ahead: expected 3 or 6 (K blocks), got {scales_ahead!r}")
         if stages < 2:
             raise ValueError(f"stages: expected at least 2, got {stages}")
         if ksplit < 1:
@@ -89,7 +95,7 @@ class DecodeTile(tuple):
             raise ValueError(f"warps: expected 1, 2, 4 or 8, got {warps}")
         if block_m % (16 * warps):
             raise ValueError(f"block_m: expected a multiple of 16 * warps = {16 * warps}, got {block_m}")
-        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit, fused, maxnreg))
+        return super().__new__(cls, (block_m, tokens, warps, stages, ksplit, fused, maxnreg, scales_ahead))
 
     @property
     def fused(self) -> bool:
@@ -98,6 +104,10 @@ class DecodeTile(tuple):
     @property
     def maxnreg(self) -> int | None:
         return self[6]
+
+    @property
+    def scales_ahead(self) -> int:
+        return self[7]
 
 
 #: (gate/up tile, down tile) by tokens per call: ``((max_tokens, (gate_up, down)), ...)``.
@@ -119,16 +129,16 @@ class DecodeTile(tuple):
 #: table's pair 119.8 / 115.2, its down GEMM fused 124.2 / 119.3. A program that counts waits about a microsecond for
 #: its counter's old value, and at 2-4 tokens the split GEMMs run several waves of programs, which costs more than the
 #: launch saved; so the one-token entry takes the 4-token pair (no gate/up split, separate combine).
+#: Session 22 (host-cost/s22-call3, H100, GPT-OSS-20B layer, route + apply, us): scale bytes requested six K blocks
+#: ahead (``scales_ahead=6``) with a 4-deep gate/up ring (8 deep, six scale stages spill) took 48.8-49.1 / 78.7 /
+#: 114.9 at 1 / 2 / 4 tokens against 52.6-52.8 / 81.9 / 121.2 for the previous entries (8-deep gate/up ring at 1 and
+#: 4 tokens, three scale stages), the same bits.
 DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
-    (1, (DecodeTile(32, 8, 1, 8, 1), DecodeTile(32, 8, 1, 4, 4))),
-    (2, (DecodeTile(32, 8, 1, 4, 4), DecodeTile(32, 8, 1, 4, 4))),
-    (4, (DecodeTile(32, 8, 1, 8, 1), DecodeTile(32, 8, 1, 4, 4))),
+    (1, (DecodeTile(32, 8, 1, 4, 1, scales_ahead=6), DecodeTile(32, 8, 1, 4, 4, scales_ahead=6))),
+    (2, (DecodeTile(32, 8, 1, 4, 4, scales_ahead=6), DecodeTile(32, 8, 1, 4, 4, scales_ahead=6))),
+    (4, (DecodeTile(32, 8, 1, 4, 1, scales_ahead=6), DecodeTile(32, 8, 1, 4, 4, scales_ahead=6))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
 )
-
-
-#: K blocks of scale bytes the decode GEMMs request ahead of their use (3 or 6; :func:`.decode._expert_tile`).
-SCALES_AHEAD = 3
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -310,7 +320,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
         K=k_dim, N=n, SROW=s.stride(1), TOP_K=k, PAIRS_P2=next_power_of_2(pairs), GATE_UP=gate_up,
         INTERLEAVED=interleaved, HAS_BIAS=bias is not None, HAS_LIMIT=limit is not None,
         BLOCK_M=block_m, TOKENS=tokens, WARPS=warps, STAGES=stages, KSPLIT=ksplit, TWO_STEP=two_step,
-        PACKED=packed, FUSED=fused, SCALES_AHEAD=SCALES_AHEAD, num_warps=warps, **pdl_kwargs(), **_reg_cap(tile),
+        PACKED=packed, FUSED=fused, SCALES_AHEAD=tile.scales_ahead, num_warps=warps, **pdl_kwargs(), **_reg_cap(tile),
     )  # fmt: skip
 
 
