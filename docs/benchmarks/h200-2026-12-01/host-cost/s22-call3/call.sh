@@ -4,6 +4,7 @@
 # otherwise) in alternated processes; in the new code, scale bytes requested 3 or 6 K blocks ahead
 # (tools/moe_ahead_probe.py; also a 4-deep gate/up ring, which fits 6 scale stages without spills); bits compared
 # across every process and depth; each GEMM alone also after a clean (read) L2 flush; then the Hopper MoE GPU tests.
+# Ran twice (try1/ at 7009b61, try2/ at 2070aee); the probe, then tools/moe_ahead_probe.py, is kept beside this script.
 rm -rf /tmp/site /tmp/site-before
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-before .whl/*.whl .anchors/before/*.whl

@@ -28,8 +28,12 @@ decoded value in registers:
 - **Codes stream through a cp.async ring** (``STAGES`` K blocks deep, 64 bytes a row and
   block in shared memory): many bytes in flight per SM without holding registers. Each
   thread reads back only the bytes it copied (Gluon still places a CTA barrier after each
-  wait and before each refill; with one-warp programs they cost nothing). Scales and
-  activations (small, L2-resident) come through three unrolled register stages.
+  wait and before each refill; with one-warp programs they cost nothing). Activations
+  (small, L2-resident) come through three unrolled register stages, scale bytes through
+  ``SCALES_AHEAD`` (3 or 6, one register a stage and row); the first scale stages, the bias and
+  the routing weights are requested before the K loop (and before the grid wait: weights are
+  never written, the routing weights were written two launches or more before), so that no
+  program waits on a load after its last K block.
 - **Decoded values never touch shared memory**: they go from the ring's 16-byte reads through
   the decode to the MMA operand layout in registers (the reshapes below are register
   relabelings; no data moves between lanes).

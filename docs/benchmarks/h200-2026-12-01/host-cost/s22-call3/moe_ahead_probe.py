@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """``hopper.moe_apply``'s decode path across versions and scale-request depths (an H100/H200 probe; issue 13).
 
+Record of session 22's call 3: it ran as ``tools/moe_ahead_probe.py`` at commits 7009b61 (first try) and 2070aee
+(second try), whose ``layer.SCALES_AHEAD`` became the tile field ``DecodeTile.scales_ahead`` in dba7da0. On later
+commits it finds no ``layer.SCALES_AHEAD`` and runs the table's tiles only, as it did on the old wheels.
+
     python tools/moe_ahead_probe.py --out OUT --tag after [--tokens 1,2,4] [--rounds 2] [--experts 32]
         [--gate-up-alt 32,8,1,4,1]
 
