@@ -433,7 +433,7 @@ def breakdown(w, gen, tokens_list, log):
         inter = torch.empty(pairs, I, dtype=torch.bfloat16, device="cuda")
         y = torch.empty(1, pairs, H, dtype=torch.float32, device="cuda")
         out = torch.empty_like(x)
-        gu, dn = (layer.DecodeTile(*v[:4]) for v in layer._tiles(t))  # one K split: each GEMM whole
+        gu, dn = (layer.DecodeTile(*v[:4], 1, *v[5:]) for v in layer._tiles(t))  # one K split: each GEMM whole
         common = dict(pairs=pairs, k=K_TOP, activation=GPT_OSS, two_step=False, packed=False)
         parts = {
             "route": lambda: tk.moe_route(logits, K_TOP),
@@ -562,7 +562,9 @@ def bench(w, converted, gen, tokens_list, log, grouped=None, pdl_ab=False, fused
     rows = []
     pdl_default = decode.PDL_ENABLED
     table = layer.DECODE_TILES
-    flagged = {f: tuple((b, tuple(layer.DecodeTile(*v[:5], f) for v in p)) for b, p in table) for f in (False, True)}
+    flagged = {
+        f: tuple((b, tuple(layer.DecodeTile(*v[:5], f, *v[6:]) for v in p)) for b, p in table) for f in (False, True)
+    }
     for t in tokens_list:
         x = torch.randn(t, H, generator=gen).to(torch.bfloat16).cuda()
         logits = torch.randn(t, E, generator=gen).cuda()
