@@ -339,6 +339,36 @@ def test_a_tiles_register_cap_reaches_ptxas(monkeypatch):
             assert "HMMA" in get_sass(ck.asm["cubin"])
 
 
+@pytest.mark.slow
+def test_scales_six_blocks_ahead_are_requested_before_the_k_loop_and_the_grid_wait(monkeypatch):
+    """``DecodeTile.scales_ahead``: at 6 a one-warp 32-row GEMM issues 12 more scale-byte loads before its K loop than
+    at 3 (three more stages, 4 rows a lane), the same number inside it; in the down GEMM (programmatic launch) every
+    scale-byte load before the K loop precedes its grid wait (weights are never written by an earlier kernel)."""
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
+
+    monkeypatch.setattr(layer, "pdl_kwargs", lambda: {"PDL": True, "launch_pdl": True})
+    counts = {}
+    for depth in (3, 6):
+        tiles = DecodeTile(32, 8, 1, 4, 1, scales_ahead=depth), DecodeTile(32, 8, 1, 4, 4, scales_ahead=depth)
+        gemms = [c for c in _launches(monkeypatch, 1, tiles=tiles) if c[0] is decode.moe_decode_gemm]
+        assert [c[3]["SCALES_AHEAD"] for c in gemms] == [depth, depth]
+        for fn, _grid, args, kwargs in gemms:
+            ptx = compile_launch(fn, args, dict(kwargs), "sm90").asm["ptx"]
+            byte_load = r"ld\.global[.\w]*\.(?:u8|b8)"
+            inside = len(re.findall(byte_load, _innermost_loop(ptx)))
+            counts[depth, kwargs["GATE_UP"]] = (len(re.findall(byte_load, ptx)) - inside, inside)
+            if not kwargs["GATE_UP"]:
+                wait = ptx.index("griddepcontrol.wait")
+                loop_start = ptx.index(_innermost_loop(ptx).splitlines()[0])
+                early = [m.start() for m in re.finditer(byte_load, ptx) if m.start() < loop_start]
+                assert early and max(early) < wait, (depth, len(early))
+    for gate_up in (True, False):
+        (before3, in3), (before6, in6) = counts[3, gate_up], counts[6, gate_up]
+        assert before6 - before3 == 12 and in6 == in3, counts
+
+
 # -- on the H200 ----------------------------------------------------------------------------
 
 

@@ -57,8 +57,8 @@ ONE_STEP_MAX_SCALE = 128
 
 
 class DecodeTile(tuple):
-    """``(block_m, tokens, warps, stages, ksplit, fused, maxnreg, scales_ahead)``: weight rows per program, token columns per MMA
-    tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
+    """``(block_m, tokens, warps, stages, ksplit, fused, maxnreg, scales_ahead)``: weight rows per program,
+    token columns per MMA tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
     sharing one tile's K range; their fp32 partial sums are added in split order afterwards), and whether
     the GEMM's last programs do the sums after it (``fused``, :mod:`.decode`: the split sums' SwiGLU of a
     gate/up GEMM with splits, the combine of a down GEMM) instead of a launch of their own. A gate/up tile
