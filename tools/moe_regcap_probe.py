@@ -4,7 +4,8 @@
     python tools/moe_regcap_probe.py --out OUT [--tokens 1,2,4] [--rounds 2] [--experts 32]
         [--gate-up "32,8,1,8,1,0,128;..."] [--down "32,8,1,4,4,0,168;..."] [--budget-s 300]
 
-A tile is ``block_m,tokens,warps,stages,ksplit,fused,maxnreg`` (``maxnreg`` 0: uncapped). GPT-OSS layer shapes
+A tile is ``block_m,tokens,warps,stages,ksplit,fused,maxnreg[,scales_ahead]`` (``maxnreg`` 0: uncapped; call s22-1
+ran before ``scales_ahead`` existed, with three scale stages throughout). GPT-OSS layer shapes
 (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 = 20B).
 
 Uncapped, a one-warp decode program takes about 250 registers, so 8 share an SM; session 6's profile of the gate/up
@@ -44,7 +45,8 @@ def _tiles(text: str):
     out = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         v = [int(x) for x in part.split(",")]
-        out.append(DecodeTile(*v[:5], bool(v[5]) if len(v) > 5 else False, (v[6] or None) if len(v) > 6 else None))
+        cap = (v[6] or None) if len(v) > 6 else None
+        out.append(DecodeTile(*v[:5], bool(v[5]) if len(v) > 5 else False, cap, *v[7:8]))
     return out
 
 
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
             json.dump(res, f, indent=1)
 
     def capped(tile, cap):
-        return DecodeTile(*tile[:6], cap)
+        return DecodeTile(*tile[:6], cap, *tile[7:])
 
     for t in [int(v) for v in args.tokens.split(",")]:
         if time.time() > deadline:
