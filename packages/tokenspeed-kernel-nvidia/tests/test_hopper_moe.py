@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import traceback
 from dataclasses import replace
 
 import pytest
@@ -343,7 +344,8 @@ def test_a_tiles_register_cap_reaches_ptxas(monkeypatch):
 def test_scales_six_blocks_ahead_are_requested_before_the_k_loop_and_the_grid_wait(monkeypatch):
     """``DecodeTile.scales_ahead``: at 6 a one-warp 32-row GEMM issues 12 more scale-byte loads before its K loop than
     at 3 (three more stages, 4 rows a lane), the same number inside it; in the down GEMM (programmatic launch) every
-    scale-byte load before the K loop precedes its grid wait (weights are never written by an earlier kernel)."""
+    scale-byte load before the K loop precedes its grid wait (weights are never written by an earlier kernel); another
+    depth does not compile."""
     from tokenspeed_kernel.testing import compile_launch
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
@@ -367,6 +369,11 @@ def test_scales_six_blocks_ahead_are_requested_before_the_k_loop_and_the_grid_wa
     for gate_up in (True, False):
         (before3, in3), (before6, in6) = counts[3, gate_up], counts[6, gate_up]
         assert before6 - before3 == 12 and in6 == in3, counts
+    # another depth is refused when the kernel compiles, not run as 3
+    fn, _grid, args, kwargs = gemms[0]
+    with pytest.raises(Exception) as refused:  # (Triton nests the assertion's message in the error's causes)
+        compile_launch(fn, args, {**kwargs, "SCALES_AHEAD": 4}, "sm90")
+    assert "SCALES_AHEAD: 3 or 6" in "".join(traceback.format_exception(refused.value))
 
 
 # -- on the H200 ----------------------------------------------------------------------------

@@ -309,6 +309,7 @@ def _expert_tile(w_base, s_base, a_ptr, stride_a, w_rows, w_ok, a_rows, a_ok, ks
     LX: gl.constexpr = gl.BlockedLayout([1, 1, 32], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
     LWT: gl.constexpr = gl.BlockedLayout([1, 1, 2], [8, 4, 1], [WARPS, 1, 1], [2, 1, 0])
     LXT: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 4, 1], [1, 1, WARPS], [2, 1, 0])
+    gl.static_assert((SCALES_AHEAD == 3) or (SCALES_AHEAD == 6), "SCALES_AHEAD: 3 or 6 K blocks")
     NB: gl.constexpr = K // 128
     NBS: gl.constexpr = (NB + KSPLIT - 1) // KSPLIT
     b0 = ks * NBS
