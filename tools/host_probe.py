@@ -102,6 +102,11 @@ def main() -> None:
         "fall back to the kernels' wrappers (a recording marked open: what a prepared call ran before launch plans)",
     )  # fmt: skip
     p.add_argument(
+        "--ab-eager-graphs", action="store_true",
+        help="the decode steps' eager rounds again, alternated in one process with rounds under no_eager_graphs() "
+        "(the Hopper MoE's calls launch their kernels through its wrapper instead of replaying its eager graphs)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab-moe-keys", action="store_true",
         help="the decode steps with the MoE weights' memo keys and without (public moe_apply calls served by a "
         "prepared call, or bound and selected each time), alternated in one process",
@@ -577,6 +582,11 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
 
         alternated(res, steps, args.rounds, replays_off, "plans", ("plans", "replays off"),
                    "eager {a:.0f} us with launch plans, {b:.0f} us with replays off")  # fmt: skip
+    if args.ab_eager_graphs:
+        from tokenspeed_kernel.graphs import no_eager_graphs
+
+        alternated(res, steps, args.rounds, no_eager_graphs, "eager graphs", ("graphs", "direct"),
+                   "eager {a:.0f} us with eager graphs, {b:.0f} us with direct launches")  # fmt: skip
     if args.ab_moe_keys:
         layers = [layer for _, model in steps.values() for layer in model.layers]
         saved = [layer.experts.__dict__.get("__memo_key__") for layer in layers]
