@@ -25,7 +25,7 @@ _E_PAD, _TOPK, _K = 128, 4, 2880
 
 _INT32_POINTERS = {"map_ptr", "perm_ptr", "ids_ptr", "offsets_ptr", "counts_ptr", "base_ptr", "inv_ptr", "row_of_ptr"}
 _FP32_POINTERS = {"topk_w_ptr"}
-_FLOAT_ARGS = {"alpha", "limit", "up_offset"}
+_FLOAT_ARGS = {"alpha", "limit", "up_offset", "eps"}
 
 
 def _gemm_variant(kernel: str, gemm: str, path: str, weight: str, size: int, **overrides: object) -> tuple:
@@ -82,7 +82,12 @@ def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = N
 
 
 #: moe_gate's constexprs at GPT-OSS-20B's router (32 experts, top-4, a bias).
-_GATE = {"HAS_BIAS": True, "TOPK": 4, "RENORMALIZE": True, "DOT_FP32": False, "E_PAD": 32, "TOPK_PAD": 4}
+_GATE = {
+    "HAS_BIAS": True, "TOPK": 4, "RENORMALIZE": True, "DOT_FP32": False, "E_PAD": 32, "TOPK_PAD": 4,
+    "HAS_NORM": False, "HAS_RESIDUAL": False,
+}  # fmt: skip
+#: with the post-attention norm of the stream x + residual first (GPT-OSS's decode and prefill layers).
+_NORM = {"HAS_NORM": True, "HAS_RESIDUAL": True}
 
 #: name -> (module, kernel, build(family) -> (constexprs, extras)). A variant whose USE_DOT constexpr is
 #: set must lower tl.dot to matrix instructions (the GEMV, USE_DOT=False, runs on the vector units by
@@ -101,6 +106,20 @@ KERNELS: dict[str, tuple] = {
     ),
     "gate_dot": _fixed(
         "route", "_gate_kernel", {**_GATE, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64}, {"w_ptr": "*fp32"}, num_warps=8
+    ),
+    "gate_decode_norm": _fixed(
+        "route",
+        "_gate_kernel",
+        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 256},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
+    ),
+    "gate_dot_norm": _fixed(
+        "route",
+        "_gate_kernel",
+        {**_GATE, **_NORM, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
     ),
     "sort_single": _fixed("dispatch", "_sort_single_kernel", {"BLOCK": 128, "E_PAD": 128}),
     "sort_count": _fixed("dispatch", "_count_kernel", {"BLOCK": 128, "E_PAD": 128}),

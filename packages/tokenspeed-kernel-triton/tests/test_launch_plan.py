@@ -336,7 +336,9 @@ def test_plain_values_are_compared_by_value_and_objects_by_identity(fake_gpu):
     assert plan is None and "neither an argument's nor an allocation's" in why
 
 
-@pytest.mark.parametrize("op", ["rmsnorm", "apply_rotary_and_store", "mha_decode_with_kvcache", "moe_gate"])
+@pytest.mark.parametrize(
+    "op", ["rmsnorm", "apply_rotary_and_store", "mha_decode_with_kvcache", "moe_gate", "moe_gate+norm"]
+)
 def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, streams, monkeypatch, op):
     """The GPT-OSS decode step's Triton ops, through their real wrappers: every launcher of the package made a fake
     GPU one (its JIT path compiles nothing, its C launcher logs), a call records, and its replay makes the launches
@@ -351,17 +353,21 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     from tokenspeed_kernel.numerics.inputs import make_generator
 
     ensure_loaded()
+    op, _, variant = op.partition("+")  # moe_gate+norm: the router with the norm before it (GPT-OSS's call)
     oc = get_op_cases(op)
     spec = next(s for s in registry.for_op(op) if s.name == f"triton.{op}")
     fn = spec.resolve()
     cpu = torch.device("cpu")
-    case = standard_cases(op, "cpu")[0]
+    case = next(c for c in standard_cases(op, "cpu") if not variant or c[variant])
     call = oc.make(case, cpu, make_generator(cpu, case.seed(0)))
     # The kernel's own arguments (bind's value checks of CPU tensors stay outside the recording, as on a GPU).
     _, _, _, _, kargs, kkwargs = tk.get_contract(op).bind(**call)
 
+    # (the keywords' values are arguments too, as a prepared call passes them: the norm's weight and residual)
+    n_pos, names = len(kargs), tuple(kkwargs)
+
     def args():
-        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in kargs)
+        return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in (*kargs, *kkwargs.values()))
 
     # Decode attention split in two (its partials in the stream's scratch, and the stream's counters the last split
     # merges by), with an attention plan, whose call must record too.
@@ -370,7 +376,7 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
         extra = {"num_splits": 2, "plan": tk.mha_plan(cache_seqlens=kargs[4].tolist())}
 
     def run(*vals):
-        return fn(*vals, **kkwargs, **extra)
+        return fn(*vals[:n_pos], **dict(zip(names, vals[n_pos:])), **extra)
 
     run(*args())  # under the interpreter: every launcher the call uses exists from here on (some are made lazily)
     g = fake_gpu

@@ -157,6 +157,73 @@ def test_gate_public_op_selects_triton() -> None:
     torch.testing.assert_close(wts, rw, atol=1e-6, rtol=1e-5)
 
 
+def _norm_inputs(t: int, h: int, seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = _gen(seed)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
+    res = torch.randn(t, h, generator=g).to(torch.bfloat16).to(device)
+    nw = (1.0 + 0.5 * torch.randn(h, generator=g)).to(torch.bfloat16).to(device)
+    return x, res, nw
+
+
+def _norm64(s: torch.Tensor, nw: torch.Tensor, eps: float) -> torch.Tensor:
+    s64 = s.double()
+    return s64 / torch.sqrt(s64.pow(2).mean(-1, keepdim=True) + eps) * nw.double()
+
+
+@pytest.mark.parametrize("t", [1, 3, 17])  # CUDA-core sums up to 4 tokens in the interpreter, tl.dot above
+@pytest.mark.parametrize("residual", [True, False])
+def test_gate_with_norm_equals_rmsnorm_then_gate(t: int, residual: bool) -> None:
+    """The fused norm: the stream within one rounding of the exact sum (the interpreter truncates to bf16, so not
+    bit for bit with torch's add here), h against a float64 norm of that stream, and the routing of the h it returns
+    against the plain kernel and the reference router on that h (H = 40 leaves a masked tail of the 32-wide chunks)."""
+    h_dim, e = 40, 12
+    x, res, nw = _norm_inputs(t, h_dim, seed=t)
+    _, w, b = _gate_inputs(t, h_dim, e, seed=t + 7)
+    w = (w.float() * 0.25).to(torch.bfloat16)
+    r = res if residual else None
+    got = route.moe_gate(x, w, b, 3, norm_weight=nw, norm_eps=1e-5, residual=r)
+    assert len(got) == (4 if residual else 3)
+    base = x
+    if residual:
+        exact = x.double() + res.double()
+        assert ((got[3].double() - exact).abs() <= exact.abs() * 2.0**-7 + 1e-30).all()
+        base = got[3]
+    want = _norm64(base, nw, 1e-5)
+    assert ((got[2].double() - want).abs() <= want.abs().max() * 2 * 2.0**-7).all()
+    # The routing of the h it returns: the plain kernel's on that h bit for bit, and the reference router's (ids
+    # equal; weights within the logits' bf16 rounding, which the interpreter truncates).
+    pw, pids = route.moe_gate(got[2].clone(), w, b, 3)
+    assert torch.equal(got[1], pids) and torch.equal(got[0], pw)
+    rw, rids = ref.moe_gate(got[2], w, b, 3, renormalize=True)
+    assert torch.equal(got[1], rids)
+    torch.testing.assert_close(got[0], rw, atol=1e-2, rtol=0)
+
+
+def test_gate_with_norm_public_op_against_reference_and_checks() -> None:
+    x, res, nw = _norm_inputs(5, 64, seed=3)
+    _, w, b = _gate_inputs(5, 64, 32, seed=9)
+    w = (w.float() * 0.25).to(torch.bfloat16)
+    kw = dict(norm_weight=nw, norm_eps=1e-6, residual=res)
+    assert tk.moe_gate.selected_kernel(x, w, b, 4, **kw).spec.name == "triton.moe_gate"
+    got = tk.moe_gate(x, w, b, 4, **kw)
+    want = tk.moe_gate(x, w, b, 4, solution="reference", **kw)
+    assert len(got) == len(want) == 4
+    assert torch.equal(got[1], want[1])  # (the logits of this draw are apart by more than the norm's roundings)
+    torch.testing.assert_close(got[0], want[0], atol=2e-2, rtol=0)  # (the logits rounded to bf16: truncated here)
+    for a, r in zip(got[2:], want[2:]):  # h and the stream: within two bf16 ulps (the interpreter truncates)
+        assert ((a.double() - r.double()).abs() <= r.double().abs().max() * 2 * 2.0**-7).all()
+    with pytest.raises(ValueError, match="norm_eps: required"):
+        tk.moe_gate(x, w, b, 4, norm_weight=nw)
+    with pytest.raises(ValueError, match="norm_eps: given without norm_weight"):
+        tk.moe_gate(x, w, b, 4, norm_eps=1e-6)
+    with pytest.raises(ValueError, match="residual: given without norm_weight"):
+        tk.moe_gate(x, w, b, 4, residual=res)
+    with pytest.raises(ValueError, match="residual"):
+        tk.moe_gate(x, w, b, 4, norm_weight=nw, norm_eps=1e-6, residual=res[:, :32])
+    with pytest.raises(ValueError, match="norm_weight"):
+        tk.moe_gate(x, w, b, 4, norm_weight=nw[:32], norm_eps=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("t", [1, 8, 64, 2048])
@@ -166,6 +233,29 @@ def test_gate_gpt_oss_router_gpu(t: int) -> None:
     rw, rids = tk.moe_route(tk.mm(x, w, b), 4)
     assert torch.equal(ids, rids)
     torch.testing.assert_close(wts, rw, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("t", [1, 8, 64, 2048])
+def test_gate_with_norm_gpt_oss_gpu(t: int) -> None:
+    """The post-attention norm inside the router's call at GPT-OSS-20B's router: the stream equals torch's add bit
+    for bit, h the float64 norm of it within two bf16 ulps, and the routing equals the plain router's on that h;
+    against the two calls it replaces (rmsnorm, then moe_gate), h within an ulp and the same experts."""
+    x, res, nw = _norm_inputs(t, 2880, seed=t, device="cuda")
+    _, w, b = _gate_inputs(t, 2880, 32, t, device="cuda")
+    w = (w.float() * 0.02).to(torch.bfloat16)
+    wts, ids, h, s = tk.moe_gate(x, w, b, 4, norm_weight=nw, norm_eps=1e-5, residual=res)
+    assert torch.equal(s, x + res)
+    want = _norm64(s, nw, 1e-5)
+    assert ((h.double() - want).abs() <= want.abs().max() * 2 * 2.0**-7).all()
+    pw, pids = tk.moe_gate(h.clone(), w, b, 4)
+    assert torch.equal(ids, pids) and torch.equal(wts, pw)
+    h2, s2 = tk.rmsnorm(x, nw, 1e-5, residual=res)
+    assert torch.equal(s2, s)
+    assert ((h.double() - h2.double()).abs() <= h2.double().abs() * 2.0**-7).all()
+    _, ids2 = tk.moe_gate(h2, w, b, 4)
+    assert (ids2 == ids).float().mean() >= 0.99  # (an ulp apart, a near tie may pick the other expert)
 
 
 # --------------------------------------------------------------------------- dispatch / combine

@@ -107,8 +107,10 @@ _KERNELS = (
         "moe_gate",
         "moe.route:moe_gate",
         [{"x": _FLOAT}],
-        {"renormalize": _BOOL, "bias": _BOOL},
-        "The router's linear layer and softmax top-k routing in one kernel (CUDA-core sums for a few tokens, tl.dot from 16)",
+        {"renormalize": _BOOL, "bias": _BOOL, "norm": _BOOL, "fused_residual": _BOOL},
+        "The router's linear layer and softmax top-k routing in one kernel (CUDA-core sums for a few tokens, tl.dot "
+        "from 16), optionally after the RMSNorm it reads (a first pass over each row, the norm applied to each chunk "
+        "the GEMM reads)",
     ),
     _Kernel(
         "moe_dispatch",

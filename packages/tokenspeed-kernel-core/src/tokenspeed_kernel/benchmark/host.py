@@ -97,7 +97,10 @@ HOST_CASES: dict[str, list[dict[str, Any]]] = {
     ],
     "mha_decode_with_kvcache": [{"cache_lens": (2048,), "window_left": w, **_OSS20_ATTN} for w in (-1, 127)],
     "moe_route": [{"tokens": 1, "experts": 32, "top_k": 4, "dtype": "bf16"}],
-    "moe_gate": [{"tokens": 1, "hidden": 2880, "experts": 32, "top_k": 4, "bias": True, "dtype": "bf16"}],
+    "moe_gate": [  # (with the post-attention norm of the stream first: GPT-OSS's call)
+        {"tokens": 1, "hidden": 2880, "experts": 32, "top_k": 4, "bias": True, "dtype": "bf16", **norm}
+        for norm in ({}, {"norm": True, "residual": True})
+    ],
     "moe_apply": [{"tokens": 1, **_OSS20_MOE}],
     "swiglu": [{"tokens": 1, "inter": 2880, "dtype": "bf16"}],
     "argmax": [{"batch": 1, "vocab": 201088, "dtype": "bf16"}],

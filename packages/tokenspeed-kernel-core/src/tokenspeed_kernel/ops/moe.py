@@ -346,42 +346,76 @@ moe_route = Op(
 
 
 def _bind_moe_gate(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, *, renormalize: bool = True
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    renormalize: bool = True,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+    residual: torch.Tensor | None = None,
 ) -> KernelCall:
-    """The router: its linear layer and softmax top-k routing in one call.
+    """The router: its linear layer and softmax top-k routing in one call, optionally after the RMSNorm it reads.
 
     The same results as ``moe_route(mm(x, weight, bias), top_k, renormalize=renormalize)``: the logits
     ``x @ weight.T + bias`` are accumulated in fp32 and rounded to ``x``'s dtype (as ``mm`` returns them), then
     routed; no logits tensor is made (a decode step's router: one call and one launch where there were two).
 
+    With ``norm_weight``, the router reads ``h = rmsnorm(x, norm_weight, norm_eps, residual=residual)`` (``rmsnorm``'s
+    numerics) instead of ``x`` and returns it too: the norm before a MoE layer, whose experts read ``h``, in the same
+    call (a decode layer's post-attention norm: one call and one launch fewer).
+
     Args:
-        x: ``[T, H]`` bf16/fp16/fp32.
+        x: ``[T, H]`` bf16/fp16/fp32, last dim contiguous.
         weight: ``[E, H]`` (the router's ``W_r``), ``x``'s dtype.
         bias: ``[E]`` of ``x``'s dtype, or None.
         top_k: experts per token, ``1 <= top_k <= E``.
         renormalize: as :func:`moe_route`.
+        norm_weight: ``[H]`` (any float dtype; used in fp32), or None: no norm.
+        norm_eps: with ``norm_weight`` (required then), added to the mean square.
+        residual: with ``norm_weight``, ``[T, H]`` like ``x`` (last dim contiguous): the norm is of the stream
+            ``s = x + residual``, rounded to ``x``'s dtype, which is returned too.
 
     Returns:
         ``topk_weights float32 [T, top_k]`` (descending), ``topk_ids int32 [T, top_k]``; ties go to the lower
-        expert index.
+        expert index. With ``norm_weight``, then ``h [T, H]`` (``x``'s dtype); with ``residual``, then ``s``.
     """
     check_tensor("x", x, dtypes=_X_DTYPES, dim=2, last_dim_contiguous=True)
     check_tensor("weight", weight, dtypes=(x.dtype,), shape=(None, x.shape[1]), contiguous=True)
     if bias is not None:
         check_tensor("bias", bias, dtypes=(x.dtype,), shape=(weight.shape[0],), contiguous=True)
-    check_same_device("x", x, weight=weight, bias=bias)
+    if norm_weight is None:
+        if norm_eps is not None:
+            raise ValueError("norm_eps: given without norm_weight (the norm needs both)")
+        if residual is not None:
+            raise ValueError("residual: given without norm_weight (the residual is added before the norm)")
+    else:
+        check_tensor("norm_weight", norm_weight, dtypes=_X_DTYPES, shape=(x.shape[1],), contiguous=True)
+        if norm_eps is None:
+            raise ValueError("norm_eps: required with norm_weight")
+        norm_eps = check_float("norm_eps", norm_eps, minimum=0.0, expected="a finite float >= 0")
+        if residual is not None:
+            check_tensor("residual", residual, dtypes=(x.dtype,), shape=tuple(x.shape), last_dim_contiguous=True)
+    check_same_device("x", x, weight=weight, bias=bias, norm_weight=norm_weight, residual=residual)
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= weight.shape[0]:
         raise ValueError(f"top_k: expected an int in [1, {weight.shape[0]}] (the experts of weight), got {top_k!r}")
     traits = {"renormalize": bool(renormalize), "bias": bias is not None}
-    return kernel_call(
-        x.device, (DTYPE_NAMES[x.dtype],), traits, (x.shape[0],),
-        x, weight, bias, top_k, renormalize=bool(renormalize),
-    )  # fmt: skip
+    kwargs: dict = {"renormalize": bool(renormalize)}
+    if norm_weight is not None:  # (only then: kernels without the norm take the plain call)
+        traits["norm"] = True
+        traits["fused_residual"] = residual is not None
+        kwargs.update(norm_weight=norm_weight, norm_eps=norm_eps, residual=residual)
+    return kernel_call(x.device, (DTYPE_NAMES[x.dtype],), traits, (x.shape[0],), x, weight, bias, top_k, **kwargs)
 
 
-def _fake_moe_gate(x, weight, bias, top_k, *, renormalize=True):
+def _fake_moe_gate(x, weight, bias, top_k, *, renormalize=True, norm_weight=None, norm_eps=None, residual=None):
     t = x.shape[0]
-    return x.new_empty((t, top_k), dtype=torch.float32), x.new_empty((t, top_k), dtype=torch.int32)
+    routed = (x.new_empty((t, top_k), dtype=torch.float32), x.new_empty((t, top_k), dtype=torch.int32))
+    if norm_weight is None:
+        return routed
+    h = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return (*routed, h) if residual is None else (*routed, h, torch.empty_like(h))
 
 
 moe_gate = Op(
@@ -391,12 +425,19 @@ moe_gate = Op(
     traits={
         "renormalize": TraitSpec(bool, default=True, doc="renormalize the top-k weights to sum to 1"),
         "bias": TraitSpec(bool, default=False, doc="the router has a bias"),
+        "norm": TraitSpec(bool, default=False, doc="an RMSNorm of x first (norm_weight), its output returned"),
+        "fused_residual": TraitSpec(bool, default=False, doc="with norm: add a residual first and return the sum"),
     },
     sizes=_TOKENS,
-    doc="The router: logits by its linear layer, then softmax top-k routing, in one call.",
+    doc="The router: logits by its linear layer, then softmax top-k routing, in one call (optionally after an "
+    "RMSNorm of its input).",
     bind=_bind_moe_gate,
     fake=_fake_moe_gate,
-    reference=Reference(f"{_REFERENCE}:moe_gate", formats=[{"x": _FLOAT}], traits={"renormalize": ANY, "bias": ANY}),
+    reference=Reference(
+        f"{_REFERENCE}:moe_gate",
+        formats=[{"x": _FLOAT}],
+        traits={"renormalize": ANY, "bias": ANY, "norm": ANY, "fused_residual": ANY},
+    ),
     workload=f"{_CASES}:MOE_GATE",
 )
 

@@ -13,6 +13,7 @@ import torch
 
 from ..ops.moe import MoEActivation, MoEDispatchResult, MoEWeights, w4a8_inter_scale
 from .gemm import mm
+from .norm import rmsnorm
 from .quantization import fp8_to_float, mxfp4_to_float
 
 __all__ = [
@@ -51,12 +52,25 @@ def moe_route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool) -> 
 
 
 def moe_gate(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, *, renormalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference of :func:`tokenspeed_kernel.moe_gate`: the references of ``mm`` (fp32 accumulation, the logits
-    rounded to ``x``'s dtype) and :func:`moe_route`."""
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    renormalize: bool,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Reference of :func:`tokenspeed_kernel.moe_gate`: the references of ``rmsnorm`` (with ``norm_weight``), ``mm``
+    (fp32 accumulation, the logits rounded to ``x``'s dtype) and :func:`moe_route`."""
+    normed = ()
+    if norm_weight is not None:
+        normed = rmsnorm(x, norm_weight, norm_eps, residual=residual)
+        normed = normed if residual is not None else (normed,)
+        x = normed[0]
     logits = mm(x, weight, bias, a_scale=None, b_scale=None, out_dtype=x.dtype, out=None)
-    return moe_route(logits, top_k, renormalize=renormalize)
+    return (*moe_route(logits, top_k, renormalize=renormalize), *normed)
 
 
 def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MoEDispatchResult:

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
+from ..rmsnorm import _load_sum
 from .configs import GATE_TILES, ROUTE_BLOCK_T, family_of, lookup
 
 __all__ = ["moe_route", "moe_gate"]
@@ -69,26 +70,64 @@ def _route_kernel(
 
 
 @triton.jit
+def _normed_chunk(
+    x_ptr, r_ptr, nw_ptr, h_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, stride_ht, rstd, HAS_RESIDUAL: tl.constexpr
+):  # fmt: skip
+    """A chunk of the norm's output ``h = s * rstd * norm_weight`` (fp32, cast once to x's dtype, as ``rmsnorm``),
+    ``s`` recomputed from x (+ residual, rounded to x's dtype) rather than re-read from the stream the first pass
+    stored (nothing orders another thread's store before this load); stored to ``h`` and returned."""
+    mask = t_ok[:, None] & (ks < H)[None, :]
+    s = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows[:, None] * stride_rt + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = (s + r).to(x_ptr.dtype.element_ty).to(tl.float32)
+    nw = tl.load(nw_ptr + ks, mask=ks < H, other=0.0).to(tl.float32)
+    h = (s * rstd[:, None] * nw[None, :]).to(x_ptr.dtype.element_ty)
+    tl.store(h_ptr + rows[:, None] * stride_ht + ks[None, :], h, mask=mask)
+    return h
+
+
+@triton.jit
 def _gate_kernel(
     x_ptr, stride_xt, wr_ptr, br_ptr, w_ptr, ids_ptr, T, E, H,
+    r_ptr, stride_rt, nw_ptr, h_ptr, stride_ht, s_ptr, stride_st, eps,
     HAS_BIAS: tl.constexpr, TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, DOT: tl.constexpr,
     DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_NORM: tl.constexpr = False, HAS_RESIDUAL: tl.constexpr = False,
 ):  # fmt: skip
     """The router (``moe_gate``): one program computes BLOCK_T tokens' logits over every expert (fp32 sums of
     BLOCK_K-wide products, tensor cores when DOT; DOT_FP32 upcasts the operands first, for the interpreter: exact
-    either way), rounds them to x's dtype as ``mm`` returns them, and routes."""
+    either way), rounds them to x's dtype as ``mm`` returns them, and routes.
+
+    HAS_NORM: the router reads ``h = rmsnorm(x [+ residual])`` instead of x (``rmsnorm``'s numerics): a first pass
+    over the row sums the squares (and stores the stream ``s = x + residual`` with HAS_RESIDUAL), the GEMM's loop
+    normalises each chunk it reads and stores it to ``h``. A program holds whole rows, so no other program is
+    waited for."""
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     eids = tl.arange(0, E_PAD)
     t_ok = tokens < T
     e_ok = eids < E
-    x_rows = x_ptr + tokens[:, None].to(tl.int64) * stride_xt
+    rows = tokens.to(tl.int64)
+    x_rows = x_ptr + rows[:, None] * stride_xt
     w_rows = wr_ptr + eids[:, None].to(tl.int64) * H
+    rstd = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    if HAS_NORM:
+        sq = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            s = _load_sum(x_ptr, r_ptr, s_ptr, rows, t_ok, k0 + tl.arange(0, BLOCK_K), H, stride_xt, stride_rt,
+                          stride_st, HAS_RESIDUAL)  # fmt: skip
+            sq += s * s
+        rstd = tl.rsqrt(tl.sum(sq, axis=1) / H + eps)
     if DOT:
         acc = tl.zeros((BLOCK_T, E_PAD), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < H
-            a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            if HAS_NORM:
+                a = _normed_chunk(x_ptr, r_ptr, nw_ptr, h_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, stride_ht,
+                                  rstd, HAS_RESIDUAL)  # fmt: skip
+            else:
+                a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
             if DOT_FP32:  # Triton 3.6's interpreter multiplies bf16 storage bits as integers
                 acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
@@ -101,7 +140,11 @@ def _gate_kernel(
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < H
-            a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+            if HAS_NORM:
+                a = _normed_chunk(x_ptr, r_ptr, nw_ptr, h_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, stride_ht,
+                                  rstd, HAS_RESIDUAL)  # fmt: skip
+            else:
+                a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
             acc3 += a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
         acc = tl.sum(acc3, axis=2)
@@ -143,32 +186,57 @@ def moe_route(
 
 
 def moe_gate(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, *, renormalize: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    renormalize: bool = True,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float | None = None,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """The router's linear layer and softmax top-k routing in one kernel (semantics: ``tokenspeed_kernel.moe_gate``).
 
     Args:
         x: ``[T, H]`` bf16/fp16/fp32, last dim contiguous.
         weight: ``[E, H]`` contiguous, ``x``'s dtype; bias: ``[E]`` or None.
         top_k, renormalize: as :func:`moe_route`.
+        norm_weight, norm_eps: the router reads ``h = rmsnorm(x, norm_weight, norm_eps)`` (``[H]``), also returned.
+        residual: with ``norm_weight``, ``[T, H]`` like ``x``: the norm is of the stream ``s = x + residual``
+            (rounded to ``x``'s dtype), also returned.
 
     Returns:
-        ``topk_weights float32 [T, top_k]`` (descending), ``topk_ids int32 [T, top_k]``.
+        ``topk_weights float32 [T, top_k]`` (descending), ``topk_ids int32 [T, top_k]``; then ``h`` with
+        ``norm_weight``, then ``s`` with ``residual``.
     """
     t, h = x.shape
     e = weight.shape[0]
     dev = x.device
     weights = torch.empty((t, top_k), dtype=torch.float32, device=dev)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    normed = stream = None
+    if norm_weight is not None:
+        normed = torch.empty((t, h), dtype=x.dtype, device=dev)
+        if residual is not None:
+            stream = torch.empty((t, h), dtype=x.dtype, device=dev)
     if t:
         family = family_of(dev)
         block_t, block_k, dot = lookup(GATE_TILES[family], t)
         e_pad = max(16, next_power_of_2(e)) if dot else next_power_of_2(e)
         if not dot:  # the accumulators stay in registers: at most 8192 a program (32 a thread at 8 warps)
             block_k = max(16, min(block_k, 8192 // (block_t * e_pad)))
+        norm = normed is not None
+        res = stream is not None
         cached(_gate_kernel)[(cdiv(t, block_t),)](
             x, x.stride(0), weight, bias, weights, ids, t, e, h,
+            residual if res else x, residual.stride(0) if res else 0, norm_weight if norm else x,
+            normed if norm else x, h if norm else 0, stream if res else x, h if res else 0,
+            float(norm_eps) if norm else 0.0,
             HAS_BIAS=bias is not None, TOPK=top_k, RENORMALIZE=renormalize, DOT=dot, DOT_FP32=family == "interpret",
-            BLOCK_T=block_t, E_PAD=e_pad, TOPK_PAD=next_power_of_2(top_k), BLOCK_K=block_k, num_warps=8,
+            BLOCK_T=block_t, E_PAD=e_pad, TOPK_PAD=next_power_of_2(top_k), BLOCK_K=block_k, HAS_NORM=norm,
+            HAS_RESIDUAL=res, num_warps=8,
         )  # fmt: skip
-    return weights, ids
+    if normed is None:
+        return weights, ids
+    return (weights, ids, normed) if stream is None else (weights, ids, normed, stream)

@@ -8,13 +8,14 @@ Block (see the project's GPT_OSS.md): ``x = x + attn(rmsnorm(x))``, then
   reads the rotated k; decode: ``apply_rotary_and_store``, one call), then ``mha_prefill``
   (new sequences) or ``mha_decode_with_kvcache`` with per-head sinks, ``window_left = 127``
   on the sliding layers, softmax scale ``1/sqrt(head_dim)``; ``mm`` for o with bias;
-- MoE: the router, ``moe_gate`` (its linear layer with bias, then top-4 with the softmax
-  over the four, in one call), ``moe_apply`` with the MXFP4 experts, their biases and the
-  clamped SwiGLU, through a kernel picked once by ``moe_plan`` (weights converted once by
-  ``moe_process_weights``);
-- both norms of a layer fuse the residual add before them (``rmsnorm(..., residual=)``): the
-  model carries a layer's MoE output and the residual stream apart, and the next layer's input norm
-  (or the final norm) adds them, so no block ends in a separate add.
+- MoE: the router, ``moe_gate`` (the post-attention norm of the stream, then the router's linear
+  layer with bias, then top-4 with the softmax over the four, in one call), ``moe_apply`` with the
+  MXFP4 experts, their biases and the clamped SwiGLU, through a kernel picked once by ``moe_plan``
+  (weights converted once by ``moe_process_weights``);
+- both norms of a layer fuse the residual add before them (``rmsnorm(..., residual=)``, and
+  ``moe_gate(..., residual=)``): the model carries a layer's MoE output and the residual stream
+  apart, and the next layer's input norm (or the final norm) adds them, so no block ends in a
+  separate add.
 
 The embedding is a row gather (``embed_tokens[ids]``): engine-side indexing, not a
 kernel op.
@@ -49,11 +50,17 @@ def _qkv(
     return q, k, v
 
 
-def _moe(cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any) -> torch.Tensor:
-    topk_weights, topk_ids = ops.moe_gate(h, layer.router_weight, layer.router_bias, cfg.num_experts_per_tok)
-    return ops.moe_apply(
+def _moe(cfg: GptOssConfig, layer: GptOssLayer, o: torch.Tensor, x: torch.Tensor, ops: Any) -> tuple[torch.Tensor, ...]:
+    """The post-attention norm of the stream ``x + o`` and the router in one call, then the experts on the norm's
+    output: ``(moe, stream)``."""
+    topk_weights, topk_ids, h, x = ops.moe_gate(
+        o, layer.router_weight, layer.router_bias, cfg.num_experts_per_tok,
+        norm_weight=layer.post_norm, norm_eps=cfg.rms_norm_eps, residual=x,
+    )  # fmt: skip
+    moe = ops.moe_apply(
         h, topk_weights, topk_ids, layer.experts, cfg.activation, plan=layer.moe_plan, fp8_activations=layer.moe_fp8
     )
+    return moe, x
 
 
 def plan_layer(
@@ -118,10 +125,10 @@ def _input_norm(
 def _post_attention(
     cfg: GptOssConfig, layer: GptOssLayer, attn: torch.Tensor, x: torch.Tensor, ops: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The o projection, the post-attention norm adding it to the stream ``x``, the MoE: ``(moe, stream)``."""
+    """The o projection, the post-attention norm adding it to the stream ``x`` (inside the router's call), the MoE:
+    ``(moe, stream)``."""
     o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
-    h, x = ops.rmsnorm(o, layer.post_norm, cfg.rms_norm_eps, residual=x)
-    return _moe(cfg, layer, h, ops), x
+    return _moe(cfg, layer, o, x, ops)
 
 
 def _block_prefill(

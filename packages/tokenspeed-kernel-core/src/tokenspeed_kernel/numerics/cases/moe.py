@@ -374,15 +374,33 @@ def _make_gate(case: Case, device: torch.device, gen: torch.Generator) -> dict[s
         "bias": randn((e,), dt, gen) if case["bias"] else None,
         "top_k": case["top_k"],
         "renormalize": case["renormalize"],
+        **(_gate_norm(case, (t, h), dt, gen) if case["norm"] else {}),
     }
 
 
+def _gate_norm(case: Case, shape: tuple[int, int], dt: torch.dtype, gen: torch.Generator) -> dict[str, Any]:
+    """The RMSNorm the router reads first (``norm``), of ``x + residual`` (``residual``)."""
+    norm = {"norm_weight": randn((shape[1],), dt, gen, scale=0.1, mean=1.0), "norm_eps": 1e-5}
+    if case["residual"]:
+        norm["residual"] = randn(shape, dt, gen)
+    return norm
+
+
 def _gate_outputs(call: dict[str, Any], result: Any) -> dict[str, torch.Tensor]:
-    weights, ids = result
-    logits = call["x"].double() @ call["weight"].double().T
+    weights, ids = result[:2]
+    x = call["x"]
+    outputs = {"weights": weights}
+    if call.get("norm_weight") is not None:  # the exact norm of the call's inputs (the stream rounded as specified)
+        s = x if call.get("residual") is None else x + call["residual"]
+        outputs["h"] = result[2]
+        if len(result) > 3:
+            outputs["stream"] = result[3]
+        s = s.double()
+        x = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + call["norm_eps"]) * call["norm_weight"].double()
+    logits = x.double() @ call["weight"].double().T
     if call["bias"] is not None:
         logits = logits + call["bias"].double()
-    return {"weights": weights, "picked_logits": logits.gather(1, ids.long())}
+    return {**outputs, "picked_logits": logits.gather(1, ids.long())}
 
 
 def _gate_from_capture(c: CapturedCall) -> Case | None:
@@ -399,20 +417,31 @@ def _gate_from_capture(c: CapturedCall) -> Case | None:
             "top_k": int(c.value(3, 4)),
             "bias": c.shape(2) is not None,
             "renormalize": bool(c.value("renormalize", True)),
+            "norm": not c.is_none("norm_weight"),
+            "residual": not c.is_none("residual"),
         },
     )
 
 
 def _gate_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
     t, h, e = case["tokens"], case["hidden"], case["experts"]
-    moved = nbytes(call["x"], call["weight"]) + (nbytes(call["bias"]) if call["bias"] is not None else 0)
+    moved = sum(nbytes(call[k]) for k in ("x", "weight", "bias", "norm_weight", "residual") if call.get(k) is not None)
     return Cost(2.0 * t * h * e, moved + nbytes(*outputs.values()))
 
 
 MOE_GATE = OpCases(
     op="moe_gate",
     cost=_gate_cost,
-    defaults={"tokens": 8, "hidden": 256, "experts": 32, "top_k": 4, "bias": True, "renormalize": True},
+    defaults={
+        "tokens": 8,
+        "hidden": 256,
+        "experts": 32,
+        "top_k": 4,
+        "bias": True,
+        "renormalize": True,
+        "norm": False,
+        "residual": False,
+    },
     dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16", "fp32")},
     sets={
         "cpu": [
@@ -420,20 +449,36 @@ MOE_GATE = OpCases(
             {"tokens": 5, "experts": 128, "hidden": 96, "renormalize": False, "bias": False},
             {"tokens": 3, "experts": 4, "top_k": 4, "hidden": 100},
             {"tokens": 19, "hidden": 80},
+            {"tokens": 3, "hidden": 100, "norm": True, "residual": True, "label": "norm of x + residual first"},
+            {"tokens": 19, "hidden": 80, "norm": True, "label": "norm first"},
         ],
-        "gpu": [
-            {"tokens": 1, "hidden": 2880},
+        "gpu": [  # (the norm cases among the first three: the launch tests take three a kernel)
+            {"tokens": 1, "hidden": 2880, "norm": True, "residual": True, "label": "norm of x + residual first"},
             {"tokens": 64, "hidden": 2880},
+            {"tokens": 4096, "hidden": 2880, "norm": True, "residual": True, "label": "norm of x + residual first"},
+            {"tokens": 1, "hidden": 2880},
             {"tokens": 4096, "hidden": 2880},
             {"tokens": 777, "hidden": 7168, "experts": 128, "top_k": 8, "bias": False},
+            {"tokens": 33, "hidden": 2880, "norm": True, "label": "norm first"},
         ],
         "bench-cpu": [{"tokens": 64}],
-        "bench-gpu": [{"tokens": t, "hidden": 2880, "dtype": "bf16"} for t in (1, 64, 4096)],
+        "bench-gpu": [
+            {"tokens": t, "hidden": 2880, "dtype": "bf16", "norm": n, "residual": n}
+            for t in (1, 64, 4096)
+            for n in (0, 1)
+        ],
     },
     make=_make_gate,
-    reference_call=lambda case, call: upcast(call, ("x", "weight", "bias")),
+    reference_call=lambda case, call: upcast(call, ("x", "weight", "bias", "norm_weight", "residual")),
     outputs=_gate_outputs,
-    compare=compare_by({"weights": close("matmul"), "picked_logits": close("matmul")}),
+    compare=compare_by(
+        {
+            "weights": close("matmul"),
+            "picked_logits": close("matmul"),
+            "h": close("elementwise"),
+            "stream": close("elementwise"),
+        }
+    ),
     shrink=[dim("tokens"), dim("experts", keep=lambda c, v: v >= c["top_k"]), dim("top_k"), dim("hidden", lo=16)],
     from_capture=_gate_from_capture,
     always_show=("tokens", "hidden", "experts", "top_k"),
