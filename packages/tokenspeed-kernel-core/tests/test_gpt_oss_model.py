@@ -250,6 +250,25 @@ def test_residual_adds_fused_into_the_next_norm_give_the_same_bits(tiny, monkeyp
         torch.testing.assert_close(x, y, atol=0, rtol=0)
 
 
+def test_decode_buffers_give_the_same_bits_as_fresh_tensors(tiny, monkeypatch):
+    """A decode writes each layer's projection and attention into buffers made once per batch size (``out=``, views
+    made once); the same generation with fresh tensors each call (no buffers) gives the same bits, in bf16, with
+    prepared calls and without."""
+    cfg, weights = tiny
+    for prepared in (False, True):
+        model = m.GptOssModel(cfg, weights, dtype=torch.bfloat16, max_positions=64, prepared_decode=prepared)
+        with tk.kernel_override("reference"):
+            buffered = m.generate(model, PROMPTS, 4, return_logits=True, page_size=4)
+        assert list(model._decode_buffers) == [len(PROMPTS)]
+        fresh_model = m.GptOssModel(cfg, weights, dtype=torch.bfloat16, max_positions=64, prepared_decode=prepared)
+        monkeypatch.setattr(fresh_model, "_buffers", lambda batch: None)
+        with tk.kernel_override("reference"):
+            fresh = m.generate(fresh_model, PROMPTS, 4, return_logits=True, page_size=4)
+        assert not fresh_model._decode_buffers and fresh.tokens == buffered.tokens
+        for x, y in zip(fresh.decode_logits, buffered.decode_logits, strict=True):
+            torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
 def test_prepared_sites_refuse_another_call_sequence():
     from tokenspeed_kernel.models.gpt_oss.prepared import PreparedSites
 

@@ -38,16 +38,34 @@ from .weights import GptOssLayer, GptOssWeights
 __all__ = ["GptOssModel", "layer_prefill", "layer_decode", "plan_layer"]
 
 
-def _qkv(
-    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k and v: views of one projection (heads first, then one split: two view calls). The rotary ops and the
-    cache store read strided rows."""
-    qkv = ops.mm(h, layer.qkv_weight, layer.qkv_bias)
+def _qkv_views(cfg: GptOssConfig, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v: views of one projection ``[T, (nq + 2 nkv) * d]`` (heads first, then one split: two view calls).
+    The rotary ops and the cache store read strided rows."""
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     # (split_with_sizes: the C method under Tensor.split's Python wrapper)
     q, k, v = qkv.reshape(qkv.shape[0], nq + 2 * nkv, d).split_with_sizes([nq, nkv, nkv], dim=1)
     return q, k, v
+
+
+def _qkv(
+    cfg: GptOssConfig, layer: GptOssLayer, h: torch.Tensor, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v (:func:`_qkv_views` of the projection)."""
+    return _qkv_views(cfg, ops.mm(h, layer.qkv_weight, layer.qkv_bias))
+
+
+class DecodeBuffers:
+    """The buffers a decode of ``batch`` sequences writes the projection and the attention into, with their views
+    made once: a layer's ``mm`` writes ``qkv`` (``out=``) and the attention ``attn`` (``out=``), so a step makes no
+    view call (reshape, split) and no allocation for them. Every layer uses the same ones: the stream orders a layer's
+    readers before the next layer's writers."""
+
+    def __init__(self, cfg: GptOssConfig, batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv = torch.empty((batch, (nq + 2 * nkv) * d), dtype=dtype, device=device)
+        self.q, self.k, self.v = _qkv_views(cfg, self.qkv)
+        self.attn = torch.empty((batch, nq, d), dtype=dtype, device=device)
+        self.attn_rows = self.attn.view(batch, nq * d)
 
 
 def _moe(cfg: GptOssConfig, layer: GptOssLayer, o: torch.Tensor, x: torch.Tensor, ops: Any) -> tuple[torch.Tensor, ...]:
@@ -125,9 +143,9 @@ def _input_norm(
 def _post_attention(
     cfg: GptOssConfig, layer: GptOssLayer, attn: torch.Tensor, x: torch.Tensor, ops: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The o projection, the post-attention norm adding it to the stream ``x`` (inside the router's call), the MoE:
-    ``(moe, stream)``."""
-    o = ops.mm(attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
+    """The o projection of ``attn`` (``[T, nq, d]``, or its ``[T, nq * d]`` rows), the post-attention norm adding it
+    to the stream ``x`` (inside the router's call), the MoE: ``(moe, stream)``."""
+    o = ops.mm(attn if attn.dim() == 2 else attn.reshape(attn.shape[0], -1), layer.o_weight, layer.o_bias)
     return _moe(cfg, layer, o, x, ops)
 
 
@@ -206,18 +224,30 @@ def _block_decode(
     *,
     ops: Any,
     attention_plan: tk.AttentionPlan | None,
+    buffers: DecodeBuffers | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`layer_decode` on the stream ``x + residual``, its residual add left to the caller (as
-    :func:`_block_prefill`)."""
+    :func:`_block_prefill`); with ``buffers``, the projection and the attention written into them."""
     h, x = _input_norm(cfg, layer, x, residual, ops)
-    q, k, v = _qkv(cfg, layer, h, ops)
+    if buffers is None:
+        q, k, v = _qkv(cfg, layer, h, ops)
+    else:
+        ops.mm(h, layer.qkv_weight, layer.qkv_bias, out=buffers.qkv)
+        q, k, v = buffers.q, buffers.k, buffers.v
     k_cache, v_cache = cache.k[layer.index], cache.v[layer.index]
     # The rotated k and v go straight into the cache: attention reads them there.
     q = ops.apply_rotary_and_store(q, k, v, cos_sin, positions, k_cache, v_cache, slots, style="neox")
-    attn = ops.mha_decode_with_kvcache(
-        q, k_cache, v_cache, page_table, cache_seqlens,
-        window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan,
-    )  # fmt: skip
+    window = cfg.window_left(layer.index)
+    if buffers is None:
+        attn = ops.mha_decode_with_kvcache(
+            q, k_cache, v_cache, page_table, cache_seqlens, window_left=window, sinks=layer.sinks, plan=attention_plan
+        )
+    else:
+        ops.mha_decode_with_kvcache(
+            q, k_cache, v_cache, page_table, cache_seqlens,
+            window_left=window, sinks=layer.sinks, plan=attention_plan, out=buffers.attn,
+        )  # fmt: skip
+        attn = buffers.attn_rows
     return _post_attention(cfg, layer, attn, x, ops)
 
 
@@ -259,6 +289,7 @@ class GptOssModel:
         self.ops = ops
         self.prepared_decode = prepared_decode
         self._decode_sites: dict[tuple, list[PreparedSites]] = {}
+        self._decode_buffers: dict[int, DecodeBuffers] = {}
         self.device = weights.device
         self.dtype = dtype
         self.cfg = cfg if len(weights.layers) == cfg.num_hidden_layers else cfg.with_layers(len(weights.layers))
@@ -385,6 +416,7 @@ class GptOssModel:
         """
         x, residual = self.embed_tokens[tokens], None
         sites = self._sites(tokens, page_table, attention_plan) if self.prepared_decode else None
+        buffers = self._buffers(tokens.shape[0])
         for i, layer in enumerate(self.layers):
             x, residual = _block_decode(
                 self.cfg,
@@ -399,8 +431,19 @@ class GptOssModel:
                 page_table,
                 ops=self.ops if sites is None else sites[i].restart(),
                 attention_plan=attention_plan,
+                buffers=buffers,
             )
         return self._logits(x, residual, None if sites is None else sites[-1].restart())
+
+    def _buffers(self, batch: int) -> DecodeBuffers | None:
+        """The decode buffers of ``batch`` sequences (made at its first decode); None when the ops are a compiled
+        namespace (its custom ops are functional: no ``out=``)."""
+        if self.ops is not tk:
+            return None
+        buffers = self._decode_buffers.get(batch)
+        if buffers is None:
+            buffers = self._decode_buffers[batch] = DecodeBuffers(self.cfg, batch, self.dtype, self.device)
+        return buffers
 
     def _sites(self, tokens: torch.Tensor, page_table: torch.Tensor, plan: tk.AttentionPlan | None) -> list:
         """The prepared call sites of a decode of this shape: one per layer, one for the logits."""
