@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# NOT RUN: the device had no machine for this call (session 23); its question (where the step's host time goes now) is open.
 # session 23, call 3 (issue 13): where the eager decode step's host time goes now. py-spy (installed apart: the
 # packages' --upgrade install replaces /tmp/site/bin, which is why call 2's py-spy was missing) samples the 24-layer
 # prepared step spinning (host_probe.py --spin): Python frames; native frames; native frames with idle samples kept.
