@@ -4,7 +4,7 @@
 # ones included; the GPT-OSS model's GPU tests), verify of triton.moe_gate on the GPU set; then the 24-layer prepared
 # decode step with the code before session 23 (wheels of 8729716, .anchors/pre-s23), with the norm in moe_gate only
 # (wheels of b883557, .anchors/s23-norm) and with the decode buffers too (this checkout, 5034a85), in alternated
-# processes; the in-situ table of the last; bench --host of moe_gate.
+# processes; the in-situ table of the last; bench --host of moe_gate; the anchor host table (.anchors/host_cost.py).
 rm -rf /tmp/site /tmp/site-before /tmp/site-norm
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-before .whl/*.whl .anchors/pre-s23/*.whl
@@ -34,3 +34,5 @@ PYTHONPATH=/tmp/site timeout 80 python3 $P --out $W/sites --sites > $W/sites.txt
 echo "sites rc $?"; grep -v -E "^plans|^hopper" $W/sites.txt | tail -12 | cut -c1-200
 (cd /tmp && PYTHONPATH=/tmp/site timeout 100 python3 -m tokenspeed_kernel bench --host moe_gate --quiet \
   --json $W/host.json --md $W/host.md > $W/host.txt 2>&1); echo "host rc $?"; grep -v "^$" $W/host.md | tail -8
+(mkdir -p $W/anchor && cd $W/anchor && PYTHONPATH=/tmp/site timeout 80 python3 $R/.anchors/host_cost.py > host-anchor.log 2>&1)
+echo "anchor rc $?"; tail -9 $W/anchor/host-anchor.log | cut -c1-200
