@@ -84,7 +84,7 @@ def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = N
 #: moe_gate's constexprs at GPT-OSS-20B's router (32 experts, top-4, a bias).
 _GATE = {
     "HAS_BIAS": True, "TOPK": 4, "RENORMALIZE": True, "DOT_FP32": False, "E_PAD": 32, "TOPK_PAD": 4,
-    "HAS_NORM": False, "HAS_RESIDUAL": False,
+    "HAS_NORM": False, "HAS_RESIDUAL": False, "NORM_BLOCK": 16,
 }  # fmt: skip
 #: with the post-attention norm of the stream x + residual first (GPT-OSS's decode and prefill layers).
 _NORM = {"HAS_NORM": True, "HAS_RESIDUAL": True}
@@ -110,14 +110,21 @@ KERNELS: dict[str, tuple] = {
     "gate_decode_norm": _fixed(
         "route",
         "_gate_kernel",
-        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 256},
+        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 256, "NORM_BLOCK": 4096},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
+    ),
+    "gate_decode2_norm": _fixed(  # 2-15 tokens: two rows of 4096 in the first pass's tile
+        "route",
+        "_gate_kernel",
+        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 2, "BLOCK_K": 128, "NORM_BLOCK": 4096},
         {"w_ptr": "*fp32"},
         num_warps=8,
     ),
     "gate_dot_norm": _fixed(
         "route",
         "_gate_kernel",
-        {**_GATE, **_NORM, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64},
+        {**_GATE, **_NORM, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64, "NORM_BLOCK": 64},
         {"w_ptr": "*fp32"},
         num_warps=8,
     ),

@@ -36,6 +36,7 @@ __all__ = [
     "SORT_SCAN_TILE",
     "ROUTE_BLOCK_T",
     "GATE_TILES",
+    "NORM_TILE",
     "GATHER_BLOCK",
     "COMBINE_BLOCK_H",
     "family_of",
@@ -115,6 +116,10 @@ GATE_TILES: dict[str, tuple[tuple[int | None, tuple[int, int, bool]], ...]] = {
     "amd": ((1, (1, 256, False)), (15, (2, 128, False)), (None, (16, 64, True))),
     "interpret": ((4, (2, 32, False)), (None, (16, 32, True))),
 }
+#: moe_gate's norm (norm_weight=): the most elements (tokens x the row's power of two) its first pass holds in one
+#: tile; 8192 at 8 warps is 32 a thread. Wider rows or more tokens step through the row BLOCK_K at a time. The
+#: interpreter's is small, so its tests take both paths.
+NORM_TILE: dict[str, int] = {"nvidia": 8192, "amd": 8192, "interpret": 128}
 GATHER_BLOCK: dict[str, tuple[int, int]] = {"nvidia": (16, 512), "amd": (16, 512), "interpret": (16, 512)}
 COMBINE_BLOCK_H: dict[str, int] = {"nvidia": 1024, "amd": 1024, "interpret": 1024}
 

@@ -9,7 +9,7 @@ import triton.language as tl
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
 
 from ..rmsnorm import _load_sum
-from .configs import GATE_TILES, ROUTE_BLOCK_T, family_of, lookup
+from .configs import GATE_TILES, NORM_TILE, ROUTE_BLOCK_T, family_of, lookup
 
 __all__ = ["moe_route", "moe_gate"]
 
@@ -93,16 +93,16 @@ def _gate_kernel(
     r_ptr, stride_rt, nw_ptr, h_ptr, stride_ht, s_ptr, stride_st, eps,
     HAS_BIAS: tl.constexpr, TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, DOT: tl.constexpr,
     DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_NORM: tl.constexpr = False, HAS_RESIDUAL: tl.constexpr = False,
+    HAS_NORM: tl.constexpr = False, HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 16,
 ):  # fmt: skip
     """The router (``moe_gate``): one program computes BLOCK_T tokens' logits over every expert (fp32 sums of
     BLOCK_K-wide products, tensor cores when DOT; DOT_FP32 upcasts the operands first, for the interpreter: exact
     either way), rounds them to x's dtype as ``mm`` returns them, and routes.
 
     HAS_NORM: the router reads ``h = rmsnorm(x [+ residual])`` instead of x (``rmsnorm``'s numerics): a first pass
-    over the row sums the squares (and stores the stream ``s = x + residual`` with HAS_RESIDUAL), the GEMM's loop
-    normalises each chunk it reads and stores it to ``h``. A program holds whole rows, so no other program is
-    waited for."""
+    over the row, NORM_BLOCK wide (the whole row at decode sizes: its loads in flight at once), sums the squares (and
+    stores the stream ``s = x + residual`` with HAS_RESIDUAL); the GEMM's loop normalises each chunk it reads and
+    stores it to ``h``. A program holds whole rows, so no other program is waited for."""
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     eids = tl.arange(0, E_PAD)
     t_ok = tokens < T
@@ -112,9 +112,9 @@ def _gate_kernel(
     w_rows = wr_ptr + eids[:, None].to(tl.int64) * H
     rstd = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if HAS_NORM:
-        sq = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            s = _load_sum(x_ptr, r_ptr, s_ptr, rows, t_ok, k0 + tl.arange(0, BLOCK_K), H, stride_xt, stride_rt,
+        sq = tl.zeros((BLOCK_T, NORM_BLOCK), dtype=tl.float32)
+        for k0 in range(0, H, NORM_BLOCK):
+            s = _load_sum(x_ptr, r_ptr, s_ptr, rows, t_ok, k0 + tl.arange(0, NORM_BLOCK), H, stride_xt, stride_rt,
                           stride_st, HAS_RESIDUAL)  # fmt: skip
             sq += s * s
         rstd = tl.rsqrt(tl.sum(sq, axis=1) / H + eps)
@@ -228,6 +228,9 @@ def moe_gate(
             block_k = max(16, min(block_k, 8192 // (block_t * e_pad)))
         norm = normed is not None
         res = stream is not None
+        # The norm's first pass: the whole row in one tile where it fits the registers (decode: its loads in flight
+        # at once; a 256-wide loop made a one-token call 7 us longer on an H100), else BLOCK_K-wide steps.
+        norm_block = next_power_of_2(h) if block_t * next_power_of_2(h) <= NORM_TILE[family] else block_k
         cached(_gate_kernel)[(cdiv(t, block_t),)](
             x, x.stride(0), weight, bias, weights, ids, t, e, h,
             residual if res else x, residual.stride(0) if res else 0, norm_weight if norm else x,
@@ -235,7 +238,7 @@ def moe_gate(
             float(norm_eps) if norm else 0.0,
             HAS_BIAS=bias is not None, TOPK=top_k, RENORMALIZE=renormalize, DOT=dot, DOT_FP32=family == "interpret",
             BLOCK_T=block_t, E_PAD=e_pad, TOPK_PAD=next_power_of_2(top_k), BLOCK_K=block_k, HAS_NORM=norm,
-            HAS_RESIDUAL=res, num_warps=8,
+            HAS_RESIDUAL=res, NORM_BLOCK=norm_block if norm else 16, num_warps=8,
         )  # fmt: skip
     if normed is None:
         return weights, ids
