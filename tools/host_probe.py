@@ -514,6 +514,8 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
             with make_ctx():
                 runner._step()
             runner.positions.fill_(2000)  # the same step again: the cache never runs out
+            if hasattr(runner, "slots"):  # (runners that keep the cache lengths beside the positions: session 24 on)
+                runner.cache_seqlens.fill_(2001)
             if planned:
                 runner.host_positions = [2000]
 

@@ -127,15 +127,68 @@ def test_paged_cache_block_manager():
     assert s0b.tolist() == [5, 6, 7, 12]
     assert cache.page_table.tolist() == [[0, 1, 3], [2, 0, 0]]
     assert cache.seqlens[:2] == [9, 2] and cache.free_pages == 2
+    assert cache.version == 3  # three reserves took a new page
+    table = cache.slot_table(2)
+    assert table.shape == (2, 12) and table.dtype == torch.int64
+    assert table[0, :9].tolist() == s0.tolist() + s0b.tolist() and table[1, :2].tolist() == s1.tolist()
+    assert table[1, 4:8].tolist() == [0, 1, 2, 3]  # a page not reserved: page 0's rows, as the table's zeros
+    cache.reserve(1, 1)  # a row of page 2: no page taken, the table unchanged
+    assert cache.version == 3
     with pytest.raises(RuntimeError, match="exceed 3 pages"):
         cache.reserve(0, 4)
     cache.release(0)
-    assert cache.free_pages == 5 and cache.seqlens[0] == 0
+    assert cache.free_pages == 5 and cache.seqlens[0] == 0 and cache.version == 4
     assert cache.reserve(0, 1).tolist() == [16]  # the free list hands out page 4 first
     small = m.PagedKVCache(cfg, num_layers=1, num_pages=2, page_size=4, max_batch=2, max_pages_per_seq=2)
     small.reserve(0, 8)
     with pytest.raises(RuntimeError, match="out of pages"):
         small.reserve(1, 1)
+
+
+def test_decode_runner_bookkeeping_is_four_launches_and_no_allocation():
+    """A decode step's own work besides the model and the sampler: the slot looked up in the slot table, the token
+    written back, positions and cache lengths advanced (four ATen calls, no allocation); the slots follow the
+    pages across a page boundary and onto a page reserved after set_state (the table is remade)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    cfg = m.GptOssConfig.tiny()
+    cache = m.PagedKVCache(cfg, num_layers=1, num_pages=8, page_size=4, max_batch=2, max_pages_per_seq=4)
+    r1 = cache.reserve(1, 5).tolist()  # pages 0 and 1 to sequence 1
+    r0 = cache.reserve(0, 6).tolist()  # pages 2 and 3 to sequence 0
+    seen = []
+
+    class Model:
+        device = torch.device("cpu")
+
+        def decode(self, tokens, positions, cache_, slots, cache_seqlens, page_table, *, attention_plan):
+            seen.append((positions.tolist(), slots.tolist(), cache_seqlens.tolist()))
+            return logits
+
+    logits, sampled = torch.zeros(2, 5), torch.tensor([3, 4])  # (made here: the stubs make nothing in the step)
+    runner = m.DecodeRunner(Model(), cache, 2, lambda _: sampled, cuda_graph=False)
+    runner.sampler.refresh = lambda: None
+    runner.set_state(torch.tensor([1, 2]), torch.tensor([5, 1]))
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Count() as count:
+        runner.step()
+    assert sorted(count.ops) == ["add_", "add_", "copy_", "gather"], count.ops
+    runner.step()
+    runner.step()
+    r0b = cache.reserve(0, 3).tolist()  # positions 6-8: sequence 0 takes a page after set_state (position 8)
+    runner.step()
+    assert runner.tokens.tolist() == [3, 4]
+    assert [p for p, _, _ in seen] == [[5, 1], [6, 2], [7, 3], [8, 4]]
+    assert [n for _, _, n in seen] == [[6, 2], [7, 3], [8, 4], [9, 5]]
+    assert [s for _, s, _ in seen] == [list(pair) for pair in zip([r0[5], *r0b], r1[1:5], strict=True)]
 
 
 # ----------------------------------------------------------------------------- checkpoint layout
