@@ -23,8 +23,10 @@ from _compile_cases import compile_summary, script_result, signature_by_name, st
 TARGETS = ("sm90", "gfx942", "gfx950")
 _E_PAD, _TOPK, _K = 128, 4, 2880
 
-_INT32_POINTERS = {"map_ptr", "perm_ptr", "ids_ptr", "offsets_ptr", "counts_ptr", "base_ptr", "inv_ptr", "row_of_ptr"}
-_FP32_POINTERS = {"topk_w_ptr"}
+_INT32_POINTERS = {
+    "map_ptr", "perm_ptr", "ids_ptr", "offsets_ptr", "counts_ptr", "base_ptr", "inv_ptr", "row_of_ptr", "counter_ptr",
+}  # fmt: skip
+_FP32_POINTERS = {"topk_w_ptr", "part_ptr"}
 _FLOAT_ARGS = {"alpha", "limit", "up_offset", "eps"}
 
 
@@ -84,7 +86,7 @@ def _fixed(module: str, kernel: str, constexprs: dict, pointers: dict | None = N
 #: moe_gate's constexprs at GPT-OSS-20B's router (32 experts, top-4, a bias).
 _GATE = {
     "HAS_BIAS": True, "TOPK": 4, "RENORMALIZE": True, "DOT_FP32": False, "E_PAD": 32, "TOPK_PAD": 4,
-    "HAS_NORM": False, "HAS_RESIDUAL": False, "NORM_BLOCK": 16,
+    "HAS_NORM": False, "HAS_RESIDUAL": False, "NORM_BLOCK": 16, "E_BLOCK": 0,
 }  # fmt: skip
 #: with the post-attention norm of the stream x + residual first (GPT-OSS's decode and prefill layers).
 _NORM = {"HAS_NORM": True, "HAS_RESIDUAL": True}
@@ -106,6 +108,28 @@ KERNELS: dict[str, tuple] = {
     ),
     "gate_dot": _fixed(
         "route", "_gate_kernel", {**_GATE, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64}, {"w_ptr": "*fp32"}, num_warps=8
+    ),
+    # The decode tiles of the table: four experts a program (8 programs at 32 experts), the last to arrive routes.
+    "gate_decode_split": _fixed(
+        "route",
+        "_gate_kernel",
+        {**_GATE, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 1024, "E_BLOCK": 4},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
+    ),
+    "gate_decode_split_norm": _fixed(
+        "route",
+        "_gate_kernel",
+        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 1024, "NORM_BLOCK": 4096, "E_BLOCK": 4},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
+    ),
+    "gate_decode2_split_norm": _fixed(
+        "route",
+        "_gate_kernel",
+        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 2, "BLOCK_K": 512, "NORM_BLOCK": 4096, "E_BLOCK": 4},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
     ),
     "gate_decode_norm": _fixed(
         "route",

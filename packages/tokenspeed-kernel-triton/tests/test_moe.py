@@ -148,6 +148,35 @@ def test_gate_equals_mm_then_route(t: int, bias: bool, renormalize: bool) -> Non
     torch.testing.assert_close(wts, rw, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("e_block", [4, 0])  # the interpreter's table splits the experts 4 a program; 0: one program
+@pytest.mark.parametrize("norm", [False, True])
+def test_gate_split_experts_route_every_expert(monkeypatch, e_block: int, norm: bool) -> None:
+    """Every expert chosen (top_k = E = 14: four splits of 4, the last holding two experts and two padding lanes):
+    each split's logits reach the routing program at their place, with the experts split across programs and in
+    one. Small integers: the logits are exact, so the routing equals the reference's bit for bit. With the norm, h
+    (stored by one program) against a float64 norm, and the routing equal to the one-program kernel's bit for bit."""
+    tiles = configs.GATE_TILES["interpret"]
+    monkeypatch.setitem(configs.GATE_TILES, "interpret", ((4, (2, 32, False, e_block)), tiles[1]))
+    x, w, b = _gate_inputs(3, 40, 14, seed=11)
+    if not norm:
+        got = route.moe_gate(x, w, b, 14, renormalize=False)
+        logits = (x.double() @ w.double().T + b.double()).to(x.dtype)
+        rw, rids = ref.moe_route(logits, 14, renormalize=False)
+        assert torch.equal(got[1], rids)
+        torch.testing.assert_close(got[0], rw, atol=1e-6, rtol=1e-5)
+        return
+    _, res, nw = _norm_inputs(3, 40, seed=12)
+    got = route.moe_gate(x, w, b, 14, renormalize=False, norm_weight=nw, norm_eps=1e-5, residual=res)
+    exact = x.double() + res.double()
+    assert ((got[3].double() - exact).abs() <= exact.abs() * 2.0**-7 + 1e-30).all()
+    want = _norm64(got[3], nw, 1e-5)
+    assert ((got[2].double() - want).abs() <= want.abs().max() * 2 * 2.0**-7).all()
+    monkeypatch.setitem(configs.GATE_TILES, "interpret", ((4, (2, 32, False, 0)), tiles[1]))
+    one = route.moe_gate(x, w, b, 14, renormalize=False, norm_weight=nw, norm_eps=1e-5, residual=res)
+    for a, b_ in zip(got, one, strict=True):
+        assert torch.equal(a, b_)
+
+
 def test_gate_public_op_selects_triton() -> None:
     x, w, b = _gate_inputs(5, 64, 32, 9)
     assert tk.moe_gate.selected_kernel(x, w, b, 4).spec.name == "triton.moe_gate"

@@ -106,15 +106,17 @@ SORT_SCAN_TILE: dict[str, int] = {"nvidia": 4096, "amd": 4096, "interpret": 8}
 #: Memory-bound helpers: tokens per routing program (a [tokens, E] tile of logits),
 #: (rows, hidden columns) per row-gather program, hidden columns per combine program.
 ROUTE_BLOCK_T: dict[str, int] = {"nvidia": 16, "amd": 16, "interpret": 16}
-#: ``moe_gate`` by token count: ``(block_t, block_k, dot)``, tokens per program, the K step, and whether the
+#: ``moe_gate`` by token count: ``(block_t, block_k, dot, e_block)``, tokens per program, the K step, whether the
 #: logits go through tensor cores (``tl.dot``, 16 tokens and more) or fp32 products accumulated on the CUDA cores
-#: (few tokens: a decode step's router is one program per token reading ``W_r`` once, 184 KB at GPT-OSS sizes), 8
-#: warps. The CUDA-core rows keep ``block_t * E * block_k`` accumulators at 8192 (capped in the wrapper for more
-#: experts). Not measured yet beyond one call's device time (session 17).
-GATE_TILES: dict[str, tuple[tuple[int | None, tuple[int, int, bool]], ...]] = {
-    "nvidia": ((1, (1, 256, False)), (15, (2, 128, False)), (None, (16, 64, True))),
-    "amd": ((1, (1, 256, False)), (15, (2, 128, False)), (None, (16, 64, True))),
-    "interpret": ((4, (2, 32, False)), (None, (16, 32, True))),
+#: (few tokens), and the experts per program on the CUDA cores (0: all in one). A decode step's router (``W_r``,
+#: 184 KB at GPT-OSS-20B's sizes) read by one program took 9.6 us in a CUDA graph on an H100 (session 23): its
+#: loads wait on one SM's memory pipeline. Split four experts a program, 8 programs read it at 20B's 32 experts
+#: and 32 at 120B's 128 (the last to finish routes); this split is not measured on a GPU yet (session 24). 8 warps;
+#: the CUDA-core rows keep ``block_t * experts a program * block_k`` accumulators at 8192 (capped in the wrapper).
+GATE_TILES: dict[str, tuple[tuple[int | None, tuple[int, int, bool, int]], ...]] = {
+    "nvidia": ((1, (1, 1024, False, 4)), (15, (2, 512, False, 4)), (None, (16, 64, True, 0))),
+    "amd": ((1, (1, 1024, False, 4)), (15, (2, 512, False, 4)), (None, (16, 64, True, 0))),
+    "interpret": ((4, (2, 32, False, 4)), (None, (16, 32, True, 0))),
 }
 #: moe_gate's norm (norm_weight=): the most elements (tokens x the row's power of two) its first pass holds in one
 #: tile; 8192 at 8 warps is 32 a thread. Wider rows or more tokens step through the row BLOCK_K at a time. The

@@ -6,9 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2
+from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters, stream_scratch
 
-from ..rmsnorm import _load_sum
 from .configs import GATE_TILES, NORM_TILE, ROUTE_BLOCK_T, family_of, lookup
 
 __all__ = ["moe_route", "moe_gate"]
@@ -70,43 +69,64 @@ def _route_kernel(
 
 
 @triton.jit
-def _normed_chunk(
-    x_ptr, r_ptr, nw_ptr, h_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, stride_ht, rstd, HAS_RESIDUAL: tl.constexpr
-):  # fmt: skip
-    """A chunk of the norm's output ``h = s * rstd * norm_weight`` (fp32, cast once to x's dtype, as ``rmsnorm``),
-    ``s`` recomputed from x (+ residual, rounded to x's dtype) rather than re-read from the stream the first pass
-    stored (nothing orders another thread's store before this load); stored to ``h`` and returned."""
+def _stream_chunk(x_ptr, r_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, HAS_RESIDUAL: tl.constexpr):
+    """A chunk of the stream the norm reads, in fp32: x, or ``s = x + residual`` rounded to x's dtype."""
     mask = t_ok[:, None] & (ks < H)[None, :]
     s = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + rows[:, None] * stride_rt + ks[None, :], mask=mask, other=0.0).to(tl.float32)
         s = (s + r).to(x_ptr.dtype.element_ty).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _normed_chunk(
+    x_ptr, r_ptr, nw_ptr, h_ptr, s_ptr, rows, t_ok, store_ok, ks, H, stride_xt, stride_rt, stride_ht, stride_st, rstd,
+    HAS_RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """A chunk of the norm's output ``h = s * rstd * norm_weight`` (fp32, cast once to x's dtype, as ``rmsnorm``),
+    ``s`` recomputed from x (+ residual) as the first pass did; where ``store_ok`` (one program of a token block),
+    ``h`` (and the stream ``s``) stored. Returns ``h``."""
+    s = _stream_chunk(x_ptr, r_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, HAS_RESIDUAL)
     nw = tl.load(nw_ptr + ks, mask=ks < H, other=0.0).to(tl.float32)
     h = (s * rstd[:, None] * nw[None, :]).to(x_ptr.dtype.element_ty)
+    mask = (t_ok & store_ok)[:, None] & (ks < H)[None, :]
     tl.store(h_ptr + rows[:, None] * stride_ht + ks[None, :], h, mask=mask)
+    if HAS_RESIDUAL:
+        tl.store(s_ptr + rows[:, None] * stride_st + ks[None, :], s.to(x_ptr.dtype.element_ty), mask=mask)
     return h
 
 
 @triton.jit
 def _gate_kernel(
     x_ptr, stride_xt, wr_ptr, br_ptr, w_ptr, ids_ptr, T, E, H,
-    r_ptr, stride_rt, nw_ptr, h_ptr, stride_ht, s_ptr, stride_st, eps,
+    r_ptr, stride_rt, nw_ptr, h_ptr, stride_ht, s_ptr, stride_st, eps, part_ptr, counter_ptr,
     HAS_BIAS: tl.constexpr, TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, DOT: tl.constexpr,
     DOT_FP32: tl.constexpr, BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_NORM: tl.constexpr = False, HAS_RESIDUAL: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 16,
+    E_BLOCK: tl.constexpr = 0,
 ):  # fmt: skip
-    """The router (``moe_gate``): one program computes BLOCK_T tokens' logits over every expert (fp32 sums of
-    BLOCK_K-wide products, tensor cores when DOT; DOT_FP32 upcasts the operands first, for the interpreter: exact
-    either way), rounds them to x's dtype as ``mm`` returns them, and routes.
+    """The router (``moe_gate``): BLOCK_T tokens' logits (fp32 sums of BLOCK_K-wide products, tensor cores when
+    DOT; DOT_FP32 upcasts the operands first, for the interpreter: exact either way), rounded to x's dtype as ``mm``
+    returns them, then routed.
+
+    E_BLOCK = 0: one program computes every expert's logits and routes. E_BLOCK > 0 (CUDA-core sums only): the
+    experts are split, E_BLOCK a program (grid axis 1), so a few tokens' router is read by E_PAD / E_BLOCK programs
+    at once instead of one; each program stores its logits in ``part_ptr`` (per token block, [BLOCK_T, E_PAD] fp32)
+    and counts itself in the block's counter; the last to arrive zeroes the counter and routes (no program waits).
 
     HAS_NORM: the router reads ``h = rmsnorm(x [+ residual])`` instead of x (``rmsnorm``'s numerics): a first pass
-    over the row, NORM_BLOCK wide (the whole row at decode sizes: its loads in flight at once), sums the squares (and
-    stores the stream ``s = x + residual`` with HAS_RESIDUAL); the GEMM's loop normalises each chunk it reads and
-    stores it to ``h``. A program holds whole rows, so no other program is waited for."""
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    eids = tl.arange(0, E_PAD)
+    over the row, NORM_BLOCK wide (the whole row at decode sizes: its loads in flight at once), sums the squares;
+    the GEMM's loop normalises each chunk it reads, and the first program of a token block stores it to ``h`` (and
+    the stream ``s = x + residual`` with HAS_RESIDUAL). Every program holds whole rows: none waits for another."""
+    E_PROG: tl.constexpr = E_PAD if E_BLOCK == 0 else E_BLOCK
+    block = tl.program_id(0)
+    split = tl.program_id(1)
+    tokens = block * BLOCK_T + tl.arange(0, BLOCK_T)
+    eids = split * E_PROG + tl.arange(0, E_PROG)
     t_ok = tokens < T
     e_ok = eids < E
+    first = split == 0
     rows = tokens.to(tl.int64)
     x_rows = x_ptr + rows[:, None] * stride_xt
     w_rows = wr_ptr + eids[:, None].to(tl.int64) * H
@@ -114,18 +134,18 @@ def _gate_kernel(
     if HAS_NORM:
         sq = tl.zeros((BLOCK_T, NORM_BLOCK), dtype=tl.float32)
         for k0 in range(0, H, NORM_BLOCK):
-            s = _load_sum(x_ptr, r_ptr, s_ptr, rows, t_ok, k0 + tl.arange(0, NORM_BLOCK), H, stride_xt, stride_rt,
-                          stride_st, HAS_RESIDUAL)  # fmt: skip
+            s = _stream_chunk(x_ptr, r_ptr, rows, t_ok, k0 + tl.arange(0, NORM_BLOCK), H, stride_xt, stride_rt,
+                              HAS_RESIDUAL)  # fmt: skip
             sq += s * s
         rstd = tl.rsqrt(tl.sum(sq, axis=1) / H + eps)
     if DOT:
-        acc = tl.zeros((BLOCK_T, E_PAD), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_T, E_PROG), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < H
             if HAS_NORM:
-                a = _normed_chunk(x_ptr, r_ptr, nw_ptr, h_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, stride_ht,
-                                  rstd, HAS_RESIDUAL)  # fmt: skip
+                a = _normed_chunk(x_ptr, r_ptr, nw_ptr, h_ptr, s_ptr, rows, t_ok, first, ks, H, stride_xt, stride_rt,
+                                  stride_ht, stride_st, rstd, HAS_RESIDUAL)  # fmt: skip
             else:
                 a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
@@ -135,14 +155,14 @@ def _gate_kernel(
                 acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
     else:
         # Products accumulated lane by lane, reduced once at the end: the loop is loads and FMAs only, so its loads
-        # overlap (one program reads the whole router; a reduction per step serialised them).
-        acc3 = tl.zeros((BLOCK_T, E_PAD, BLOCK_K), dtype=tl.float32)
+        # overlap (a reduction per step serialised them).
+        acc3 = tl.zeros((BLOCK_T, E_PROG, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < H
             if HAS_NORM:
-                a = _normed_chunk(x_ptr, r_ptr, nw_ptr, h_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, stride_ht,
-                                  rstd, HAS_RESIDUAL)  # fmt: skip
+                a = _normed_chunk(x_ptr, r_ptr, nw_ptr, h_ptr, s_ptr, rows, t_ok, first, ks, H, stride_xt, stride_rt,
+                                  stride_ht, stride_st, rstd, HAS_RESIDUAL)  # fmt: skip
             else:
                 a = tl.load(x_rows + ks[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + ks[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
@@ -151,7 +171,24 @@ def _gate_kernel(
     if HAS_BIAS:
         acc += tl.load(br_ptr + eids, mask=e_ok, other=0.0).to(tl.float32)[None, :]
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
-    _topk_store(logits, tokens, t_ok, eids, e_ok, w_ptr, ids_ptr, TOPK, RENORMALIZE, BLOCK_T, E_PAD, TOPK_PAD)
+    if E_BLOCK == 0:
+        _topk_store(logits, tokens, t_ok, eids, e_ok, w_ptr, ids_ptr, TOPK, RENORMALIZE, BLOCK_T, E_PAD, TOPK_PAD)
+    else:
+        slots = tl.arange(0, BLOCK_T)[:, None] * E_PAD
+        part = part_ptr + block.to(tl.int64) * (BLOCK_T * E_PAD)
+        tl.store(part + slots + eids[None, :], logits)
+        # Publish the logits (a CTA barrier, then a release at GPU scope) and count them: the program that brings the
+        # block's counter to the number of splits zeroes it and routes the block's tokens.
+        tl.debug_barrier()
+        counter = counter_ptr + block
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == E_PAD // E_BLOCK - 1:
+            tl.store(counter, 0)  # every split has arrived: zero for the next launch
+            tl.debug_barrier()
+            # (names of their own: a variable the branch shares with the code above must keep its type)
+            all_e = tl.arange(0, E_PAD)
+            every = tl.load(part + slots + all_e[None, :], cache_modifier=".cg")
+            _topk_store(every, tokens, t_ok, all_e, all_e < E, w_ptr, ids_ptr, TOPK, RENORMALIZE, BLOCK_T, E_PAD,
+                        TOPK_PAD)  # fmt: skip
 
 
 def moe_route(
@@ -222,24 +259,31 @@ def moe_gate(
             stream = torch.empty((t, h), dtype=x.dtype, device=dev)
     if t:
         family = family_of(dev)
-        block_t, block_k, dot = lookup(GATE_TILES[family], t)
+        block_t, block_k, dot, e_block = lookup(GATE_TILES[family], t)
         e_pad = max(16, next_power_of_2(e)) if dot else next_power_of_2(e)
+        # The experts split across programs (CUDA-core sums only), where that makes more than one.
+        e_block = e_block if not dot and e_block and e_block < e_pad else 0
         if not dot:  # the accumulators stay in registers: at most 8192 a program (32 a thread at 8 warps)
-            block_k = max(16, min(block_k, 8192 // (block_t * e_pad)))
+            block_k = max(16, min(block_k, 8192 // (block_t * (e_block or e_pad))))
+        blocks = cdiv(t, block_t)
+        if e_block:  # the splits' logits and arrival counters: the stream's (nothing allocated)
+            part, counters = stream_scratch(dev, blocks * block_t * e_pad), stream_counters(dev, blocks)
+        else:
+            part = counters = weights  # (unused)
         norm = normed is not None
         res = stream is not None
         # The norm's first pass: the whole row in one tile where it fits the registers (decode: its loads in flight
         # at once; with a 256-wide loop a one-token call took 14.5 us in a CUDA graph on an H100, 9.6 without the
         # norm: session 23), else BLOCK_K-wide steps.
         norm_block = next_power_of_2(h) if block_t * next_power_of_2(h) <= NORM_TILE[family] else block_k
-        cached(_gate_kernel)[(cdiv(t, block_t),)](
+        cached(_gate_kernel)[(blocks, e_pad // e_block if e_block else 1)](
             x, x.stride(0), weight, bias, weights, ids, t, e, h,
             residual if res else x, residual.stride(0) if res else 0, norm_weight if norm else x,
             normed if norm else x, h if norm else 0, stream if res else x, h if res else 0,
-            float(norm_eps) if norm else 0.0,
+            float(norm_eps) if norm else 0.0, part, counters,
             HAS_BIAS=bias is not None, TOPK=top_k, RENORMALIZE=renormalize, DOT=dot, DOT_FP32=family == "interpret",
             BLOCK_T=block_t, E_PAD=e_pad, TOPK_PAD=next_power_of_2(top_k), BLOCK_K=block_k, HAS_NORM=norm,
-            HAS_RESIDUAL=res, NORM_BLOCK=norm_block if norm else 16, num_warps=8,
+            HAS_RESIDUAL=res, NORM_BLOCK=norm_block if norm else 16, E_BLOCK=e_block, num_warps=8,
         )  # fmt: skip
     if normed is None:
         return weights, ids
