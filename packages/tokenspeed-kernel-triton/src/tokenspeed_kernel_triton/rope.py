@@ -28,21 +28,34 @@ ROTARY_CONFIGS: dict[str, RowConfig] = {
 
 
 @triton.jit
-def _rotate_heads(src, dst, h, H, stride_src_h, stride_dst_h, d, partner, D, rotated, cos, sin, sign):
-    mask = (h < H)[:, None] & (d < D)[None, :]
+def rotated_rows(src, h, h_ok, stride_src_h, d, partner, D, rotated, cos, sin, sign):
+    """Rows ``h`` (where ``h_ok``) of the heads at ``src`` rotated (fp32 math), rounded to the source's dtype."""
+    mask = h_ok[:, None] & (d < D)[None, :]
     row_src = src + h[:, None] * stride_src_h
     x = tl.load(row_src + d[None, :], mask=mask, other=0.0).to(tl.float32)
     # The partner element is a gather within the same head row, already in L1.
     xp = tl.load(row_src + partner[None, :], mask=mask & rotated[None, :], other=0.0).to(tl.float32)
     y = tl.where(rotated[None, :], x * cos[None, :] + sign[None, :] * xp * sin[None, :], x)
+    return y.to(src.dtype.element_ty)
+
+
+@triton.jit
+def _rotate_heads(src, dst, h, H, stride_src_h, stride_dst_h, d, partner, D, rotated, cos, sin, sign):
     # Rounded to the source's dtype, then cast to the destination's (the same dtype, or a KV cache's).
-    y = y.to(src.dtype.element_ty).to(dst.dtype.element_ty)
-    tl.store(dst + h[:, None] * stride_dst_h + d[None, :], y, mask=mask)
+    y = rotated_rows(src, h, h < H, stride_src_h, d, partner, D, rotated, cos, sin, sign).to(dst.dtype.element_ty)
+    tl.store(dst + h[:, None] * stride_dst_h + d[None, :], y, mask=(h < H)[:, None] & (d < D)[None, :])
 
 
 @triton.jit
 def _angles(cache_ptr, pos_ptr, t, R, stride_cache, GPTJ: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Token ``t``'s rotation: per lane of a head its partner lane, sign, cos and sin, and whether it rotates."""
+    """Token ``t``'s rotation (its position read at ``pos_ptr + t``): :func:`angles_at`."""
+    return angles_at(cache_ptr, tl.load(pos_ptr + t), R, stride_cache, GPTJ, BLOCK_D)
+
+
+@triton.jit
+def angles_at(cache_ptr, position, R, stride_cache, GPTJ: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The rotation at ``position``: per lane of a head its partner lane, sign, cos and sin, and whether it
+    rotates."""
     d = tl.arange(0, BLOCK_D)
     half = R // 2
     if GPTJ:
@@ -58,7 +71,7 @@ def _angles(cache_ptr, pos_ptr, t, R, stride_cache, GPTJ: tl.constexpr, BLOCK_D:
         sign = tl.where(first, -1.0, 1.0)
     rotated = d < R
     # One cos/sin row per token, shared by every head of q and k.
-    cache_row = cache_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cache
+    cache_row = cache_ptr + position.to(tl.int64) * stride_cache
     cos = tl.load(cache_row + freq, mask=rotated, other=1.0)
     sin = tl.load(cache_row + half + freq, mask=rotated, other=0.0)
     return d, partner, sign, rotated, cos, sin

@@ -27,12 +27,13 @@ import triton.language as tl
 
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters, stream_scratch
 
+from ..rope import angles_at, rotated_rows
 from ._shared import LN2, LOG2E, add_sink, mma, normalize, online_softmax_step, score_scales
 from ._shared import scores_log2 as _scores_log2
 from .configs import decode_config
 from .prefill import dot_precision, launch_options
 
-__all__ = ["mha_decode_with_kvcache", "choose_num_splits"]
+__all__ = ["mha_decode_with_kvcache", "mha_decode_append_kvcache", "choose_num_splits"]
 
 
 @triton.jit
@@ -73,6 +74,15 @@ def decode_split_kernel(
     num_heads,
     num_head_chunks,
     num_splits,
+    KNew,
+    VNew,
+    CosSin,
+    stride_kn_seq,
+    stride_kn_head,
+    stride_vn_seq,
+    stride_vn_head,
+    stride_cs,
+    rot_dim,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr,
@@ -87,8 +97,16 @@ def decode_split_kernel(
     BLOCK_S: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    APPEND: tl.constexpr = False,
+    ROTARY: tl.constexpr = False,
+    GPTJ: tl.constexpr = False,
 ):
     """Grid: (sequences, KV heads x head chunks, splits).
+
+    ``APPEND`` (``mha_decode_append_kvcache``): the new token's key and value (``KNew``, ``VNew``: ``[B, Hkv, D]``)
+    belong at position ``p = L - 1``; with ``ROTARY`` q and the new key are rotated at ``p`` first (``CosSin``,
+    ``apply_rotary``'s numerics). The program whose key range holds ``p`` uses them from registers (its cache loads
+    skip that row, so no program reads it from memory) and, for the first head chunk, writes them into the cache.
 
     ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
     write into ``Partials`` (fp32, the stream's scratch) the outputs ``[B, Hq, S, D]``
@@ -108,15 +126,31 @@ def decode_split_kernel(
     row_valid = (offs_h < HEADS_PER_TILE) & (head_in_group < GROUP)
     head = kv_head * GROUP + head_in_group
     seq64 = seq.to(tl.int64)
-    q = tl.load(
-        Q + seq64 * stride_q_seq + head[:, None] * stride_q_head + offs_d[None, :],
-        mask=row_valid[:, None],
-        other=0.0,
-    )
-
     # The query sits at position L - 1. Keys [lo, L) are visible; pages before lo are
     # never touched, so a windowed layer reads O(window) bytes whatever L is.
     seq_len = tl.load(CacheSeqlens + seq)
+    pos = seq_len - 1
+    if ROTARY:
+        _, partner, sign, rotated, cos, sin = angles_at(CosSin, pos, rot_dim, stride_cs, GPTJ, HEAD_DIM)
+        q = rotated_rows(Q + seq64 * stride_q_seq, head, row_valid, stride_q_head, offs_d, partner, HEAD_DIM,
+                         rotated, cos, sin, sign)  # fmt: skip
+    else:
+        q = tl.load(
+            Q + seq64 * stride_q_seq + head[:, None] * stride_q_head + offs_d[None, :],
+            mask=row_valid[:, None],
+            other=0.0,
+        )
+    if APPEND:
+        # The new key and value, [1, D] in the cache's dtype (the rotated key rounded to k's dtype first).
+        kv_row = kv_head + tl.arange(0, 1)
+        if ROTARY:
+            k_new = rotated_rows(KNew + seq64 * stride_kn_seq, kv_row, kv_row >= 0, stride_kn_head, offs_d, partner,
+                                 HEAD_DIM, rotated, cos, sin, sign)  # fmt: skip
+        else:
+            k_new = tl.load(KNew + seq64 * stride_kn_seq + kv_row[:, None] * stride_kn_head + offs_d[None, :])
+        k_new = k_new.to(KCache.dtype.element_ty)
+        v_new = tl.load(VNew + seq64 * stride_vn_seq + kv_row[:, None] * stride_vn_head + offs_d[None, :])
+        v_new = v_new.to(VCache.dtype.element_ty)
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - 1 - window_left, 0)
     else:
@@ -133,25 +167,38 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    if APPEND:
+        if (pos >= start) & (pos < end) & (chunk == 0):  # this program's range holds p: the cache gets the row
+            new_page = tl.load(page_row_ptr + pos // PAGE_SIZE).to(tl.int64)
+            new_row = pos % PAGE_SIZE
+            tl.store(k_base + new_page * stride_k_page + new_row * stride_k_tok + offs_d[None, :], k_new)
+            tl.store(v_base + new_page * stride_v_page + new_row * stride_v_tok + offs_d[None, :], v_new)
     for start_n in tl.range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # Keys outside [lo, end) are neither loaded nor their page ids read: pages below the
         # window may already be freed by the engine, pages past the end are unwritten.
         in_range = (offs_n < end) & (offs_n >= lo)
+        load_ok = in_range
+        if APPEND:
+            load_ok = in_range & (offs_n != pos)  # the new row comes from registers
         # One page-id gather per key: works for every power-of-two page size, whether a
         # block spans many small pages or sits inside one large page.
-        page = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=in_range, other=0).to(tl.int64)
+        page = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=load_ok, other=0).to(tl.int64)
         row = offs_n % PAGE_SIZE
         k = tl.load(
             k_base + (page * stride_k_page + row * stride_k_tok)[:, None] + offs_d[None, :],
-            mask=in_range[:, None],
+            mask=load_ok[:, None],
             other=0.0,
         )
         v = tl.load(
             v_base + (page * stride_v_page + row * stride_v_tok)[:, None] + offs_d[None, :],
-            mask=in_range[:, None],
+            mask=load_ok[:, None],
             other=0.0,
         )
+        if APPEND:
+            is_new = (offs_n == pos)[:, None]
+            k = tl.where(is_new, k_new, k)
+            v = tl.where(is_new, v_new, v)
         qk = mma(q, tl.trans(k), None, DOT_FP32, DOT_PRECISION)
         s = _scores_log2(qk, qk_scale, cap_scale, cap_log2, HAS_CAP)
         # Every row is the same query position, so the mask is per key only.
@@ -312,19 +359,71 @@ def mha_decode_with_kvcache(
     Returns:
         ``out`` or ``(out, lse)``.
     """
+    return _decode(
+        q, k_cache, v_cache, page_table, cache_seqlens, window_left, sinks, softmax_scale, logit_cap, return_lse,
+        out, plan, config, num_splits, None,
+    )  # fmt: skip
+
+
+def mha_decode_append_kvcache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    cos_sin_cache: torch.Tensor | None = None,
+    style: str = "neox",
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    logit_cap: float = 0.0,
+    out: torch.Tensor | None = None,
+    plan: Any = None,
+    config: dict[str, Any] | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """:func:`mha_decode_with_kvcache` whose new token's key and value are given and written into the cache by the
+    same launch, q and k rotated first with ``cos_sin_cache`` (semantics: ``tokenspeed_kernel.
+    mha_decode_append_kvcache``).
+
+    Args:
+        q: ``[B, Hq, D]``; k, v: ``[B, Hkv, D]``, q's dtype, last dim contiguous.
+        cos_sin_cache: ``float32 [max_position, R]`` (``apply_rotary``'s), or None: no rotation; style: its pairing.
+        Other arguments as :func:`mha_decode_with_kvcache`.
+
+    Returns:
+        ``out``.
+    """
+    rot = cos_sin_cache.shape[1] if cos_sin_cache is not None else 0
+    append = (k, v, cos_sin_cache, style, rot)
+    return _decode(
+        q, k_cache, v_cache, page_table, cache_seqlens, window_left, sinks, softmax_scale, logit_cap, False,
+        out, plan, config, num_splits, append,
+    )  # fmt: skip
+
+
+def _decode(
+    q, k_cache, v_cache, page_table, cache_seqlens, window_left, sinks, softmax_scale, logit_cap, return_lse, out, plan,
+    config, num_splits, append,
+):  # fmt: skip
+    """One launch of the decode kernel; ``append``: None, or ``(k, v, cos_sin_cache or None, style, rotary dim)``."""
     key = None
     # The longest sequence, rounded up to a power of two (a bounded number of launch plans).
     longest = None if plan is None else next_power_of_2(max(1, plan.max_cache_seqlen))
+    flags = None if append is None else (append[2] is not None, append[3])
     if config is None:
         # What _decode_plan reads: shapes, dtype, device, flags (strides are passed at the launch).
         key = (
             q.shape, k_cache.shape, page_table.shape[1], q.dtype, q.device,
-            window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits, longest,
+            window_left, sinks is None, softmax_scale, logit_cap, return_lse, num_splits, longest, flags,
         )  # fmt: skip
         launch = _PLANS.get(key)
     if key is None or launch is None:
         launch = _decode_plan(q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse,
-                              config, num_splits, longest)  # fmt: skip
+                              config, num_splits, longest, flags)  # fmt: skip
         if key is not None:
             if len(_PLANS) >= _MAX_PLANS:  # shapes that vary per call (page-table widths): start over
                 _PLANS.clear()
@@ -342,12 +441,18 @@ def mha_decode_with_kvcache(
         # Written and merged by this launch: the stream's scratch (no allocation a call, and a launch plan replays it).
         partials = stream_scratch(q.device, n_partials)
         counters = stream_counters(q.device, n_counters)
+    if append is None:
+        new = (q, q, q, 0, 0, 0, 0, 0, 0)  # (unused)
+    else:
+        k, v, cos_sin, _, rot = append
+        cs = cos_sin if cos_sin is not None else q
+        new = (k, v, cs, k.stride(0), k.stride(1), v.stride(0), v.stride(1), cs.stride(0), rot)
     lse_stride = lse.stride(0) if lse is not None else 0
     _DECODE_SPLIT[grid](
         q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partials, counters,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        page_table.stride(0), *scalars, **kwargs,
+        page_table.stride(0), *scalars, *new, **kwargs,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -359,10 +464,12 @@ _DECODE_SPLIT = cached(decode_split_kernel)
 
 
 def _decode_plan(
-    q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits, longest=None
-):
+    q, k_cache, page_table, window_left, sinks, softmax_scale, logit_cap, return_lse, config, num_splits, longest=None,
+    append=None,
+):  # fmt: skip
     """(grid, trailing scalars, kwargs, partials' fp32 elements or None, counters or None) of one decode call shape;
-    ``longest``: a bound on the longest sequence (an attention plan's), else the page table's capacity."""
+    ``longest``: a bound on the longest sequence (an attention plan's), else the page table's capacity; ``append``:
+    None, or (rotary, style) of an appending call."""
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     batch, hq, head_dim = q.shape
@@ -389,6 +496,8 @@ def _decode_plan(
         RETURN_LSE=return_lse, DIRECT=direct, BLOCK_S=next_power_of_2(num_splits),
         DOT_FP32=bool(cfg.get("DOT_FP32", False)), DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
     )  # fmt: skip
+    if append is not None:
+        kwargs.update(APPEND=True, ROTARY=append[0], GPTJ=append[1] == "gptj")
     # The split partials, one fp32 buffer: outputs [B, Hq, splits, D], then LSEs [B, Hq, splits] (_partial_lse).
     n_partials = None if direct else batch * hq * num_splits * (head_dim + 1)
     counters = None if direct else batch * hkv * num_head_chunks  # one per (sequence, head program)
