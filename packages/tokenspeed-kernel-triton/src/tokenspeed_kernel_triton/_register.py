@@ -89,6 +89,18 @@ _KERNELS = (
         "Triton split-KV paged decode, GQA group per program, the last split merges (stream counters) and adds sinks",
     ),
     _Kernel(
+        "mha_decode_append_kvcache",
+        "attention.decode:mha_decode_append_kvcache",
+        _ATTENTION_FORMATS,
+        {
+            **{k: v for k, v in _attention_traits(causal=False, paged=True).items() if k != "return_lse"},
+            "rotary": _BOOL,
+            "style": ("neox", "gptj"),
+        },
+        "The Triton split-KV decode that first writes the new token's K/V (rotated with q) into the cache: the "
+        "program whose key range holds it uses them from registers",
+    ),
+    _Kernel(
         "kvcache_store",
         "attention.store:kvcache_store",
         [{"kv": ("bf16", "fp16", "fp32")}],

@@ -8,6 +8,7 @@ from .activation import silu_and_mul, swiglu
 from .attention import (
     AttentionPlan,
     kvcache_store,
+    mha_decode_append_kvcache,
     mha_decode_with_kvcache,
     mha_extend_with_kvcache,
     mha_plan,
@@ -41,6 +42,7 @@ __all__ = [
     "mha_extend_with_kvcache",
     "mha_prefill_with_kvcache",
     "mha_decode_with_kvcache",
+    "mha_decode_append_kvcache",
     "kvcache_store",
     "mha_plan",
     "AttentionPlan",

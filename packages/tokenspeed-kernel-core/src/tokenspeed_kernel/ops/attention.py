@@ -71,6 +71,7 @@ __all__ = [
     "mha_extend_with_kvcache",
     "mha_prefill_with_kvcache",
     "mha_decode_with_kvcache",
+    "mha_decode_append_kvcache",
     "kvcache_store",
 ]
 
@@ -555,6 +556,22 @@ def _bind_mha_decode_with_kvcache(
         plan: an :class:`AttentionPlan` with this batch's ``cache_seqlens`` (:func:`mha_plan`), or None.
         Other arguments as :func:`mha_prefill`; lse is ``float32 [B, Hq]``.
     """
+    sig, traits, scale = _check_decode(
+        q, k_cache, v_cache, page_table, cache_seqlens, window_left, sinks, softmax_scale, logit_cap, return_lse, out,
+        plan,
+    )  # fmt: skip
+    return kernel_call(
+        q.device, sig, traits, (q.shape[0], page_table.shape[1] * k_cache.shape[1]),
+        q, k_cache, v_cache, page_table, cache_seqlens,
+        window_left=window_left, sinks=sinks, softmax_scale=scale,
+        logit_cap=float(logit_cap), return_lse=return_lse, out=out, **_plan_kwarg(plan),
+    )  # fmt: skip
+
+
+def _check_decode(
+    q, k_cache, v_cache, page_table, cache_seqlens, window_left, sinks, softmax_scale, logit_cap, return_lse, out, plan
+) -> tuple[tuple[str, str], dict[str, object], float]:
+    """The checks of a decode call over the paged cache: ``(format signature, traits, softmax scale)``."""
     check_tensor("q", q, dtypes=_Q_DTYPES, dim=3, last_dim_contiguous=True)
     batch = q.shape[0]
     if plan is not None:
@@ -566,12 +583,88 @@ def _bind_mha_decode_with_kvcache(
     _check_out(out, q.shape, q.dtype, q.device)
     sig = (DTYPE_NAMES[q.dtype], DTYPE_NAMES[k_cache.dtype])
     traits = _traits(q, hkv, window_left, sinks, logit_cap, return_lse, page_size=k_cache.shape[1])
+    return sig, traits, scale
+
+
+def _bind_mha_decode_append_kvcache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    cos_sin_cache: torch.Tensor | None = None,
+    style: str = "neox",
+    window_left: int = -1,
+    sinks: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    logit_cap: float = 0.0,
+    out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
+) -> KernelCall:
+    """One new token per sequence: its key and value written into the paged cache, then attention over the cache,
+    in one call (q and k rotated first with ``cos_sin_cache``).
+
+    The same results as ``q = apply_rotary_and_store(q, k, v, cos_sin_cache, cache_seqlens - 1, k_cache,
+    v_cache, slots, style=style)`` (``slots``: position ``cache_seqlens[b] - 1``'s row of its page, ``page_table[b,
+    p // page_size] * page_size + p % page_size``), then ``mha_decode_with_kvcache(q, k_cache, v_cache, page_table,
+    cache_seqlens, ...)``: a decode layer's rotary, cache write and attention in one call (the engine computes no
+    slots; no rotated q tensor). Without ``cos_sin_cache`` nothing is rotated (``kvcache_store`` then decode).
+
+    Args:
+        q: ``[B, Hq, D]``, the new token's query (not rotated).
+        k, v: ``[B, Hkv, D]``, q's dtype, last dim contiguous: the new token's key (not rotated) and value.
+        k_cache, v_cache: ``[num_pages, page_size, Hkv, D]`` (NHD), written in place at each sequence's position
+            ``cache_seqlens[b] - 1`` (the rotated k rounded to q's dtype, then cast to the cache's, as
+            ``apply_rotary_and_store``).
+        page_table, cache_seqlens: as :func:`mha_decode_with_kvcache`; ``cache_seqlens`` counts the new token.
+        cos_sin_cache: ``float32 [max_position, R]`` as :func:`apply_rotary` (its row ``cache_seqlens[b] - 1`` is
+            sequence b's angle), or None: no rotation.
+        style: the rotary pairing (``"neox"`` / ``"gptj"``), with ``cos_sin_cache``.
+        Other arguments as :func:`mha_decode_with_kvcache` (no ``return_lse``: use the two calls for the LSE).
+
+    Returns:
+        ``out [B, Hq, D]``.
+    """
+    sig, traits, scale = _check_decode(
+        q, k_cache, v_cache, page_table, cache_seqlens, window_left, sinks, softmax_scale, logit_cap, False, out, plan
+    )
+    batch, hkv, d = q.shape[0], k_cache.shape[2], q.shape[2]
+    check_tensor("k", k, dtypes=(q.dtype,), shape=(batch, hkv, d), last_dim_contiguous=True)
+    check_tensor("v", v, dtypes=(q.dtype,), shape=(batch, hkv, d), last_dim_contiguous=True)
+    check_same_device("q", q, k=k, v=v)
+    if cos_sin_cache is None:
+        if style != "neox":
+            raise ValueError(f"style: {style!r} given without cos_sin_cache (nothing is rotated without it)")
+    else:
+        check_rotary_table(cos_sin_cache, d, style)
+        check_same_device("q", q, cos_sin_cache=cos_sin_cache)
+        lens = plan.host_tensor("cache_seqlens") if plan is not None else readable_values(cache_seqlens)
+        if lens is not None and lens.numel() and int(lens.max()) > cos_sin_cache.shape[0]:
+            raise ValueError(
+                f"cos_sin_cache: {cos_sin_cache.shape[0]} rows, but a sequence's new token sits at position "
+                f"{int(lens.max()) - 1} (cache_seqlens - 1)"
+            )
+    del traits["return_lse"]  # (not an output of this op)
+    traits.update(rotary=cos_sin_cache is not None, style=style)
     return kernel_call(
         q.device, sig, traits, (batch, page_table.shape[1] * k_cache.shape[1]),
-        q, k_cache, v_cache, page_table, cache_seqlens,
-        window_left=window_left, sinks=sinks, softmax_scale=scale,
-        logit_cap=float(logit_cap), return_lse=return_lse, out=out, **_plan_kwarg(plan),
+        q, k, v, k_cache, v_cache, page_table, cache_seqlens,
+        cos_sin_cache=cos_sin_cache, style=style, window_left=window_left, sinks=sinks, softmax_scale=scale,
+        logit_cap=float(logit_cap), out=out, **_plan_kwarg(plan),
     )  # fmt: skip
+
+
+def check_rotary_table(cos_sin_cache: torch.Tensor, head_dim: int, style: str) -> None:
+    """The checks of a rotary table and its pairing (``apply_rotary``'s and the appending decode's)."""
+    check_tensor("cos_sin_cache", cos_sin_cache, dtypes=(torch.float32,), dim=2, contiguous=True)
+    rot = cos_sin_cache.shape[1]
+    if rot % 2 or rot > head_dim or rot == 0:
+        raise ValueError(f"cos_sin_cache: rotary dim {rot} must be even, > 0 and <= head_dim {head_dim}")
+    if style not in ("neox", "gptj"):
+        raise ValueError(f"style: expected 'neox' or 'gptj', got {style!r}")
 
 
 def _plan_kwarg(plan: AttentionPlan | None) -> dict:
@@ -692,6 +785,36 @@ mha_decode_with_kvcache = Op(
         traits={**_ANY_ATTENTION, "page_size": ANY},
     ),
     workload=f"{_CASES}:MHA_DECODE_WITH_KVCACHE",
+)
+mha_decode_append_kvcache = Op(
+    name="mha_decode_append_kvcache",
+    memo_bind=True,
+    hints=("plan",),
+    family="attention",
+    roles=("q", "kv"),
+    traits={
+        **{name: spec for name, spec in _COMMON_TRAITS.items() if name != "return_lse"},
+        **_PAGED,
+        "rotary": TraitSpec(bool, default=False, doc="q and k rotated first (cos_sin_cache)"),
+        "style": TraitSpec(str, default="neox", allowed=("neox", "gptj"), doc="the rotary pairing"),
+    },
+    sizes=mha_decode_with_kvcache.sizes,
+    doc="One query token per sequence: its K/V written into the paged cache (q and k rotated first), then attention.",
+    bind=_bind_mha_decode_append_kvcache,
+    fake=_fake_attention,
+    reference=Reference(
+        "tokenspeed_kernel.reference.rope:mha_decode_append_kvcache",  # (it rotates first)
+        formats=[{"q": _FLOAT, "kv": _KV}],
+        traits={
+            **{name: ANY for name in _COMMON_TRAITS if name != "return_lse"},
+            "page_size": ANY,
+            "rotary": ANY,
+            "style": ANY,
+        },
+    ),
+    workload=f"{_CASES}:MHA_DECODE_APPEND_KVCACHE",
+    mutates=("k_cache", "v_cache"),
+    mutating_result=True,
 )
 kvcache_store = Op(
     name="kvcache_store",

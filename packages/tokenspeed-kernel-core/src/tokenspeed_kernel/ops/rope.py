@@ -8,7 +8,7 @@ from ..core.contracts import ANY, Size, TraitSpec
 from ..core.formats import DTYPE_NAMES
 from ..core.op import KernelCall, Op, Reference, kernel_call
 from ..core.validation import check_same_device, check_tensor, readable_values
-from .attention import check_kv_store
+from .attention import check_kv_store, check_rotary_table
 
 __all__ = ["apply_rotary", "apply_rotary_and_store"]
 
@@ -49,13 +49,9 @@ def _check_rotary(
     """The checks of a rotation of ``q`` and ``k``; returns the call's traits."""
     check_tensor("q", q, dtypes=_DTYPES, dim=3, last_dim_contiguous=True)
     check_tensor("k", k, dtypes=(q.dtype,), shape=(q.shape[0], None, q.shape[2]), last_dim_contiguous=True)
-    check_tensor("cos_sin_cache", cos_sin_cache, dtypes=(torch.float32,), dim=2, contiguous=True)
+    check_rotary_table(cos_sin_cache, q.shape[-1], style)
     rot = cos_sin_cache.shape[1]
-    if rot % 2 or rot > q.shape[-1] or rot == 0:
-        raise ValueError(f"cos_sin_cache: rotary dim {rot} must be even, > 0 and <= head_dim {q.shape[-1]}")
     check_tensor("positions", positions, dtypes=(torch.int32, torch.int64), shape=(q.shape[0],))
-    if style not in ("neox", "gptj"):
-        raise ValueError(f"style: expected 'neox' or 'gptj', got {style!r}")
     check_same_device("q", q, k=k, cos_sin_cache=cos_sin_cache, positions=positions)
     pos = readable_values(positions)
     if pos is not None and pos.numel():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import kvcache_store
+from .attention import kvcache_store, mha_decode_with_kvcache
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
@@ -64,3 +64,35 @@ def apply_rotary_and_store(
     q_out, k_out = apply_rotary(q, k, cos_sin_cache, positions, style=style)
     kvcache_store(k_out, v, k_cache, v_cache, slot_mapping)
     return q_out
+
+
+def mha_decode_append_kvcache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    cos_sin_cache: torch.Tensor | None,
+    style: str,
+    window_left: int,
+    sinks: torch.Tensor | None,
+    softmax_scale: float,
+    logit_cap: float,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Reference of :func:`tokenspeed_kernel.mha_decode_append_kvcache`: the references of ``apply_rotary`` (at
+    position ``cache_seqlens - 1``), ``kvcache_store`` (that position's slot from the page table) and
+    :func:`mha_decode_with_kvcache`; writes the caches in place, returns ``out``."""
+    pos = cache_seqlens.long() - 1
+    if cos_sin_cache is not None:
+        q, k = apply_rotary(q, k, cos_sin_cache, pos, style=style)
+    page_size = k_cache.shape[1]
+    slots = page_table.long().gather(1, (pos // page_size)[:, None])[:, 0] * page_size + pos % page_size
+    kvcache_store(k, v, k_cache, v_cache, slots)
+    return mha_decode_with_kvcache(
+        q, k_cache, v_cache, page_table, cache_seqlens, window_left=window_left, sinks=sinks,
+        softmax_scale=softmax_scale, logit_cap=logit_cap, return_lse=False, out=out,
+    )  # fmt: skip

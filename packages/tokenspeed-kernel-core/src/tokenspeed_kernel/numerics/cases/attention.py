@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ..inputs import cu_seqlens, paged_kv_cache, randn, torch_dtype
+from ..compare import check_exact
+from ..inputs import cu_seqlens, paged_kv_cache, randn, rope_cos_sin_cache, torch_dtype
 from . import CapturedCall, Case, Cost, OpCases, Peer, PeerCall, PeerSkip, nbytes
 from ._common import close, compare_by, dim, exact, upcast
 
@@ -612,6 +613,89 @@ MHA_DECODE_WITH_KVCACHE = OpCases(
     shrink=[_decode_batch_move, _decode_seq_move, _heads_move, _page_move],
     from_capture=_decode_from_capture,
     always_show=("cache_lens", "heads_q", "heads_kv", "page_size"),
+    tuple_params=("cache_lens",),
+)
+
+
+# ---------------------------------------------------------------------------
+# mha_decode_append_kvcache
+
+
+def _make_decode_append(case: Case, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
+    call = _make_decode(case, device, gen)
+    call.pop("return_lse")
+    dt, b, hkv, d = torch_dtype(case.dtype), len(case["cache_lens"]), case["heads_kv"], case["head_dim"]
+    new = {"k": randn((b, hkv, d), dt, gen), "v": randn((b, hkv, d), dt, gen)}
+    if case["rotary"]:
+        table = rope_cos_sin_cache(max(case["cache_lens"]), case["rotary_dim"] or d, device)
+        new.update(cos_sin_cache=table, style=case["style"])
+    q = call.pop("q")
+    return {"q": q, **new, **call}
+
+
+def _append_cache_dtype(case: Case) -> str:
+    return "fp8_e4m3" if case["kv_dtype"] == "fp8_e4m3" else case.dtype
+
+
+def _append_cost(case: Case, call: dict[str, Any], outputs: Mapping[str, Any]) -> Cost:
+    attention = _decode_cost(case, call, outputs)
+    kc = call["k_cache"]
+    written = 2.0 * len(case["cache_lens"]) * kc.shape[2] * kc.shape[3] * kc.element_size()
+    return Cost(attention.flops, attention.bytes + nbytes(call["q"], call["k"], call["v"]) + written)
+
+
+MHA_DECODE_APPEND_KVCACHE = OpCases(
+    op="mha_decode_append_kvcache",
+    cost=_append_cost,
+    defaults={
+        "cache_lens": (1, 37, 70),
+        **_PAGED,
+        **{k: v for k, v in _COMMON.items() if k != "return_lse"},
+        "return_lse": False,  # (made by the decode maker; never passed)
+        "rotary": True,
+        "rotary_dim": None,
+        "style": "neox",
+    },
+    dtypes={"cpu": ("fp32", "bf16"), "cuda": ("bf16",)},
+    sets={
+        "cpu": [
+            {"cache_lens": (1, 37, 70)},
+            {"cache_lens": (1, 37, 70), "window_left": 8, "sinks": True, "style": "gptj", "rotary_dim": 32},
+            {"cache_lens": (5, 30), "rotary": False, "label": "no rotation"},
+            {"cache_lens": (17, 33), "kv_dtype": "fp8_e4m3"},
+            {"cache_lens": (9, 3), "page_size": 1, "heads_q": 8, "heads_kv": 1, "logit_cap": 5.0},
+        ],
+        "gpu": [
+            {"cache_lens": _spread(32, 4096), **_GPT_OSS, "label": "ragged 32"},
+            {"cache_lens": _spread(32, 4096), "window_left": 127, **_GPT_OSS, "label": "ragged 32"},
+            {"cache_lens": (1,), **_GPT_OSS, "label": "the first token"},
+            {"cache_lens": _spread(16, 8192), "kv_dtype": "fp8_e4m3", **_GPT_OSS, "label": "ragged 16"},
+            {"cache_lens": (8192,), "page_size": 64, **_GPT_OSS},
+        ],
+        "bench-cpu": [{"cache_lens": (64,) * 4}],
+        "bench-gpu": [
+            {"cache_lens": (n,) * b, "window_left": w, **_GPT_OSS, "dtype": "bf16", "label": f"{b}x{n}"}
+            for w in (-1, 127)
+            for b, n in ((1, 2048), (1, 8192), (32, 4096), (256, 2048))
+        ],
+    },
+    make=_make_decode_append,
+    # The reference rotates in fp32 and writes the caches in place (upcast: fp32 copies); the kernel rounds the
+    # rotated k to q's dtype first (the contract), within a step of the cache's dtype.
+    reference_call=lambda case, call: upcast(
+        call, ["q", "k", "v"] + (["k_cache", "v_cache"] if case["kv_dtype"] == "same" else [])
+    ),
+    outputs=lambda call, result: {"out": result, "k_cache": call["k_cache"], "v_cache": call["v_cache"]},
+    compare=compare_by(
+        {
+            "out": close("matmul"),
+            "k_cache": close("elementwise", dtype_of=_append_cache_dtype),
+            # v is written as it is: the reference's fp32 copy of the cache holds the same values.
+            "v_cache": lambda case, name, got, want: check_exact(name, got, want.to(got.dtype)),
+        }
+    ),
+    shrink=[_decode_batch_move, _decode_seq_move, _heads_move, _page_move],
+    always_show=("cache_lens", "heads_q", "heads_kv", "page_size", "rotary"),
     tuple_params=("cache_lens",),
 )
 
