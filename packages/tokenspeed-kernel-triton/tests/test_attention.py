@@ -22,6 +22,7 @@ import torch
 
 import tokenspeed_kernel
 from tokenspeed_kernel.reference import attention as ref
+from tokenspeed_kernel_triton import rope
 from tokenspeed_kernel_triton.attention import decode, extend, prefill, store
 
 _TOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -354,6 +355,88 @@ def test_decode_with_a_plan(device: str) -> None:
 # --------------------------------------------------------------------------- store
 
 
+def _append_inputs(device, dtype, lens, page, hq, hkv, d, rot, seed):
+    """A paged cache holding ``lens - 1`` tokens a sequence (pages shuffled), the new token's q, k, v and a
+    rotary table of ``rot`` dims (none for 0)."""
+    g = torch.Generator().manual_seed(seed)
+    cols = max(-(-n // page) for n in lens)
+    pages = len(lens) * cols + 2
+    kc = torch.randn(pages, page, hkv, d, generator=g).to(dtype).to(device)
+    vc = torch.randn(pages, page, hkv, d, generator=g).to(dtype).to(device)
+    pt = torch.randperm(pages, generator=g)[: len(lens) * cols].view(len(lens), cols).to(torch.int32).to(device)
+    q = torch.randn(len(lens), hq, d, generator=g).to(dtype).to(device)
+    k = torch.randn(len(lens), hkv, d, generator=g).to(dtype).to(device)
+    v = torch.randn(len(lens), hkv, d, generator=g).to(dtype).to(device)
+    cs = torch.randn(max(lens), rot, generator=g).to(device) if rot else None
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return q, k, v, kc, vc, pt, seqlens, cs
+
+
+def _two_calls(q, k, v, kc, vc, pt, seqlens, cs, style, **kw):
+    """What the appending decode replaces: apply_rotary_and_store (or the store alone), then the decode."""
+    pos = seqlens.long() - 1
+    page = kc.shape[1]
+    slots = pt.long().gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
+    if cs is not None:
+        q = rope.apply_rotary_and_store(q, k, v, cs, pos, kc, vc, slots, style=style)
+    else:
+        store.kvcache_store(k, v, kc, vc, slots)
+    return decode.mha_decode_with_kvcache(q, kc, vc, pt, seqlens, **kw)
+
+
+@pytest.mark.parametrize(
+    "style, rot, window_left, sinks, num_splits",
+    [("neox", 32, -1, True, 1), ("neox", 32, 3, True, 3), ("gptj", 16, -1, False, 2), (None, 0, -1, False, 4),
+     ("neox", 24, 6, True, 2)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_append_equals_rotary_store_then_decode(style, rot, window_left, sinks, num_splits, dtype, device):
+    """The appending decode against the two calls it replaces, bit for bit: the output and both caches (the new
+    rows written where the page table puts position L - 1; every other row untouched). Lengths cross pages and
+    splits (page 4, ragged); with a window the new key is still the query's own."""
+    lens, hq, hkv, d = [5, 9, 16, 1], 8, 2, 32
+    a = _append_inputs(device, dtype, lens, 4, hq, hkv, d, rot, seed=3)
+    b = tuple(t.clone() if t is not None else None for t in a)
+    sk = torch.randn(hq, generator=torch.Generator().manual_seed(4)).to(device) if sinks else None
+    kw = dict(window_left=window_left, sinks=sk, num_splits=num_splits)
+    got = decode.mha_decode_append_kvcache(*a[:7], cos_sin_cache=a[7], style=style or "neox", **kw)
+    want = _two_calls(*b, style, **kw)
+    assert torch.equal(got, want)
+    assert torch.equal(a[3], b[3]) and torch.equal(a[4], b[4])  # k_cache, v_cache
+    assert not torch.equal(a[3], _append_inputs(device, dtype, lens, 4, hq, hkv, d, rot, seed=3)[3])  # written
+
+
+def test_decode_append_public_op_and_its_checks(device: str) -> None:
+    """The public op selects the Triton kernel under the interpreter and equals the reference; bad arguments are
+    refused by name."""
+    q, k, v, kc, vc, pt, seqlens, cs = _append_inputs(device, torch.float32, [3, 7], 4, 4, 2, 16, 16, seed=5)
+    args = (q, k, v, kc, vc, pt, seqlens)
+    if device == "cpu":
+        sel = tokenspeed_kernel.mha_decode_append_kvcache.selected_kernel(*args, cos_sin_cache=cs)
+        assert sel.spec.name == "triton.mha_decode_append_kvcache"
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = tokenspeed_kernel.mha_decode_append_kvcache(*args, cos_sin_cache=cs)
+    want = tokenspeed_kernel.mha_decode_append_kvcache(
+        q, k, v, kc2, vc2, pt, seqlens, cos_sin_cache=cs, solution="reference"
+    )
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kc, kc2, atol=1e-6, rtol=1e-6)
+    assert torch.equal(vc, vc2)
+    op = tokenspeed_kernel.mha_decode_append_kvcache
+    with pytest.raises(ValueError, match="^k: "):
+        op(q, k[:, :1], v, kc, vc, pt, seqlens)
+    with pytest.raises(TypeError, match="^v: "):
+        op(q, k, v.half(), kc, vc, pt, seqlens)
+    with pytest.raises(ValueError, match="style: 'gptj' given without cos_sin_cache"):
+        op(*args, style="gptj")
+    with pytest.raises(ValueError, match="style: expected"):
+        op(*args, cos_sin_cache=cs, style="llama")
+    with pytest.raises(ValueError, match="cos_sin_cache: 6 rows, but a sequence's new token sits at position 6"):
+        op(*args, cos_sin_cache=cs[:6])
+    with pytest.raises(ValueError, match="cos_sin_cache: rotary dim 18 must be"):
+        op(*args, cos_sin_cache=torch.zeros(8, 18, device=device))
+
+
 @pytest.mark.parametrize("src_dtype", [torch.bfloat16, torch.float32])
 def test_kvcache_store(src_dtype: torch.dtype, device: str) -> None:
     gen = torch.Generator().manual_seed(5)
@@ -546,6 +629,39 @@ def test_gpu_decode_plan_cuda_graph_replay() -> None:
     assert torch.equal(out, eager)
     expected = ref.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, seqlens, out=None, **kw)
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("window_left", [-1, 127])
+def test_gpu_decode_append_gptoss(window_left: int) -> None:
+    """GPT-OSS shapes (64 query heads, 8 KV heads, head_dim 64, YaRN-like table, page 16): the appending decode
+    against the two calls it replaces, bit for bit (output and caches), with several split counts; then in a CUDA
+    graph replayed at the next position (the new row follows cache_seqlens)."""
+    lens = [1, 4096, 17, 2048, 300, 5000, 64, 8191]
+    a = _append_inputs("cuda", torch.bfloat16, lens, 16, _HQ, _HKV, _D, _D, seed=11)
+    sinks = torch.randn(_HQ, generator=torch.Generator().manual_seed(12)).cuda()
+    for num_splits in (None, 1, 7):
+        x = tuple(t.clone() for t in a)
+        y = tuple(t.clone() for t in a)
+        kw = dict(window_left=window_left, sinks=sinks, num_splits=num_splits)
+        got = decode.mha_decode_append_kvcache(*x[:7], cos_sin_cache=x[7], **kw)
+        want = _two_calls(*y, "neox", **kw)
+        assert torch.equal(got, want), num_splits
+        assert torch.equal(x[3], y[3]) and torch.equal(x[4], y[4]), num_splits
+    q, k, v, kc, vc, pt, seqlens, cs = (t.clone() for t in a)
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = torch.empty_like(q)
+    kw = dict(window_left=window_left, sinks=sinks)
+    decode.mha_decode_append_kvcache(q, k, v, kc, vc, pt, seqlens, cos_sin_cache=cs, out=out, **kw)  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode.mha_decode_append_kvcache(q, k, v, kc, vc, pt, seqlens, cos_sin_cache=cs, out=out, **kw)
+    seqlens.sub_(1).clamp_(min=1)  # one position back: the graph writes and reads there
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _two_calls(q, k, v, kc2, vc2, pt, seqlens, cs, "neox", **kw)
+    assert torch.equal(out, want)
 
 
 @pytest.mark.gpu

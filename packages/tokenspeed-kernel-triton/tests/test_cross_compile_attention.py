@@ -26,7 +26,7 @@ from _compile_cases import compile_summary, script_result, signature_by_name, st
 from tokenspeed_kernel.testing import cross_compile
 
 _FLOAT_ARGS = {"qk_scale", "cap_scale", "cap_log2"}
-_FP32_POINTERS = {"Lse", "Sinks", "Partials"}
+_FP32_POINTERS = {"Lse", "Sinks", "Partials", "CosSin"}
 _INT32_POINTERS = {"CuSeqlensQ", "CuSeqlensK", "CacheSeqlens", "PageTable", "SlotMapping", "Counters"}
 TARGETS = ("sm90", "gfx942", "gfx950")
 
@@ -38,7 +38,7 @@ _ATTENTION = {
 _DECODE = {
     "HEAD_DIM": 64, "GROUP": 8, "HEADS_PER_TILE": 8, "BLOCK_H": 16, "PAGE_SIZE": 16,
     "HAS_WINDOW": True, "HAS_SINKS": True, "HAS_CAP": False, "RETURN_LSE": True, "DOT_FP32": False,
-    "DOT_PRECISION": None,
+    "DOT_PRECISION": None, "APPEND": False, "ROTARY": False, "GPTJ": False,
 }  # fmt: skip
 
 #: name -> (module, kernel, constexprs, config table in attention.configs or None, uses tl.dot)
@@ -48,6 +48,21 @@ KERNELS: dict[str, tuple[str, str, dict, str | None, bool]] = {
     # (split: the partials, and the merge by the last split of each head program, counted with atomics)
     "decode_split": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": False, "BLOCK_S": 16}, "decode", True),
     "decode_direct": ("decode", "decode_split_kernel", {**_DECODE, "DIRECT": True, "BLOCK_S": 1}, "decode", True),
+    # mha_decode_append_kvcache: the new token's K/V (rotated, GPT-OSS's neox) from registers, stored by one program.
+    "decode_append_rotary": (
+        "decode",
+        "decode_split_kernel",
+        {**_DECODE, "DIRECT": False, "BLOCK_S": 16, "RETURN_LSE": False, "APPEND": True, "ROTARY": True},
+        "decode",
+        True,
+    ),
+    "decode_append_direct": (
+        "decode",
+        "decode_split_kernel",
+        {**_DECODE, "DIRECT": True, "BLOCK_S": 1, "RETURN_LSE": False, "APPEND": True, "ROTARY": False},
+        "decode",
+        True,
+    ),
     "kvcache_store": ("store", "kvcache_store_kernel", {"HEAD_DIM": 64, "BLOCK_H": 8, "BLOCK_D": 64}, None, False),
 }
 
@@ -91,7 +106,7 @@ def _compile_as_launched() -> dict[str, dict]:
     import importlib
 
     results = {}
-    for name in ("prefill", "extend", "decode_split"):
+    for name in ("prefill", "extend", "decode_split", "decode_append_rotary"):
         module, attr, base, table, _ = KERNELS[name]
         fn = getattr(importlib.import_module(f"tokenspeed_kernel_triton.attention.{module}"), attr)
         tiles, options = _tile_config(table, "sm90")
@@ -115,11 +130,11 @@ def compiled() -> dict[str, dict[str, dict]]:
     return script_result(start_script(__file__), timeout=900)
 
 
-@pytest.mark.parametrize("name", ["prefill", "extend", "decode_split"])
+@pytest.mark.parametrize("name", ["prefill", "extend", "decode_split", "decode_append_rotary"])
 def test_attention_kernel_pipelined_as_launched_on_sm90(compiled: dict, name: str) -> None:
     result = compiled["as_launched"][name]
     assert result["cp_async"], f"{name}: K/V loads are not software-pipelined (no cp.async)"
-    if name != "decode_split":  # decode's 16-row tiles use mma.sync by design
+    if not name.startswith("decode"):  # decode's 16-row tiles use mma.sync by design
         assert result["wgmma"], f"{name}: no wgmma on sm90"
 
 
