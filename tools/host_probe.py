@@ -513,9 +513,11 @@ def decode_steps(args, res, rec, tk, d, bf) -> None:
         def step(runner=runner, make_ctx=make_ctx, planned=planned):
             with make_ctx():
                 runner._step()
-            runner.positions.fill_(2000)  # the same step again: the cache never runs out
-            if hasattr(runner, "slots"):  # (runners that keep the cache lengths beside the positions: session 24 on)
+            # The same step again: the cache never runs out.
+            if isinstance(getattr(type(runner), "positions", None), property):  # session 24 on: lengths are the state
                 runner.cache_seqlens.fill_(2001)
+            else:
+                runner.positions.fill_(2000)
             if planned:
                 runner.host_positions = [2000]
 

@@ -122,9 +122,8 @@ def test_model_demo(capsys):
     out = capsys.readouterr().out
     for op in (
         "mha_prefill",
-        "mha_decode_with_kvcache",
+        "mha_decode_append_kvcache",  # (generation's decode: the rotation, the cache write and the attention)
         "kvcache_store",
-        "apply_rotary_and_store",
         "moe_apply",
         "moe_gate",
         "argmax",

@@ -96,6 +96,8 @@ HOST_CASES: dict[str, list[dict[str, Any]]] = {
         {"tokens": 1, "heads_q": 64, "heads_k": 8, "max_position": 131072, "num_pages": 2048, "pad": 0, "dtype": "bf16"}
     ],
     "mha_decode_with_kvcache": [{"cache_lens": (2048,), "window_left": w, **_OSS20_ATTN} for w in (-1, 127)],
+    # (GPT-OSS's decode call: the rotation and the cache write of the new token inside the attention's call)
+    "mha_decode_append_kvcache": [{"cache_lens": (2048,), "window_left": w, **_OSS20_ATTN} for w in (-1, 127)],
     "moe_route": [{"tokens": 1, "experts": 32, "top_k": 4, "dtype": "bf16"}],
     "moe_gate": [  # (with the post-attention norm of the stream first: GPT-OSS's call)
         {"tokens": 1, "hidden": 2880, "experts": 32, "top_k": 4, "bias": True, "dtype": "bf16", **norm}
@@ -178,6 +180,7 @@ def host_bench(
 #: attention ops -> the call arguments an attention plan is made from (``plan_us``).
 PLAN_FIELDS: dict[str, tuple[str, ...]] = {
     "mha_decode_with_kvcache": ("cache_seqlens",),
+    "mha_decode_append_kvcache": ("cache_seqlens",),
     "mha_extend_with_kvcache": ("cache_seqlens", "cu_seqlens_q"),
     "mha_prefill": ("cu_seqlens_q", "cu_seqlens_k"),
 }

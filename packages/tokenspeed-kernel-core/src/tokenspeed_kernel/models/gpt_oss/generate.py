@@ -1,13 +1,13 @@
 """Generation: prefill a batch of prompts, then decode, with the decode step in a CUDA graph on GPUs.
 
-The decode step works on static buffers (current token, position, cache length
-and cache slot per sequence; the page-table rows; a slot table of every position)
-and advances them itself: it looks up the new token's cache slot in the slot table
-on the device, runs the model, samples, writes the sampled token back into the token
-buffer and adds one to the positions and cache lengths: four small launches and no
-allocation besides the model's and the sampler's. The host only replays it, so the
-hot path launches one graph and never waits for the device. Pages for every step
-are reserved at prefill time.
+The decode step works on static buffers (current token and cache length per
+sequence; the page-table rows) and advances them itself: it runs the model (each
+layer's attention call rotates the new token's q and k, writes k and v into the cache
+at position ``cache_seqlens - 1``, found in the page table on the device, and
+attends), samples, writes the sampled token back into the token buffer and adds one
+to the cache lengths: two small launches and no allocation besides the model's and
+the sampler's. The host only replays it, so the hot path launches one graph and
+never waits for the device. Pages for every step are reserved at prefill time.
 
 Before capture the step runs once eagerly (on a side stream): that first call
 resolves and caches every kernel selection and compiles/loads the kernels, so
@@ -106,18 +106,9 @@ class DecodeRunner:
         dev = model.device
         self.model, self.cache, self.sampler = model, cache, sampler
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(batch, dtype=torch.int64, device=dev)
-        #: the positions plus one (the new token included), kept beside them: no add per step for them.
+        #: the tokens in each sequence's cache, the new one included: the new token sits at ``cache_seqlens - 1``.
         self.cache_seqlens = torch.ones(batch, dtype=torch.int32, device=dev)
-        #: the new token's cache slot, looked up in the slot table (the cache's ``slot_table``, remade on the
-        #: device whenever the cache's pages changed: :meth:`set_state` and :meth:`step` check its ``version``).
-        self.slots = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.page_table = cache.page_table[:batch]
-        self._slot_table = torch.zeros(
-            (batch, self.page_table.shape[1] * cache.page_size), dtype=torch.int64, device=dev
-        )
-        self._slot_version = -1
-        self._position_col, self._slot_col = self.positions.view(batch, 1), self.slots.view(batch, 1)
         self.want_graph = cuda_graph
         self.on_capture_error = on_capture_error
         self.capture_error: str | None = None
@@ -129,30 +120,23 @@ class DecodeRunner:
     def set_state(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """The next step processes ``tokens int64 [B]`` at ``positions int64 [B]``."""
         self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
         self.cache_seqlens.copy_(positions + 1)
-        self._refresh_slot_table()
         if self.host_positions is not None:
             self.host_positions = [int(p) for p in positions.tolist()]
 
-    def _refresh_slot_table(self) -> None:
-        """Remake the slot table on the device if the cache's pages changed since it was made (one host compare
-        otherwise). Outside a captured step: the graph reads the table where it is."""
-        if self._slot_version != self.cache.version:
-            self._slot_table.copy_(self.cache.slot_table(self._slot_table.shape[0]), non_blocking=True)
-            self._slot_version = self.cache.version
+    @property
+    def positions(self) -> torch.Tensor:
+        """The next step's positions, ``int64 [B]`` (a new tensor: ``cache_seqlens - 1``)."""
+        return self.cache_seqlens.long() - 1
 
     def _step(self) -> torch.Tensor:
-        torch.gather(self._slot_table, 1, self._position_col, out=self._slot_col)
         plan = None
         if self.host_positions is not None:
             plan = tk.mha_plan(cache_seqlens=[p + 1 for p in self.host_positions])
         logits = self.model.decode(
-            self.tokens, self.positions, self.cache, self.slots, self.cache_seqlens, self.page_table,
-            attention_plan=plan,
-        )  # fmt: skip
+            self.tokens, None, self.cache, None, self.cache_seqlens, self.page_table, attention_plan=plan
+        )
         self.tokens.copy_(self.sampler(logits))
-        self.positions.add_(1)
         self.cache_seqlens.add_(1)
         if self.host_positions is not None:
             self.host_positions = [p + 1 for p in self.host_positions]
@@ -167,7 +151,6 @@ class DecodeRunner:
     def step(self) -> torch.Tensor:
         """Run one step; returns its logits ``[B, V]`` (a graph's static buffer: clone to keep)."""
         self.sampler.refresh()
-        self._refresh_slot_table()
         if self.graph is not None:
             self.graph.replay()
             return self._graph_logits

@@ -41,9 +41,6 @@ class PagedKVCache:
         self.seqlens = [0] * max_batch
         self._pages: list[list[int]] = [[] for _ in range(max_batch)]
         self._free = list(range(num_pages))
-        #: counts the page-table changes (reserve of a new page, release): whoever keeps something made from the
-        #: table (a :class:`~.generate.DecodeRunner`'s slot table) remakes it when this moved.
-        self.version = 0
 
     @classmethod
     def for_batch(
@@ -94,7 +91,6 @@ class PagedKVCache:
             self._pages[seq].extend(new)
             self._host_table[seq, first : first + need] = torch.tensor(new, dtype=torch.int32)
             self.page_table[seq].copy_(self._host_table[seq], non_blocking=True)
-            self.version += 1
         self.seqlens[seq] = end
         pos = torch.arange(start, end)
         pages = self._host_table[seq].long()[pos // self.page_size]
@@ -107,15 +103,6 @@ class PagedKVCache:
         self.seqlens[seq] = 0
         self._host_table[seq].zero_()
         self.page_table[seq].zero_()
-        self.version += 1
-
-    def slot_table(self, batch: int) -> torch.Tensor:
-        """Every position's cache slot for sequence slots ``0 .. batch-1``: ``int64 [batch, max_pages * page_size]``
-        (CPU), ``page_table[b, p // page_size] * page_size + p % page_size``; positions on pages not reserved map to
-        page 0's rows, as the page table's zeros do."""
-        rows = torch.arange(self.page_size, dtype=torch.int64)
-        pages = self._host_table[:batch].to(torch.int64)
-        return (pages[:, :, None] * self.page_size + rows).reshape(batch, -1)
 
     def reset(self) -> None:
         """Release every sequence slot."""

@@ -5,9 +5,12 @@ Block (see the project's GPT_OSS.md): ``x = x + attn(rmsnorm(x))``, then
 
 - attention: one ``mm`` for q|k|v with biases, YaRN rotary embedding (neox) and the
   paged cache's new K/V (prefill: ``apply_rotary`` then ``kvcache_store``, since attention
-  reads the rotated k; decode: ``apply_rotary_and_store``, one call), then ``mha_prefill``
-  (new sequences) or ``mha_decode_with_kvcache`` with per-head sinks, ``window_left = 127``
-  on the sliding layers, softmax scale ``1/sqrt(head_dim)``; ``mm`` for o with bias;
+  reads the rotated k), then ``mha_prefill`` (new sequences) with per-head sinks,
+  ``window_left = 127`` on the sliding layers, softmax scale ``1/sqrt(head_dim)``; decode:
+  ``mha_decode_append_kvcache`` (the rotation, the cache write at position
+  ``cache_seqlens - 1`` and the attention in one call), or, when the caller gives the
+  positions and slots, ``apply_rotary_and_store`` then ``mha_decode_with_kvcache``;
+  ``mm`` for o with bias;
 - MoE: the router, ``moe_gate`` (the post-attention norm of the stream, then the router's linear
   layer with bias, then top-4 with the softmax over the four, in one call), ``moe_apply`` with the
   MXFP4 experts, their biases and the clamped SwiGLU, through a kernel picked once by ``moe_plan``
@@ -196,8 +199,10 @@ def layer_decode(
     """One layer for one new token per sequence over the paged cache.
 
     Args:
-        x: ``[B, H]``; positions: ``int64 [B]`` (the new token's position).
-        slots: ``int64 [B]``, where the new K/V go.
+        x: ``[B, H]``.
+        positions, slots: ``int64 [B]``, the new token's position and the cache slot its K/V go to; both None: the
+            position ``cache_seqlens - 1`` and its slot in ``page_table``, found by the attention's call
+            (``mha_decode_append_kvcache``: one call for the rotation, the cache write and the attention).
         cache_seqlens: ``int32 [B]``, tokens in the cache including the new one.
         page_table: ``int32 [B, max_pages]``, rows of ``cache.page_table``.
         ops: as :func:`layer_prefill`.
@@ -215,10 +220,10 @@ def _block_decode(
     layer: GptOssLayer,
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     cos_sin: torch.Tensor,
     cache: PagedKVCache,
-    slots: torch.Tensor,
+    slots: torch.Tensor | None,
     cache_seqlens: torch.Tensor,
     page_table: torch.Tensor,
     *,
@@ -228,6 +233,9 @@ def _block_decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`layer_decode` on the stream ``x + residual``, its residual add left to the caller (as
     :func:`_block_prefill`); with ``buffers``, the projection and the attention written into them."""
+    if (positions is None) != (slots is None):
+        missing = "positions" if positions is None else "slots"
+        raise ValueError(f"{missing}: give positions and slots together, or neither (found from cache_seqlens)")
     h, x = _input_norm(cfg, layer, x, residual, ops)
     if buffers is None:
         q, k, v = _qkv(cfg, layer, h, ops)
@@ -235,20 +243,19 @@ def _block_decode(
         ops.mm(h, layer.qkv_weight, layer.qkv_bias, out=buffers.qkv)
         q, k, v = buffers.q, buffers.k, buffers.v
     k_cache, v_cache = cache.k[layer.index], cache.v[layer.index]
-    # The rotated k and v go straight into the cache: attention reads them there.
-    q = ops.apply_rotary_and_store(q, k, v, cos_sin, positions, k_cache, v_cache, slots, style="neox")
-    window = cfg.window_left(layer.index)
-    if buffers is None:
-        attn = ops.mha_decode_with_kvcache(
-            q, k_cache, v_cache, page_table, cache_seqlens, window_left=window, sinks=layer.sinks, plan=attention_plan
+    kw = dict(window_left=cfg.window_left(layer.index), sinks=layer.sinks, plan=attention_plan)
+    if buffers is not None:
+        kw["out"] = buffers.attn
+    if slots is None:
+        # The rotation, the new K/V written at position cache_seqlens - 1 and the attention: one call.
+        attn = ops.mha_decode_append_kvcache(
+            q, k, v, k_cache, v_cache, page_table, cache_seqlens, cos_sin_cache=cos_sin, style="neox", **kw
         )
     else:
-        ops.mha_decode_with_kvcache(
-            q, k_cache, v_cache, page_table, cache_seqlens,
-            window_left=window, sinks=layer.sinks, plan=attention_plan, out=buffers.attn,
-        )  # fmt: skip
-        attn = buffers.attn_rows
-    return _post_attention(cfg, layer, attn, x, ops)
+        # The rotated k and v go straight into the cache: attention reads them there.
+        q = ops.apply_rotary_and_store(q, k, v, cos_sin, positions, k_cache, v_cache, slots, style="neox")
+        attn = ops.mha_decode_with_kvcache(q, k_cache, v_cache, page_table, cache_seqlens, **kw)
+    return _post_attention(cfg, layer, buffers.attn_rows if buffers is not None else attn, x, ops)
 
 
 class GptOssModel:
@@ -395,9 +402,9 @@ class GptOssModel:
     def decode(
         self,
         tokens: torch.Tensor,
-        positions: torch.Tensor,
+        positions: torch.Tensor | None,
         cache: PagedKVCache,
-        slots: torch.Tensor,
+        slots: torch.Tensor | None,
         cache_seqlens: torch.Tensor,
         page_table: torch.Tensor,
         *,
@@ -406,7 +413,11 @@ class GptOssModel:
         """One new token per sequence over the paged cache.
 
         Args:
-            tokens: ``int64 [B]``; positions: ``int64 [B]``; slots: ``int64 [B]``.
+            tokens: ``int64 [B]``.
+            positions, slots: ``int64 [B]``, the new token's position and cache slot; both None (what
+                :class:`~.generate.DecodeRunner` passes): position ``cache_seqlens - 1`` and its slot in
+                ``page_table``, and each layer's rotation, cache write and attention are one call
+                (:func:`layer_decode`).
             cache_seqlens: ``int32 [B]`` (the new token included); page_table: ``int32 [B, max_pages]``.
             attention_plan: ``tk.mha_plan(cache_seqlens=...)`` of the same lengths from the host (every
                 layer's attention shares it), or None.
@@ -415,7 +426,7 @@ class GptOssModel:
             logits ``[B, V]`` in the model's dtype.
         """
         x, residual = self.embed_tokens[tokens], None
-        sites = self._sites(tokens, page_table, attention_plan) if self.prepared_decode else None
+        sites = self._sites(tokens, page_table, attention_plan, slots is None) if self.prepared_decode else None
         buffers = self._buffers(tokens.shape[0])
         for i, layer in enumerate(self.layers):
             x, residual = _block_decode(
@@ -445,9 +456,12 @@ class GptOssModel:
             buffers = self._decode_buffers[batch] = DecodeBuffers(self.cfg, batch, self.dtype, self.device)
         return buffers
 
-    def _sites(self, tokens: torch.Tensor, page_table: torch.Tensor, plan: tk.AttentionPlan | None) -> list:
-        """The prepared call sites of a decode of this shape: one per layer, one for the logits."""
-        key = (tokens.shape[0], page_table.shape[1], plan is None, tokens.device)
+    def _sites(
+        self, tokens: torch.Tensor, page_table: torch.Tensor, plan: tk.AttentionPlan | None, append: bool
+    ) -> list:
+        """The prepared call sites of a decode of this shape and call sequence (``append``: the attention writes
+        the cache): one per layer, one for the logits."""
+        key = (tokens.shape[0], page_table.shape[1], plan is None, append, tokens.device)
         sites = self._decode_sites.get(key)
         if sites is None:
             sites = self._decode_sites[key] = [PreparedSites(tk) for _ in range(len(self.layers) + 1)]
