@@ -337,8 +337,12 @@ def test_plain_values_are_compared_by_value_and_objects_by_identity(fake_gpu):
 
 
 @pytest.mark.parametrize(
-    "op", ["rmsnorm", "apply_rotary_and_store", "mha_decode_with_kvcache", "moe_gate", "moe_gate+norm"]
-)
+    "op",
+    [
+        "rmsnorm", "apply_rotary_and_store", "mha_decode_with_kvcache", "mha_decode_append_kvcache", "moe_gate",
+        "moe_gate+norm",
+    ],
+)  # fmt: skip
 def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, streams, monkeypatch, op):
     """The GPT-OSS decode step's Triton ops, through their real wrappers: every launcher of the package made a fake
     GPU one (its JIT path compiles nothing, its C launcher logs), a call records, and its replay makes the launches
@@ -374,6 +378,8 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     extra = {}
     if op == "mha_decode_with_kvcache":
         extra = {"num_splits": 2, "plan": tk.mha_plan(cache_seqlens=kargs[4].tolist())}
+    elif op == "mha_decode_append_kvcache":  # (GPT-OSS's decode call: the new K/V written and rotated, split in two)
+        extra = {"num_splits": 2, "plan": tk.mha_plan(cache_seqlens=kargs[6].tolist())}
 
     def run(*vals):
         return fn(*vals[:n_pos], **dict(zip(names, vals[n_pos:])), **extra)
