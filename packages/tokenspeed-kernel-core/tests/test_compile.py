@@ -408,8 +408,11 @@ def test_gpt_oss_decoder_layer_compiles(tiny_model, backend):
     _assert_same((cache_compiled.k[0], cache_compiled.v[0]), (cache_eager.k[0], cache_eager.v[0]))  # ... alike
 
 
-def test_gpt_oss_model_decode_compiles(tiny_weights, tiny_model):
-    """GptOssModel(ops=compile.ops).decode compiled whole (embedding gather, both layers, logits)."""
+@pytest.mark.parametrize("append", [False, True])
+def test_gpt_oss_model_decode_compiles(tiny_weights, tiny_model, append):
+    """GptOssModel(ops=compile.ops).decode compiled whole (embedding gather, both layers, logits), with the positions
+    and slots given (rotary + store, then the decode) and without (mha_decode_append_kvcache, a custom op that
+    writes the caches)."""
     cfg = tiny_model.cfg
     compiled_model = m.GptOssModel(*tiny_weights, dtype=torch.float32, max_positions=64, ops=ops)
     p = _prefill_inputs(cfg)
@@ -418,6 +421,8 @@ def test_gpt_oss_model_decode_compiles(tiny_weights, tiny_model):
     for model, cache in zip((tiny_model, compiled_model), caches):
         model.prefill(tokens, p["positions"], p["cu_seqlens"], p["max_seqlen"], cache, p["slots"])
     d = _decode_inputs(cfg)
+    if append:
+        d["positions"] = d["slots"] = None
     args = (torch.tensor([4, 6]), d["positions"], d["slots"], d["cache_seqlens"], d["page_table"])
     want = tiny_model.decode(args[0], args[1], caches[0], *args[2:])
     decode = torch.compile(compiled_model.decode, fullgraph=True, backend="aot_eager")
