@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN: too little device time was left to start a machine (session 23); the one-tile first pass has not run on a GPU.
+# NOT RUN: too little device time was left to start a machine (session 23); the one-tile first pass has not run on a GPU. Superseded by s24-call1/call.sh (session 24).
 # session 23, call 5 (issue 13): moe_gate's norm with its first pass in one whole-row tile (decode). GPU tests and
 # verify of moe_gate; device time (CUDA graphs, L2 flushed) of moe_gate with and without the norm;
 # the 24-layer prepared decode step, the code before session 23 (.anchors/pre-s23) and this checkout alternated.

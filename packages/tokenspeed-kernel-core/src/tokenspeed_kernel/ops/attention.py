@@ -1,4 +1,5 @@
-"""Attention: prefill, extend (chunked prefill over the paged cache), decode, cache store.
+"""Attention: prefill, extend (chunked prefill over the paged cache), decode, decode that first writes the new
+token's K/V (rotated) into the cache, cache store.
 
 Conventions (ARCHITECTURE §4): token-major packed batches; ``q [total_q, Hq, D]``,
 ``k, v [total_k, Hkv, D]``; ``cu_seqlens_* int32 [B+1]``; paged KV cache NHD
