@@ -109,29 +109,34 @@ def _rmsnorm_kernel(
         rstd = tl.rsqrt(tl.sum(acc, axis=1) / H + eps)
         for h0 in range(0, H, BLOCK):
             c = h0 + cols
-            mask = row_ok[:, None] & (c < H)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                # Recomputed rather than re-read from s: another thread may have
-                # stored that element, and nothing orders the two passes' memory.
-                r = tl.load(res_ptr + rows[:, None] * stride_r + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                x = (x + r).to(sum_ptr.dtype.element_ty).to(tl.float32)
+            # Recomputed rather than re-read from s: another thread may have
+            # stored that element, and nothing orders the two passes' memory.
+            x = stream_rows(x_ptr, res_ptr, rows, row_ok, c, H, stride_x, stride_r, HAS_RESIDUAL).to(tl.float32)
             _scale_store(x, w_ptr, y_ptr, rows, row_ok, c, H, stride_y, rstd)
+
+
+@triton.jit
+def stream_rows(x_ptr, res_ptr, rows, row_ok, cols, H, stride_x, stride_r, HAS_RESIDUAL: tl.constexpr):
+    """x of ``rows`` x ``cols``, or with HAS_RESIDUAL the stream ``s = x + residual`` (fp32 sum rounded to x's
+    dtype), in x's dtype (``moe_gate``'s norm reads it too)."""
+    mask = row_ok[:, None] & (cols < H)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return x
 
 
 @triton.jit
 def _load_sum(
     x_ptr, res_ptr, sum_ptr, rows, row_ok, cols, H, stride_x, stride_r, stride_sum, HAS_RESIDUAL: tl.constexpr
 ):
-    """x (or s = x + residual, rounded to x's dtype and stored) of ``rows`` x ``cols``, in fp32."""
-    mask = row_ok[:, None] & (cols < H)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    """:func:`stream_rows` in fp32, the stream also stored to ``sum_ptr`` with HAS_RESIDUAL."""
+    s = stream_rows(x_ptr, res_ptr, rows, row_ok, cols, H, stride_x, stride_r, HAS_RESIDUAL)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(sum_ptr.dtype.element_ty)
+        mask = row_ok[:, None] & (cols < H)[None, :]
         tl.store(sum_ptr + rows[:, None] * stride_sum + cols[None, :], s, mask=mask)
-        x = s.to(tl.float32)
-    return x
+    return s.to(tl.float32)
 
 
 @triton.jit

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters, stream_scratch
 
+from ..rmsnorm import stream_rows
 from .configs import GATE_TILES, NORM_TILE, ROUTE_BLOCK_T, family_of, lookup
 
 __all__ = ["moe_route", "moe_gate"]
@@ -69,17 +70,6 @@ def _route_kernel(
 
 
 @triton.jit
-def _stream_chunk(x_ptr, r_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, HAS_RESIDUAL: tl.constexpr):
-    """A chunk of the stream the norm reads, in fp32: x, or ``s = x + residual`` rounded to x's dtype."""
-    mask = t_ok[:, None] & (ks < H)[None, :]
-    s = tl.load(x_ptr + rows[:, None] * stride_xt + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptr + rows[:, None] * stride_rt + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = (s + r).to(x_ptr.dtype.element_ty).to(tl.float32)
-    return s
-
-
-@triton.jit
 def _normed_chunk(
     x_ptr, r_ptr, nw_ptr, h_ptr, s_ptr, rows, t_ok, store_ok, ks, H, stride_xt, stride_rt, stride_ht, stride_st, rstd,
     HAS_RESIDUAL: tl.constexpr,
@@ -87,13 +77,13 @@ def _normed_chunk(
     """A chunk of the norm's output ``h = s * rstd * norm_weight`` (fp32, cast once to x's dtype, as ``rmsnorm``),
     ``s`` recomputed from x (+ residual) as the first pass did; where ``store_ok`` (one program of a token block),
     ``h`` (and the stream ``s``) stored. Returns ``h``."""
-    s = _stream_chunk(x_ptr, r_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, HAS_RESIDUAL)
+    s = stream_rows(x_ptr, r_ptr, rows, t_ok, ks, H, stride_xt, stride_rt, HAS_RESIDUAL)
     nw = tl.load(nw_ptr + ks, mask=ks < H, other=0.0).to(tl.float32)
-    h = (s * rstd[:, None] * nw[None, :]).to(x_ptr.dtype.element_ty)
+    h = (s.to(tl.float32) * rstd[:, None] * nw[None, :]).to(x_ptr.dtype.element_ty)
     mask = (t_ok & store_ok)[:, None] & (ks < H)[None, :]
     tl.store(h_ptr + rows[:, None] * stride_ht + ks[None, :], h, mask=mask)
     if HAS_RESIDUAL:
-        tl.store(s_ptr + rows[:, None] * stride_st + ks[None, :], s.to(x_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + rows[:, None] * stride_st + ks[None, :], s, mask=mask)
     return h
 
 
@@ -134,8 +124,8 @@ def _gate_kernel(
     if HAS_NORM:
         sq = tl.zeros((BLOCK_T, NORM_BLOCK), dtype=tl.float32)
         for k0 in range(0, H, NORM_BLOCK):
-            s = _stream_chunk(x_ptr, r_ptr, rows, t_ok, k0 + tl.arange(0, NORM_BLOCK), H, stride_xt, stride_rt,
-                              HAS_RESIDUAL)  # fmt: skip
+            s = stream_rows(x_ptr, r_ptr, rows, t_ok, k0 + tl.arange(0, NORM_BLOCK), H, stride_xt, stride_rt,
+                            HAS_RESIDUAL).to(tl.float32)  # fmt: skip
             sq += s * s
         rstd = tl.rsqrt(tl.sum(sq, axis=1) / H + eps)
     if DOT:
