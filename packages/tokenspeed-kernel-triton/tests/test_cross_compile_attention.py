@@ -38,7 +38,7 @@ _ATTENTION = {
 _DECODE = {
     "HEAD_DIM": 64, "GROUP": 8, "HEADS_PER_TILE": 8, "BLOCK_H": 16, "PAGE_SIZE": 16,
     "HAS_WINDOW": True, "HAS_SINKS": True, "HAS_CAP": False, "RETURN_LSE": True, "DOT_FP32": False,
-    "DOT_PRECISION": None, "APPEND": False, "ROTARY": False, "GPTJ": False,
+    "DOT_PRECISION": None,
 }  # fmt: skip
 
 #: name -> (module, kernel, constexprs, config table in attention.configs or None, uses tl.dot)
@@ -51,15 +51,15 @@ KERNELS: dict[str, tuple[str, str, dict, str | None, bool]] = {
     # mha_decode_append_kvcache: the new token's K/V (rotated, GPT-OSS's neox) from registers, stored by one program.
     "decode_append_rotary": (
         "decode",
-        "decode_split_kernel",
-        {**_DECODE, "DIRECT": False, "BLOCK_S": 16, "RETURN_LSE": False, "APPEND": True, "ROTARY": True},
+        "decode_append_kernel",
+        {**_DECODE, "DIRECT": False, "BLOCK_S": 16, "RETURN_LSE": False, "ROTARY": True, "GPTJ": False},
         "decode",
         True,
     ),
     "decode_append_direct": (
         "decode",
-        "decode_split_kernel",
-        {**_DECODE, "DIRECT": True, "BLOCK_S": 1, "RETURN_LSE": False, "APPEND": True, "ROTARY": False},
+        "decode_append_kernel",
+        {**_DECODE, "DIRECT": True, "BLOCK_S": 1, "RETURN_LSE": False, "ROTARY": False, "GPTJ": False},
         "decode",
         True,
     ),

@@ -405,7 +405,7 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     assert got == want, f"{op}: {plan}"
     if extra:  # one launch, which takes the stream's counters
         assert (
-            plan.launches == ("decode_split_kernel",)
+            plan.launches == ("decode_split_kernel" if op == "mha_decode_with_kvcache" else "decode_append_kernel",)
             and ("unknown", L._BUFFERS[(1234, "counters")].data_ptr()) in want[0][1]
         )
         # and the stream's scratch for its partials: the call allocates its output only

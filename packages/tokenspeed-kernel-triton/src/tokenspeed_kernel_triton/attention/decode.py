@@ -13,6 +13,10 @@ CUDA-graph capturable. With one split the kernel writes the final output directl
 
 Each program owns one KV head and all query heads of its group (padded to 16 rows
 for the MMA), so every K/V byte is read from memory once per decode step.
+
+``mha_decode_append_kvcache`` launches the same program with the new token's K/V
+(``decode_append_kernel``: nine more arguments, which the plain decode's kernel does
+not take): it writes them into the cache and uses them from registers.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def _partial_lse(Partials, num_heads, num_splits, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def decode_split_kernel(
+def _decode_program(
     Q,
     KCache,
     VCache,
@@ -97,16 +101,16 @@ def decode_split_kernel(
     BLOCK_S: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    APPEND: tl.constexpr = False,
-    ROTARY: tl.constexpr = False,
-    GPTJ: tl.constexpr = False,
+    APPEND: tl.constexpr,
+    ROTARY: tl.constexpr,
+    GPTJ: tl.constexpr,
 ):
-    """Grid: (sequences, KV heads x head chunks, splits).
+    """One program of :func:`decode_split_kernel` (``APPEND`` False) or :func:`decode_append_kernel` (module doc).
 
-    ``APPEND`` (``mha_decode_append_kvcache``): the new token's key and value (``KNew``, ``VNew``: ``[B, Hkv, D]``)
-    belong at position ``p = L - 1``; with ``ROTARY`` q and the new key are rotated at ``p`` first (``CosSin``,
-    ``apply_rotary``'s numerics). The program whose key range holds ``p`` uses them from registers (its cache loads
-    skip that row, so no program reads it from memory) and, for the first head chunk, writes them into the cache.
+    ``APPEND``: the new token's key and value (``KNew``, ``VNew``: ``[B, Hkv, D]``) belong at position ``p = L - 1``;
+    with ``ROTARY`` q and the new key are rotated at ``p`` first (``CosSin``, ``apply_rotary``'s numerics). The
+    program whose key range holds ``p`` uses them from registers (its cache loads skip that row, so no program reads
+    it from memory) and, for the first head chunk, writes them into the cache.
 
     ``DIRECT`` (one split): write the final output (sink included) and LSE. Otherwise
     write into ``Partials`` (fp32, the stream's scratch) the outputs ``[B, Hq, S, D]``
@@ -233,6 +237,137 @@ def decode_split_kernel(
             tl.debug_barrier()
             _merge_splits(Partials, Sinks, Out, Lse, seq64, head, row_valid, num_heads, num_splits, stride_o_seq,
                           stride_o_head, stride_lse_seq, HEAD_DIM, BLOCK_H, BLOCK_S, HAS_SINKS, RETURN_LSE)  # fmt: skip
+
+
+@triton.jit
+def decode_split_kernel(
+    Q,
+    KCache,
+    VCache,
+    PageTable,
+    CacheSeqlens,
+    Sinks,
+    Out,
+    Lse,
+    Partials,
+    Counters,
+    stride_q_seq,
+    stride_q_head,
+    stride_o_seq,
+    stride_o_head,
+    stride_lse_seq,
+    stride_k_page,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_page,
+    stride_v_tok,
+    stride_v_head,
+    stride_pt_seq,
+    qk_scale,
+    cap_scale,
+    cap_log2,
+    window_left,
+    num_heads,
+    num_head_chunks,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid: (sequences, KV heads x head chunks, splits): :func:`_decode_program`, the plain decode (the new token's
+    K/V already in the cache)."""
+    _decode_program(
+        Q, KCache, VCache, PageTable, CacheSeqlens, Sinks, Out, Lse, Partials, Counters, stride_q_seq, stride_q_head,
+        stride_o_seq, stride_o_head, stride_lse_seq, stride_k_page, stride_k_tok, stride_k_head, stride_v_page,
+        stride_v_tok, stride_v_head, stride_pt_seq, qk_scale, cap_scale, cap_log2, window_left, num_heads,
+        num_head_chunks, num_splits,
+        Q, Q, Q, 0, 0, 0, 0, 0, 0,  # (no new token: never read)
+        HEAD_DIM, GROUP, HEADS_PER_TILE, BLOCK_H, BLOCK_N, PAGE_SIZE, HAS_WINDOW, HAS_SINKS, HAS_CAP, RETURN_LSE,
+        DIRECT, BLOCK_S, DOT_FP32, DOT_PRECISION,
+        False, False, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def decode_append_kernel(
+    Q,
+    KCache,
+    VCache,
+    PageTable,
+    CacheSeqlens,
+    Sinks,
+    Out,
+    Lse,
+    Partials,
+    Counters,
+    stride_q_seq,
+    stride_q_head,
+    stride_o_seq,
+    stride_o_head,
+    stride_lse_seq,
+    stride_k_page,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_page,
+    stride_v_tok,
+    stride_v_head,
+    stride_pt_seq,
+    qk_scale,
+    cap_scale,
+    cap_log2,
+    window_left,
+    num_heads,
+    num_head_chunks,
+    num_splits,
+    KNew,
+    VNew,
+    CosSin,
+    stride_kn_seq,
+    stride_kn_head,
+    stride_vn_seq,
+    stride_vn_head,
+    stride_cs,
+    rot_dim,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    DIRECT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    ROTARY: tl.constexpr,
+    GPTJ: tl.constexpr,
+):
+    """Grid as :func:`decode_split_kernel`: :func:`_decode_program` writing the new token's K/V (rotated with q when
+    ``ROTARY``) into the cache first (``mha_decode_append_kvcache``)."""
+    _decode_program(
+        Q, KCache, VCache, PageTable, CacheSeqlens, Sinks, Out, Lse, Partials, Counters, stride_q_seq, stride_q_head,
+        stride_o_seq, stride_o_head, stride_lse_seq, stride_k_page, stride_k_tok, stride_k_head, stride_v_page,
+        stride_v_tok, stride_v_head, stride_pt_seq, qk_scale, cap_scale, cap_log2, window_left, num_heads,
+        num_head_chunks, num_splits,
+        KNew, VNew, CosSin, stride_kn_seq, stride_kn_head, stride_vn_seq, stride_vn_head, stride_cs, rot_dim,
+        HEAD_DIM, GROUP, HEADS_PER_TILE, BLOCK_H, BLOCK_N, PAGE_SIZE, HAS_WINDOW, HAS_SINKS, HAS_CAP, RETURN_LSE,
+        DIRECT, BLOCK_S, DOT_FP32, DOT_PRECISION,
+        True, ROTARY, GPTJ,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -442,16 +577,18 @@ def _decode(
         partials = stream_scratch(q.device, n_partials)
         counters = stream_counters(q.device, n_counters)
     if append is None:
-        new = (q, q, q, 0, 0, 0, 0, 0, 0)  # (unused)
+        new = ()
     else:
         k, v, cos_sin, _, rot = append
         cs = cos_sin if cos_sin is not None else q
         new = (k, v, cs, k.stride(0), k.stride(1), v.stride(0), v.stride(1), cs.stride(0), rot)
     lse_stride = lse.stride(0) if lse is not None else 0
-    _DECODE_SPLIT[grid](
+    kernel = _DECODE_SPLIT if append is None else _DECODE_APPEND
+    kernel[grid](
         q, k_cache, v_cache, page_table, cache_seqlens, sinks, out, lse, partials, counters,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse_stride,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2),
         page_table.stride(0), *scalars, *new, **kwargs,
     )  # fmt: skip
     return (out, lse) if return_lse else out
@@ -461,6 +598,7 @@ def _decode(
 _PLANS: dict = {}
 _MAX_PLANS = 1024
 _DECODE_SPLIT = cached(decode_split_kernel)
+_DECODE_APPEND = cached(decode_append_kernel)
 
 
 def _decode_plan(
@@ -497,7 +635,7 @@ def _decode_plan(
         DOT_FP32=bool(cfg.get("DOT_FP32", False)), DOT_PRECISION=dot_precision(q.dtype), **launch_options(cfg),
     )  # fmt: skip
     if append is not None:
-        kwargs.update(APPEND=True, ROTARY=append[0], GPTJ=append[1] == "gptj")
+        kwargs.update(ROTARY=append[0], GPTJ=append[1] == "gptj")
     # The split partials, one fp32 buffer: outputs [B, Hq, splits, D], then LSEs [B, Hq, splits] (_partial_lse).
     n_partials = None if direct else batch * hq * num_splits * (head_dim + 1)
     counters = None if direct else batch * hkv * num_head_chunks  # one per (sequence, head program)
