@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN in session 24: the session had 226 s of device time left, under the 4 minutes a machine's start needs.
+# NOT RUN in session 24 (226 s of device time left, under the 4 minutes a start needs); session 25 ran it as s25-call1/call.sh.
 # For the next session's first call (issue 13). Before it, here (the ignored, carried folders):
 #   ../shared/tools/gpu-wheels.sh .whl; pip download tokenspeed-triton-kernels into .whl (see the device README)
 #   cp ../shared/tools/anchors/{host_cost.py,tk_moe.py} .anchors/
