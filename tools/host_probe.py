@@ -253,6 +253,7 @@ def parts_probe(res, tk, d, bf) -> None:
     lay = model.layers[0]
     x = torch.randn(1, cfg.hidden_size, device=d, dtype=bf)
     rw, rb = lay.router_weight, lay.router_bias
+    resid = torch.randn_like(x)
     qkv = torch.randn(1, 80 * 64, device=d, dtype=bf)
     q, k, v = qkv.view(1, 80, 64).split_with_sizes([64, 8, 8], dim=1)
     cache = model.new_cache(1, 4096)
@@ -261,8 +262,30 @@ def parts_probe(res, tk, d, bf) -> None:
     pos = torch.tensor([2000], device=d)
     slots = torch.tensor([2000], device=d)
     cs = model.cos_sin
-    device_cases = {
+    pt = cache.page_table[:1]
+    cl = torch.tensor([2001], device=d, dtype=torch.int32)  # the new token at position 2000, as pos / slots
+    # layer 0 is a sliding-window layer (window_left 127); -1: a full layer's
+    attention = {
+        f"window {w}": dict(window_left=w, sinks=lay.sinks) for w in (cfg.window_left(lay.index), -1)
+    }  # fmt: skip
+    device_cases = {}
+    for name, akw in attention.items():
+        device_cases[f"mha_decode_append_kvcache, {name}"] = functools.partial(
+            tk.mha_decode_append_kvcache, q, k, v, kc, vc, pt, cl, cos_sin_cache=cs, style="neox", **akw
+        )
+        device_cases[f"apply_rotary_and_store + mha_decode_with_kvcache, {name}"] = lambda akw=akw: (
+            tk.mha_decode_with_kvcache(
+                tk.apply_rotary_and_store(q, k, v, cs, pos, kc, vc, slots, style="neox"), kc, vc, pt, cl, **akw
+            )
+        )
+    device_cases |= {
         "moe_gate": lambda: tk.moe_gate(x, rw, rb, 4),
+        "moe_gate with the norm": lambda: tk.moe_gate(
+            x, rw, rb, 4, norm_weight=lay.post_norm, norm_eps=1e-5, residual=resid
+        ),
+        "rmsnorm(residual=) + moe_gate": lambda: tk.moe_gate(
+            tk.rmsnorm(x, lay.post_norm, 1e-5, residual=resid)[0], rw, rb, 4
+        ),
         "mm router + moe_route": lambda: tk.moe_route(tk.mm(x, rw, rb), 4),
         "apply_rotary_and_store": lambda: tk.apply_rotary_and_store(q, k, v, cs, pos, kc, vc, slots),
         "apply_rotary + kvcache_store": lambda: _rope_store_pair(tk, q, k, v, cs, pos, kc, vc, slots),
@@ -288,6 +311,8 @@ def parts_probe(res, tk, d, bf) -> None:
         "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
         "F.rms_norm": lambda: torch.nn.functional.rms_norm(x, (2880,), lay.input_norm, 1e-5),
         "rmsnorm public": lambda: tk.rmsnorm(x, lay.input_norm, 1e-5),
+        "mha_decode_append_kvcache public": next(iter(device_cases.values())),
+        "moe_gate with the norm public": device_cases["moe_gate with the norm"],
         "F.linear qkv": lambda: torch.nn.functional.linear(x, lay.qkv_weight, lay.qkv_bias),
         "torch.empty_like": lambda: torch.empty_like(x),
     }
