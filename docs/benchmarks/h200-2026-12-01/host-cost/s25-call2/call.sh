@@ -4,12 +4,10 @@
 # rmsnorm + moe_gate; device time in CUDA graphs, host time only).
 # 1. host_probe --parts, then the 24-layer prepared step with --sites (in-situ host time per op call);
 # 2. the anchor host table (.anchors/host_cost.py) in 3 processes;
-# 3. the step again, session 23's end (.anchors/s23) against this checkout, one more alternated pair;
-# 4. bench --host over every op (public, direct, graph, torch).
+# 3. bench --host over every op (public, direct, graph, torch).
 # Everything lands in /tmp/w and is packed into $OUT/r.tgz after each stage (the device returns only a few files).
-rm -rf /tmp/site /tmp/site-before /tmp/w
+rm -rf /tmp/site /tmp/w
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-before .whl/*.whl .anchors/s23/*.whl
 export PYTHONUNBUFFERED=1
 R=$PWD; W=/tmp/w; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w; }
@@ -20,12 +18,6 @@ echo "parts rc $?"; grep -E "^parts|^full|proxy|^ *[a-z_]+ +[0-9.]+ calls" $W/pa
 for i in 1 2 3; do
   (mkdir -p $W/anchor$i && cd $W/anchor$i && PYTHONPATH=/tmp/site timeout 60 python3 $R/.anchors/host_cost.py > log 2>&1)
   echo "anchor$i rc $?"; grep -o "'op': '[^']*', 'public_us': [0-9.]*" $W/anchor$i/log | cut -c1-90 | tr '\n' ';'; echo
-done; snap
-P="tools/host_probe.py --skip-ops --layers 24 --decode-configs full+prepared --rounds 3"
-for run in before3 after3; do
-  site=/tmp/site; [ "${run:0:6}" = before ] && site=/tmp/site-before
-  PYTHONPATH=$site timeout 80 python3 $P --out $W/$run > $W/step-$run.txt 2>&1
-  echo "$run rc $? | $(grep -E '^host proxy|^full' $W/step-$run.txt | cut -c1-150 | tr '\n' '|')"
 done; snap
 (cd /tmp && PYTHONPATH=/tmp/site timeout 170 python3 -m tokenspeed_kernel bench --host --quiet --json $W/host.json \
   --md $W/host.md > $W/host.txt 2>&1); echo "host rc $?"; grep "^|" $W/host.md | cut -c1-200; tail -3 $W/host.txt; snap
