@@ -19,5 +19,5 @@ for i in 1 2 3; do
   (mkdir -p $W/anchor$i && cd $W/anchor$i && PYTHONPATH=/tmp/site timeout 60 python3 $R/.anchors/host_cost.py > log 2>&1)
   echo "anchor$i rc $?"; grep -o "'op': '[^']*', 'public_us': [0-9.]*" $W/anchor$i/log | cut -c1-90 | tr '\n' ';'; echo
 done; snap
-(cd /tmp && PYTHONPATH=/tmp/site timeout 170 python3 -m tokenspeed_kernel bench --host --quiet --json $W/host.json \
+(cd /tmp && PYTHONPATH=/tmp/site timeout 150 python3 -m tokenspeed_kernel bench --host --quiet --json $W/host.json \
   --md $W/host.md > $W/host.txt 2>&1); echo "host rc $?"; grep "^|" $W/host.md | cut -c1-200; tail -3 $W/host.txt; snap
