@@ -3,7 +3,7 @@
 # cases (the appending decode against apply_rotary_and_store + mha_decode_with_kvcache, moe_gate with the norm against
 # rmsnorm + moe_gate; device time in CUDA graphs, host time only).
 # 1. host_probe --parts, then the 24-layer prepared step with --sites (in-situ host time per op call);
-# 2. the anchor host table (.anchors/host_cost.py) in 3 processes;
+# 2. the anchor host table (.anchors/host_cost.py) in 2 processes;
 # 3. bench --host over every op (public, direct, graph, torch).
 # Everything lands in /tmp/w and is packed into $OUT/r.tgz after each stage (the device returns only a few files).
 rm -rf /tmp/site /tmp/w
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 P="tools/host_probe.py --skip-ops --layers 24 --decode-configs full+prepared"
 PYTHONPATH=/tmp/site timeout 170 python3 $P --out $W/parts --rounds 3 --parts --sites > $W/parts.txt 2>&1
 echo "parts rc $?"; grep -E "^parts|^full|proxy|^ *[a-z_]+ +[0-9.]+ calls" $W/parts.txt | cut -c1-200; snap
-for i in 1 2 3; do
+for i in 1 2; do
   (mkdir -p $W/anchor$i && cd $W/anchor$i && PYTHONPATH=/tmp/site timeout 60 python3 $R/.anchors/host_cost.py > log 2>&1)
   echo "anchor$i rc $?"; grep -o "'op': '[^']*', 'public_us': [0-9.]*" $W/anchor$i/log | cut -c1-90 | tr '\n' ';'; echo
 done; snap
