@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     tiles = _tiles(args.tiles)
 
     from tokenspeed_kernel.benchmark.timer import time_fn
+    from tokenspeed_kernel_triton._interpreter import apply_interpreter_fixes
     from tokenspeed_kernel_triton.moe import configs, route
+
+    apply_interpreter_fixes()  # (TRITON_INTERPRET=1 only: --smoke outside the tests' conftest)
 
     device = torch.device("cpu" if args.smoke else "cuda")
     family = configs.family_of(device)
