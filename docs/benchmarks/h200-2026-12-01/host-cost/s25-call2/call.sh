@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# RAN at 21:33 UTC on an H100 (16-core host): the call asked for the default kind and the device tool lent an H100.
 # session 25, call 2 (issue 13), carried as call 1 (.whl, .anchors). The code of call 1 plus host_probe's new --parts
 # cases (the appending decode against apply_rotary_and_store + mha_decode_with_kvcache, moe_gate with the norm against
 # rmsnorm + moe_gate; device time in CUDA graphs, host time only).
