@@ -109,7 +109,7 @@ KERNELS: dict[str, tuple] = {
     "gate_dot": _fixed(
         "route", "_gate_kernel", {**_GATE, "DOT": True, "BLOCK_T": 16, "BLOCK_K": 64}, {"w_ptr": "*fp32"}, num_warps=8
     ),
-    # The decode tiles of the table: four experts a program (8 programs at 32 experts), the last to arrive routes.
+    # The decode tiles of the tables: four experts a program (8 programs at 32 experts), the last to arrive routes.
     "gate_decode_split": _fixed(
         "route",
         "_gate_kernel",
@@ -121,6 +121,14 @@ KERNELS: dict[str, tuple] = {
         "route",
         "_gate_kernel",
         {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 1024, "NORM_BLOCK": 4096, "E_BLOCK": 4},
+        {"w_ptr": "*fp32"},
+        num_warps=8,
+    ),
+    # NVIDIA's rows up to 8 tokens: a program a token, a 2048 K step.
+    "gate_decode_split_k2048_norm": _fixed(
+        "route",
+        "_gate_kernel",
+        {**_GATE, **_NORM, "DOT": False, "BLOCK_T": 1, "BLOCK_K": 2048, "NORM_BLOCK": 4096, "E_BLOCK": 4},
         {"w_ptr": "*fp32"},
         num_warps=8,
     ),

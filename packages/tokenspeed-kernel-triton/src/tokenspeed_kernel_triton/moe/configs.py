@@ -113,9 +113,13 @@ ROUTE_BLOCK_T: dict[str, int] = {"nvidia": 16, "amd": 16, "interpret": 16}
 #: loads wait on one SM's memory pipeline. Split four experts a program, 8 programs read it at 20B's 32 experts
 #: and 32 at 120B's 128 (the last to finish routes). On an H200 (session 25, ``tools/gate_tile_probe.py``, flushed
 #: graphs) one token's router took 6.6 us split against 15.4 in one program at 32 experts (7.8 against 42.8 at 128;
-#: with the norm 9.1 / 9.8 against 21.0 / 64.2), and 8 tokens 8.9 against 15.4. 8 warps; the CUDA-core rows keep ``block_t * experts a program * block_k`` accumulators at 8192 (capped in the wrapper).
+#: with the norm 9.1 / 9.8 against 21.0 / 64.2), and 8 tokens 8.9 against 15.4. Up to 8 tokens, a program a token
+#: with a 2048 K step was faster still on an H100 (call 2: 6.4 / 6.4 / 6.5 us at 1 / 2 / 8 tokens, 32 experts,
+#: against 6.5 / 8.9 / 8.9 for the rows before; 7.4 / 7.4 / 7.9 at 128; with the norm 8.0-8.1 against 9.0-12.7).
+#: AMD keeps session 24's rows (no AMD GPU to measure). 8 warps; the CUDA-core rows keep ``block_t * experts a
+#: program * block_k`` accumulators at 8192 (capped in the wrapper).
 GATE_TILES: dict[str, tuple[tuple[int | None, tuple[int, int, bool, int]], ...]] = {
-    "nvidia": ((1, (1, 1024, False, 4)), (15, (2, 512, False, 4)), (None, (16, 64, True, 0))),
+    "nvidia": ((8, (1, 2048, False, 4)), (15, (2, 512, False, 4)), (None, (16, 64, True, 0))),
     "amd": ((1, (1, 1024, False, 4)), (15, (2, 512, False, 4)), (None, (16, 64, True, 0))),
     "interpret": ((4, (2, 32, False, 4)), (None, (16, 32, True, 0))),
 }
