@@ -2,7 +2,7 @@
 """``moe_gate``'s decode tiles side by side: the experts split across programs against one program (issue 13).
 
     python tools/gate_tile_probe.py --out OUT [--experts 32,128] [--tokens 1,2,4,8] [--rounds 3]
-        [--tiles "table;1,256,0;1,1024,0"]
+        [--tiles "table;1,256,0;1,1024,0"] [--host]
 
 A tile is ``block_t,block_k,e_block`` for the CUDA-core path (``e_block`` 0: every expert in one program; ``table``:
 ``GATE_TILES``' row for the token count). For each GPT-OSS router (H = 2880, top-4, bf16 with a bias; ``--experts``
@@ -11,7 +11,10 @@ A tile is ``block_t,block_k,e_block`` for the CUDA-core path (``e_block`` 0: eve
 - **Numerics**: whether each tile's outputs are the first tile's bits (they must be for the same ``block_k``: the
   split keeps the K order; another ``block_k`` sums in another order);
 - **Device time**: one call per replay of a CUDA graph of 20 calls, each after an L2 flush, less the flushes alone
-  (``time_fn(graph=True, graph_calls=20)``), the tiles taking turns for ``--rounds``.
+  (``time_fn(graph=True, graph_calls=20)``), the tiles taking turns for ``--rounds``;
+- **Host cost** (``--host``): the Triton wrapper's eager time (400 calls back to back, one sync) and its host time
+  alone (100 calls into a drained device, not waited for), us a call: what the split's stream buffers and counters
+  cost the host (session 25 saw ``moe_gate`` at 22-32 us a prepared call, 15-21 before the split).
 
 Writes ``OUT/gate_tile_probe.json`` and prints one line per case. ``--smoke`` runs a tiny case on the CPU (the
 interpreter; numerics only), which the CPU tests use.
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 
@@ -42,6 +46,24 @@ def _tiles(text: str) -> list[tuple[int, int, int] | None]:
     return out
 
 
+def _host_us(fn) -> tuple[float, float]:
+    """(eager us a call: 400 calls back to back then one sync; host us a call: 100 calls into a drained device)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(400):
+        fn()
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - t) / 400 * 1e6
+    t = time.perf_counter()
+    for _ in range(100):
+        fn()
+    host = (time.perf_counter() - t) / 100 * 1e6
+    torch.cuda.synchronize()
+    return eager, host
+
+
 def _name(tile: tuple[int, int, int] | None) -> str:
     return "table" if tile is None else ",".join(map(str, tile))
 
@@ -54,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tiles", default="table;1,256,0;1,1024,0")
     p.add_argument("--smoke", action="store_true", help="a tiny case on the CPU, numerics only")
+    p.add_argument(
+        "--host", action="store_true",
+        help="also each tile's eager time (400 calls of the Triton wrapper back to back, one sync) and host time only "
+        "(100 calls, the device drained first and not waited for), us a call",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit(f"--rounds: expected >= 1, got {args.rounds}")
@@ -93,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                     same = None if first is None else all(torch.equal(a, c) for a, c in zip(out, first, strict=True))
                     first = out if first is None else first
                     row["tiles"][_name(tile)] = {"same_bits_as_first": same, "us": []}
+                    if args.host and not args.smoke:
+                        row["tiles"][_name(tile)] |= {"eager_us": [], "host_us": []}
 
                     def call(patched=patched, kw=kw, x=x, w=w, b=b):
                         configs.GATE_TILES[family] = patched
@@ -107,13 +136,34 @@ def main(argv: list[str] | None = None) -> int:
                         for name, call in calls.items():
                             timing = time_fn(call, device=device, graph=True, graph_calls=20, rep_ms=60)
                             row["tiles"][name]["us"].append(round(timing.median_us, 2))
+                        if args.host:
+                            for tile in tiles:
+                                r = row["tiles"][_name(tile)]
+                                patched = table if tile is None else ((None, (tile[0], tile[1], False, tile[2])),)
+                                configs.GATE_TILES[family] = patched
+                                try:
+                                    eager, host = _host_us(
+                                        lambda kw=kw, x=x, w=w, b=b: route.moe_gate(x, w, b, 4, **kw)
+                                    )
+                                finally:
+                                    configs.GATE_TILES[family] = table
+                                r["eager_us"].append(round(eager, 2))
+                                r["host_us"].append(round(host, 2))
                 for r in row["tiles"].values():
                     r["median_us"] = round(statistics.median(r["us"]), 2) if r["us"] else None
+                    for k in ("eager_us", "host_us"):
+                        if r.get(k):
+                            r[f"median_{k}"] = round(statistics.median(r[k]), 2)
                 results.append(row)
                 print(
                     f"E={e:3d} T={t:2d} norm={int(norm)}: "
                     + "  ".join(
                         f"{n}: {r['median_us']} us {r['us']} same={r['same_bits_as_first']}"
+                        + (
+                            f" eager {r['median_eager_us']} host {r['median_host_us']}"
+                            if "median_eager_us" in r
+                            else ""
+                        )
                         for n, r in row["tiles"].items()
                     ),
                     flush=True,

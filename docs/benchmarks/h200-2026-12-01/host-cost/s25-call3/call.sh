@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# RAN at 21:37 UTC on an H100 (16-core host). Its pytest line gives -k twice: the second (moe_gate) replaced the first, so
+# only the launch/graph test of moe_gate ran (1 passed), not test_moe.py's router GPU tests. verify and the probe ran.
 # session 25, call 3 (issue 13): NVIDIA's new moe_gate rows (a program a token, K step 2048, up to 8 tokens), carried
 # as call 1. The router's GPU tests (against the reference and the calls it replaces, CUDA graph), the launch/graph
 # test of moe_gate's cases, verify on the GPU set, and the table against session 24's row (1,1024,4).
