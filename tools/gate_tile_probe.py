@@ -14,7 +14,8 @@ A tile is ``block_t,block_k,e_block`` for the CUDA-core path (``e_block`` 0: eve
   (``time_fn(graph=True, graph_calls=20)``), the tiles taking turns for ``--rounds``;
 - **Host cost** (``--host``): the Triton wrapper's eager time (400 calls back to back, one sync) and its host time
   alone (100 calls into a drained device, not waited for), us a call: what the split's stream buffers and counters
-  cost the host (session 25 saw ``moe_gate`` at 22-32 us a prepared call, 15-21 before the split).
+  cost (session 25: a prepared ``moe_gate`` 22.3 / 31.7 us back to back, plain / with the norm; 14.5 / 20.7 before the
+  split).
 
 Writes ``OUT/gate_tile_probe.json`` and prints one line per case. ``--smoke`` runs a tiny case on the CPU (the
 interpreter; numerics only), which the CPU tests use.
