@@ -336,6 +336,43 @@ def test_plain_values_are_compared_by_value_and_objects_by_identity(fake_gpu):
     assert plan is None and "neither an argument's nor an allocation's" in why
 
 
+def triton_call(op: str):
+    """``(wrapper, positional arguments, keyword arguments)`` of the Triton kernel of ``op`` on the first standard
+    CPU case (``op+variant``: the first case where that field is set, e.g. ``moe_gate+norm``): the kernel's own
+    arguments, as bind gives them (bind's value checks of CPU tensors stay outside a recording, as on a GPU)."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel import registry
+    from tokenspeed_kernel.core.plugins import ensure_loaded
+    from tokenspeed_kernel.numerics.cases import get_op_cases, standard_cases
+    from tokenspeed_kernel.numerics.inputs import make_generator
+
+    ensure_loaded()
+    op, _, variant = op.partition("+")
+    oc = get_op_cases(op)
+    spec = next(s for s in registry.for_op(op) if s.name == f"triton.{op}")
+    cpu = torch.device("cpu")
+    case = next(c for c in standard_cases(op, "cpu") if not variant or c[variant])
+    call = oc.make(case, cpu, make_generator(cpu, case.seed(0)))
+    _, _, _, _, kargs, kkwargs = tk.get_contract(op).bind(**call)
+    return spec.resolve(), kargs, kkwargs
+
+
+def fake_package_launchers(g, monkeypatch) -> None:
+    """Every launcher made so far a fake GPU one: its JIT path compiles nothing, its C launcher logs into ``g.log``."""
+    from triton import knobs
+
+    for c in list(L._all):
+        try:
+            fake = _Jit(c.fn, g.log)
+        except AttributeError:  # not a Triton JIT function (another package's launcher)
+            continue
+        monkeypatch.setattr(c, "fn", fake)
+        monkeypatch.setattr(c, "_params", fake.params)
+        for name, value in (("_knobs", knobs.runtime), ("_compilation", knobs.compilation), ("_cacheable", True),
+                            ("_getdev", lambda: 0), ("_getstream", lambda dev: 1234), ("_cache", {}), ("_keys", {})):  # fmt: skip
+            monkeypatch.setattr(c, name, value)
+
+
 @pytest.mark.parametrize(
     "op",
     [
@@ -348,24 +385,10 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
     GPU one (its JIT path compiles nothing, its C launcher logs), a call records, and its replay makes the launches
     the wrapper makes on new tensors. (The GPU test checks the outputs; this keeps a wrapper from growing an ATen op
     or a side buffer unnoticed in CI.)"""
-    from triton import knobs
-
     import tokenspeed_kernel as tk
-    from tokenspeed_kernel import registry
-    from tokenspeed_kernel.core.plugins import ensure_loaded
-    from tokenspeed_kernel.numerics.cases import get_op_cases, standard_cases
-    from tokenspeed_kernel.numerics.inputs import make_generator
 
-    ensure_loaded()
-    op, _, variant = op.partition("+")  # moe_gate+norm: the router with the norm before it (GPT-OSS's call)
-    oc = get_op_cases(op)
-    spec = next(s for s in registry.for_op(op) if s.name == f"triton.{op}")
-    fn = spec.resolve()
-    cpu = torch.device("cpu")
-    case = next(c for c in standard_cases(op, "cpu") if not variant or c[variant])
-    call = oc.make(case, cpu, make_generator(cpu, case.seed(0)))
-    # The kernel's own arguments (bind's value checks of CPU tensors stay outside the recording, as on a GPU).
-    _, _, _, _, kargs, kkwargs = tk.get_contract(op).bind(**call)
+    fn, kargs, kkwargs = triton_call(op)  # (moe_gate+norm: the router with the norm before it, GPT-OSS's call)
+    op = op.partition("+")[0]
 
     # (the keywords' values are arguments too, as a prepared call passes them: the norm's weight and residual)
     n_pos, names = len(kargs), tuple(kkwargs)
@@ -386,16 +409,7 @@ def test_the_decode_ops_triton_calls_record_and_replay_their_launches(fake_gpu, 
 
     run(*args())  # under the interpreter: every launcher the call uses exists from here on (some are made lazily)
     g = fake_gpu
-    for c in list(L._all):
-        try:
-            fake = _Jit(c.fn, g.log)
-        except AttributeError:  # not a Triton JIT function (another package's launcher)
-            continue
-        monkeypatch.setattr(c, "fn", fake)
-        monkeypatch.setattr(c, "_params", fake.params)
-        for name, value in (("_knobs", knobs.runtime), ("_compilation", knobs.compilation), ("_cacheable", True),
-                            ("_getdev", lambda: 0), ("_getstream", lambda dev: 1234), ("_cache", {}), ("_keys", {})):  # fmt: skip
-            monkeypatch.setattr(c, name, value)
+    fake_package_launchers(g, monkeypatch)
     run(*args())  # misses: the fake JIT path fills the launch caches
     _, plan, why = L.record(run, args())
     assert plan is not None, f"{op}: {why}"

@@ -15,7 +15,6 @@ import time
 
 import pytest
 import test_launch_plan as tlp
-import torch
 
 from tokenspeed_kernel import launch as L
 
@@ -29,23 +28,8 @@ OPS = [
 
 @pytest.mark.parametrize("op", OPS)
 def test_time(fake_gpu, streams, monkeypatch, op):
-    from triton import knobs
-
-    import tokenspeed_kernel as tk
-    from tokenspeed_kernel import registry
-    from tokenspeed_kernel.core.plugins import ensure_loaded
-    from tokenspeed_kernel.numerics.cases import get_op_cases, standard_cases
-    from tokenspeed_kernel.numerics.inputs import make_generator
-
-    ensure_loaded()
+    fn, kargs, kkwargs = tlp.triton_call(op)
     op, _, variant = op.partition("+")
-    oc = get_op_cases(op)
-    spec = next(s for s in registry.for_op(op) if s.name == f"triton.{op}")
-    fn = spec.resolve()
-    cpu = torch.device("cpu")
-    case = next(c for c in standard_cases(op, "cpu") if not variant or c[variant])
-    call = oc.make(case, cpu, make_generator(cpu, case.seed(0)))
-    _, _, _, _, kargs, kkwargs = tk.get_contract(op).bind(**call)
     n_pos, names = len(kargs), tuple(kkwargs)
     vals = tuple((*kargs, *kkwargs.values()))
 
@@ -54,23 +38,7 @@ def test_time(fake_gpu, streams, monkeypatch, op):
 
     run(*vals)
     g = fake_gpu
-    for c in list(L._all):
-        try:
-            fake = tlp._Jit(c.fn, g.log)
-        except AttributeError:
-            continue
-        monkeypatch.setattr(c, "fn", fake)
-        monkeypatch.setattr(c, "_params", fake.params)
-        for name, value in (
-            ("_knobs", knobs.runtime),
-            ("_compilation", knobs.compilation),
-            ("_cacheable", True),
-            ("_getdev", lambda: 0),
-            ("_getstream", lambda dev: 1234),
-            ("_cache", {}),
-            ("_keys", {}),
-        ):
-            monkeypatch.setattr(c, name, value)
+    tlp.fake_package_launchers(g, monkeypatch)
     run(*vals)
     _, plan, why = L.record(run, vals)
     assert plan is not None, why
