@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit(f"--rounds: expected >= 1, got {args.rounds}")
+    if args.host and args.smoke:
+        raise SystemExit("--host: a GPU timing, not with --smoke (the CPU run checks numerics only)")
     tiles = _tiles(args.tiles)
 
     from tokenspeed_kernel.benchmark.timer import time_fn
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     same = None if first is None else all(torch.equal(a, c) for a, c in zip(out, first, strict=True))
                     first = out if first is None else first
                     row["tiles"][_name(tile)] = {"same_bits_as_first": same, "us": []}
-                    if args.host and not args.smoke:
+                    if args.host:
                         row["tiles"][_name(tile)] |= {"eager_us": [], "host_us": []}
 
                     def call(patched=patched, kw=kw, x=x, w=w, b=b):

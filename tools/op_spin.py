@@ -7,7 +7,8 @@
 Cases (GPT-OSS-20B's decode shapes, one token): ``rmsnorm``, ``moe_gate``, ``moe_gate_norm`` (with the norm and a
 residual), ``apply_rotary``, ``moe_route``. Each call's outputs are dropped, as a served public call's caller
 would. Prints the microseconds a call (calls back to back, a sync every 100) before ``spin()`` and after it.
-``--device cpu`` runs a few calls of each case (the reference kernels): a check that the cases are well formed.
+``--device cpu`` without ``--seconds`` runs a few calls of the case (the CPU kernels): a check that it is well
+formed; with ``--seconds`` it spins on the CPU too.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def spin(fn, seconds: float, sync) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("case", choices=CASES)
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=None, help="how long spin() runs (default 5 on a GPU)")
     p.add_argument("--device", default="cuda")
     args = p.parse_args(argv)
-    if args.seconds <= 0:
+    if args.seconds is not None and args.seconds <= 0:
         raise SystemExit(f"--seconds: expected > 0, got {args.seconds}")
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
@@ -88,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     fn = make(args.case, args.device)
     for _ in range(3 if not cuda else 50):  # (the first two sightings of a call pattern: served from the third)
         fn()
-    if not cuda:
+    if not cuda and args.seconds is None:
         print(f"{args.case}: ran on {args.device}")
         return 0
     before = per_call_us(fn, 1000, sync)
-    n = spin(fn, args.seconds, sync)
+    n = spin(fn, 5.0 if args.seconds is None else args.seconds, sync)
     after = per_call_us(fn, 1000, sync)
     print(f"{args.case}: {before:.2f} us a call before spin(), {after:.2f} after; {n} calls spun")
     return 0

@@ -21,6 +21,8 @@ def test_every_case_runs_on_cpu(monkeypatch, capsys):
         for case in op_spin.CASES:
             assert op_spin.main([case, "--device", "cpu"]) == 0
             assert f"{case}: ran on cpu" in capsys.readouterr().out
+        assert op_spin.main(["moe_route", "--device", "cpu", "--seconds", "0.05"]) == 0  # spins on the CPU too
+        assert "calls spun" in capsys.readouterr().out
         with pytest.raises(SystemExit, match="--seconds"):
             op_spin.main(["rmsnorm", "--device", "cpu", "--seconds", "0"])
         with pytest.raises(SystemExit):

@@ -28,4 +28,6 @@ def test_smoke_split_equals_one_program(tmp_path, monkeypatch):
         assert row["tiles"]["table"]["same_bits_as_first"] is True, row  # the interpreter's table: 2,32 split by 4
     with pytest.raises(SystemExit, match="--tiles"):
         gate_tile_probe.main(["--smoke", "--tiles", "1,2"])
+    with pytest.raises(SystemExit, match="--host"):
+        gate_tile_probe.main(["--smoke", "--host"])
     sys.modules.pop("gate_tile_probe", None)
