@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # session 25, call 1 (issue 13): session 24's planned first call (s24-call1/call.sh, not run there), unchanged below its
 # header. Carried: .whl (hatchling, trove-classifiers, editables, tokenspeed-triton-kernels; no FA3: the 64 MiB carry),
-# .anchors (host_cost.py, tk_moe.py, and .anchors/s23: wheels of 44b1a7f, session 23's end).
+# .anchors (host_cost.py, tk_moe.py, and .anchors/s23: wheels of 44b1a7f, session 23's end), made as session 24
+# wrote (its s24-call1/call.sh was this script, not run):
+# Before it, here (the ignored, carried folders):
+#   ../shared/tools/gpu-wheels.sh .whl; pip download tokenspeed-triton-kernels into .whl (see the device README)
+#   cp ../shared/tools/anchors/{host_cost.py,tk_moe.py} .anchors/
+#   git worktree add /tmp/s23 44b1a7f   # session 23's end: 7 op calls a layer, one-program router
+#   for p in core triton nvidia amd; do pip wheel --no-deps --no-build-isolation -w .anchors/s23 \
+#     /tmp/s23/packages/tokenspeed-kernel-$p; done
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s25-call1/call.sh", carry=[".whl", ".anchors"])
+# What it did not do as written (the report's Session 25): pytest's -k is given twice in stage 1, so the second (gate)
+# replaced the first (append) and deselected the model and compile tests; bench --host takes one target, so stage
+# 3 stopped at its argument error (rc 2).
 # 1. GPU tests of session 23-24's kernels: the appending decode against the two calls it replaces (bits, CUDA graph),
 #    the router (split experts, the norm's one-tile pass) against the two calls, the launch/graph test of every case of
 #    the three ops, the GPT-OSS model and compile tests; verify of the two Triton kernels on the GPU sets.
