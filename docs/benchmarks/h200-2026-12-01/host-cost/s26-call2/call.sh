@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 26, call 2: the CUDA-core MoE path (hopper/moe/gemv.py) against the MMA decode path, and the GPU tests
+# session 25 missed (s26-call1, which found no machine).
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s26-call2/call.sh", carry=[".whl"])
+rm -rf /tmp/site /tmp/w
+bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+R=$PWD; W=/tmp/w; mkdir -p $W
+snap() { tar czf $OUT/r.tgz -C /tmp w; }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+timeout 240 python3 tools/moe_gemv_probe.py --out $W --tokens 1,2,4 --rounds 2 --budget-s 200 \
+  --gemv "16,8,4/8,8,4;32,8,4/4,8,4;16,16,4/4,16,4;8,8,2/4,8,2;32,8,8/8,8,8" > $W/gemv.txt 2>&1
+echo "gemv probe rc $?"; cut -c1-160 $W/gemv.txt | grep -v Warning; snap
+T=$R/packages/tokenspeed-kernel-triton/tests; C=$R/packages/tokenspeed-kernel-core/tests
+t() {  # name, then pytest arguments
+  local n=$1; shift
+  (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu "$@" > $W/t-$n.txt 2>&1)
+  echo "tests $n rc $? | $(tail -1 $W/t-$n.txt)"; grep -E "^(FAILED|ERROR)" $W/t-$n.txt | cut -c1-250 | head -4
+}
+t append $T/test_attention.py -k append
+t gate $T/test_moe.py -k gate
+t model $C/test_gpt_oss_model.py $C/test_compile.py
+snap

@@ -1,0 +1,193 @@
+"""CUDA-core decode kernels of the MXFP4 MoE for one or two tokens: no MMA, every SM full of small programs.
+
+At one token a GPT-OSS layer reads four experts' weights (50 MB in MXFP4) for about 100 M multiply-adds. The MMA decode
+kernels of :mod:`.decode` run one-warp programs that walk the whole K range of a 32-row tile; measured, their two GEMMs
+take 39 us with the weights already in L2 (host-cost report, session 21) because each program's dependent chain,
+not DRAM, sets the pace. These kernels trade the MMA for plain fp32 fused multiply-adds: a value costs a few integer
+instructions to decode and one FFMA, and thousands of 4-warp programs keep the memory system busy.
+
+- **Decode to fp32 by bit placement.** A code's magnitude bits go to bits 22..24 and its sign to bit 31 of a float:
+  the float is ``E2M1 * 2**-126`` (code 1, the value 0.5, is the subnormal ``2**-127``); a multiply by the block's
+  ``2**(s - 1)`` gives the exact weight (``TWO_STEP``: by ``2**126`` then ``2**(s - 127)``, for scale bytes above 128).
+- **Activations as bf16 pairs.** Byte ``b`` of a weight row holds the codes of K positions ``2 b`` (low nibble) and
+  ``2 b + 1``; the activations are read as int32 words, word ``b`` = ``(x[2 b], x[2 b + 1])``, so the activation tile
+  has the weight tile's shape and each half becomes an fp32 by a shift or a mask.
+- **Gate/up** (:func:`moe_gemv` with ``GATE_UP``): program (pair, feature tile) computes ``ROWS / 2`` features'
+  gate and up rows (both in the program), adds the bias and writes ``inter[pair] = swiglu(...)`` in bf16.
+- **Down**: program (token, row tile) computes the row tile for every slot of the token at once (the slots are the
+  tile's first axis), adds the bias, weights each slot by its routing weight, sums the slots and writes the token's
+  output rows: the combine is in the GEMM (no fp32 buffer, no third launch, no atomics: deterministic).
+
+Two launches a call. Each waits for the launch before it (``PDL``: programmatic dependent launch, as :mod:`.decode`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .decode import _tl_grid_sync
+from .packed import PAIR_MASK, PAIR_MULTIPLIER
+
+__all__ = ["moe_gemv"]
+
+
+_BITS = tl.constexpr(0x81C081C0 - (1 << 32))  # bf16 bits of placed E2M1 codes in both halves (int32)
+_TWO_126_X2 = tl.constexpr(0x7E807E80)  # bf16x2 (2**126, 2**126)
+_HIGH = tl.constexpr(-65536)  # 0xFFFF0000
+_PAIR_MASK = tl.constexpr(PAIR_MASK)
+_PAIR_MULTIPLIER = tl.constexpr(PAIR_MULTIPLIER)
+
+
+@triton.jit
+def _bf16x2_mul(a, b, ASM: tl.constexpr):
+    """Elementwise ``mul.rn.bf16x2`` of two int32 tensors holding bf16 pairs. Without ``ASM`` (Triton's interpreter
+    runs no PTX) the same products in float32, exact for the factors used here (powers of two; the products are
+    bf16 values)."""
+    if ASM:
+        return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                         is_pure=True, pack=1)  # fmt: skip
+    else:
+        lo = (_lo(a) * _lo(b)).to(tl.int32, bitcast=True)
+        hi = (_hi(a) * _hi(b)).to(tl.int32, bitcast=True)
+        return ((lo >> 16) & 0xFFFF) | (hi & _HIGH)
+
+
+@triton.jit
+def _lo(v):
+    """The low bf16 of int32 pairs as float32."""
+    return (v << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hi(v):
+    """The high bf16 of int32 pairs as float32."""
+    return (v & _HIGH).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def moe_gemv(
+    a_ptr, stride_a, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, o_ptr, stride_o,
+    alpha, limit, up_offset,
+    K: tl.constexpr, N: tl.constexpr, SROW: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
+    ROWS: tl.constexpr, NB: tl.constexpr, GATE_UP: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_LIMIT: tl.constexpr, TWO_STEP: tl.constexpr, PACKED: tl.constexpr = False, PDL: tl.constexpr = False,
+    ASM: tl.constexpr = True,
+):  # fmt: skip
+    """One GEMM of the one-token path; see the module docstring.
+
+    ``a``: the activations as int32 bf16 pairs (``stride_a`` in words): ``x [T, K / 2]`` for gate/up (row = pair //
+    TOP_K), ``inter [pairs, K / 2]`` for down (row = pair). ``w``: uint8 codes ``[E, N, K / 2]`` (rows contiguous,
+    ``stride_we`` in bytes), ``s``: scale bytes ``[E, N, K / 32]`` (row stride ``SROW``), ``b``: ``[E, N]`` bias.
+    Gate/up: grid ``(pairs, cdiv(N / 2, ROWS / 2))``, ``SLOTS = 1``, writes ``o = inter [pairs, N / 2]``. Down: grid
+    ``(tokens, cdiv(N, ROWS))``, ``SLOTS`` = ``TOP_K`` rounded up to a power of two, writes ``o = out [T, N]``.
+    ``NB``: MX blocks (32 values, 4 code words) of K a program reads per row and loop step. ``ASM``: the scale
+    multiply as PTX (False under Triton's interpreter).
+    """
+    _tl_grid_sync(PDL)
+    pid0 = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    # The tile's rows: SLOTS x ROWS (slot-major), one weight row each.
+    rr = tl.arange(0, SLOTS * ROWS)
+    sl = rr // ROWS
+    r = rr % ROWS
+    if GATE_UP:
+        pair = pid0 + sl
+        slot_ok = sl < 1
+        a_row = pair // TOP_K
+        # Rows 2 f and 2 f + 1 of the tile: the gate and up rows of feature f.
+        jj = pid1 * (ROWS // 2) + r // 2
+        if INTERLEAVED:
+            row = 2 * jj + r % 2
+        else:
+            row = (r % 2) * (N // 2) + jj
+        row_ok = (jj < N // 2) & slot_ok
+    else:
+        pair = pid0 * TOP_K + sl
+        slot_ok = sl < TOP_K
+        a_row = pair
+        row = pid1 * ROWS + r
+        row_ok = (row < N) & slot_ok
+    e = tl.load(ids_ptr + pair, mask=slot_ok, other=0).to(tl.int64)
+    KB: tl.constexpr = K // 32
+    mb = tl.arange(0, NB)
+    q = tl.arange(0, 4)
+    w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + (e * stride_we + row.to(tl.int64) * (K // 2)) // 4  # [RR]
+    s_rows = s_ptr + e * stride_se + row.to(tl.int64) * SROW  # [RR]
+    a_rows = a_ptr + a_row.to(tl.int64) * stride_a  # [RR]
+    acc = tl.zeros([SLOTS * ROWS, NB, 4], dtype=tl.float32)
+    for k0 in range(0, KB, NB):
+        m = k0 + mb
+        ok2 = row_ok[:, None] & (m < KB)[None, :]
+        ok3 = ok2[:, :, None]
+        w = tl.load(w_rows[:, None, None] + (m * 4)[None, :, None] + q[None, None, :], mask=ok3, other=0)
+        sc = tl.load(s_rows[:, None] + m[None, :], mask=ok2, other=127).to(tl.int32)
+        xa = a_rows[:, None, None] + (m * 16)[None, :, None] + (q * 4)[None, None, :]
+        x0 = tl.load(xa, mask=ok3, other=0)
+        x1 = tl.load(xa + 1, mask=ok3, other=0)
+        x2 = tl.load(xa + 2, mask=ok3, other=0)
+        x3 = tl.load(xa + 3, mask=ok3, other=0)
+        if TWO_STEP:
+            b = tl.where(sc == 0, 0x40, sc << 7)
+        else:
+            b = (sc + 126) << 7
+        f = (b | (b << 16))[:, :, None]
+        if PACKED:
+            # The layout of :mod:`.packed`: plane p holds codes 2 p and 2 p + 1 (activation word 4 q + p).
+            r0 = w & _BITS
+            r1 = ((w >> 3) & 0x1FFFFFFF | (w << 29)) & _BITS
+            r2 = ((w >> 6) & 0x03FFFFFF | (w << 26)) & _BITS
+            r3 = ((w & _PAIR_MASK) * _PAIR_MULTIPLIER) & _BITS
+        else:
+            # Plane p of a word: codes p and p + 4 (K positions 8 q + p and 8 q + p + 4 of the MX block; activation
+            # words 4 q + p // 2 and 4 q + 2 + p // 2, half p % 2) as one bf16 pair ``E2M1 * 2**-126``.
+            hw = w >> 8
+            r0 = ((w & 0x000F000F) * 0x1040) & _BITS
+            r1 = ((w & 0x00F000F0) * 0x104) & _BITS
+            r2 = ((hw & 0x000F000F) * 0x1040) & _BITS
+            r3 = ((hw & 0x00F000F0) * 0x104) & _BITS
+        if TWO_STEP:
+            two126 = tl.full(w.shape, _TWO_126_X2, tl.int32)
+            r0 = _bf16x2_mul(r0, two126, ASM)
+            r1 = _bf16x2_mul(r1, two126, ASM)
+            r2 = _bf16x2_mul(r2, two126, ASM)
+            r3 = _bf16x2_mul(r3, two126, ASM)
+        r0 = _bf16x2_mul(r0, f, ASM)
+        r1 = _bf16x2_mul(r1, f, ASM)
+        r2 = _bf16x2_mul(r2, f, ASM)
+        r3 = _bf16x2_mul(r3, f, ASM)
+        if PACKED:
+            acc += _lo(r0) * _lo(x0)
+            acc += _hi(r0) * _hi(x0)
+            acc += _lo(r1) * _lo(x1)
+            acc += _hi(r1) * _hi(x1)
+            acc += _lo(r2) * _lo(x2)
+            acc += _hi(r2) * _hi(x2)
+            acc += _lo(r3) * _lo(x3)
+            acc += _hi(r3) * _hi(x3)
+        else:
+            acc += _lo(r0) * _lo(x0)
+            acc += _hi(r0) * _lo(x2)
+            acc += _lo(r1) * _hi(x0)
+            acc += _hi(r1) * _hi(x2)
+            acc += _lo(r2) * _lo(x1)
+            acc += _hi(r2) * _lo(x3)
+            acc += _lo(r3) * _hi(x1)
+            acc += _hi(r3) * _hi(x3)
+    tot = tl.sum(tl.sum(acc, axis=2), axis=1)  # [RR]
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + e * stride_be + row, mask=row_ok, other=0.0)
+        tot += bias.to(tl.float32)
+    if GATE_UP:
+        gate, up = tl.split(tl.reshape(tot, [ROWS // 2, 2]))
+        if HAS_LIMIT:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = (up + up_offset) * gate * tl.sigmoid(alpha * gate)
+        f_idx = pid1 * (ROWS // 2) + tl.arange(0, ROWS // 2)
+        tl.store(o_ptr + pid0.to(tl.int64) * stride_o + f_idx, h.to(o_ptr.dtype.element_ty), mask=f_idx < N // 2)
+    else:
+        tw = tl.load(tw_ptr + pair, mask=slot_ok, other=0.0).to(tl.float32)
+        y = tl.sum(tl.reshape(tl.where(row_ok, tot * tw, 0.0), [SLOTS, ROWS]), axis=0)
+        cols = pid1 * ROWS + tl.arange(0, ROWS)
+        tl.store(o_ptr + pid0.to(tl.int64) * stride_o + cols, y.to(o_ptr.dtype.element_ty), mask=cols < N)
