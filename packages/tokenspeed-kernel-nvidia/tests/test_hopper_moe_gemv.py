@@ -1,0 +1,148 @@
+"""The CUDA-core path of ``hopper.moe_apply`` (``hopper/moe/gemv.py``, :class:`GemvTile`): its tiles' argument
+checks, its arithmetic under Triton's interpreter against an independent float64 emulation, and its kernels
+cross-compiled for sm_90 (the bf16x2 scale multiply, one FFMA a value, no spills). Its GPU numerics and graph
+replay are in ``test_hopper_moe.py``'s GPU tests (``layout="gemv"`` cases)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+import tokenspeed_kernel as tk
+from tokenspeed_kernel.reference.moe import dequantize_expert_weights
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_hopper_moe import GPT_OSS, _weights
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_gemv_tile_arguments_raise_naming_the_field():
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    assert GemvTile(16, 8) == (16, 8, 4)
+    for kwargs, name in (({"rows": 12, "blocks": 8}, "rows"), ({"rows": 16, "blocks": 0}, "blocks"),
+                         ({"rows": 16, "blocks": 8, "warps": 3}, "warps"), ({"rows": 1, "blocks": 8}, "rows"),
+                         ({"rows": 16, "blocks": 8, "warps": 32}, "warps"), ({"rows": 16.0, "blocks": 8}, "rows")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            GemvTile(**kwargs)
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
+
+    w = _weights(2, 64, 64)
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    mixed = (GemvTile(16, 8), DecodeTile(32, 8, 1))
+    with pytest.raises(TypeError, match="^tiles: .*GemvTile"):
+        layer.moe_apply(x, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32), w, GPT_OSS, tiles=mixed)
+
+
+def _bf16_trunc(v: torch.Tensor) -> torch.Tensor:
+    """float64 -> float32 -> bf16 by truncation (Triton's interpreter converts to bf16 so), as float64."""
+    return (v.float().view(torch.int32) & -65536).view(torch.float32).double()
+
+
+def _emulate(x, tw, ids, w, act):
+    """The path's arithmetic in float64 from the dequantized weights (:func:`dequantize_expert_weights`, the
+    reference's decode), ``inter`` rounded to bf16 as the kernels store it (by truncation, as the interpreter does)."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for s in range(ids.shape[1]):
+            e = int(ids[t, s])
+            w13, w2 = dequantize_expert_weights(w, e)
+            g = x[t].double() @ w13.double().T
+            if w.w13_bias is not None:
+                g += w.w13_bias[e].double()
+            gate, up = (g[0::2], g[1::2]) if w.gate_up_interleaved else (g[: w.intermediate], g[w.intermediate :])
+            gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
+            h = _bf16_trunc((up + act.up_offset) * gate * torch.sigmoid(act.alpha * gate))
+            y = h @ w2.double().T
+            if w.w2_bias is not None:
+                y += w.w2_bias[e].double()
+            out[t] += float(tw[t, s]) * y
+    return out
+
+
+CASES = [  # experts, hidden, intermediate, tokens, slots, weights' keywords, (gate/up tile, down tile)
+    ("T1_k4", 4, 128, 64, 1, 4, {}, ((8, 2, 4), (4, 2, 4))),
+    ("T2_k3_not_interleaved_no_bias", 6, 192, 128, 2, 3, {"interleaved": False, "bias": False}, ((16, 4, 4), (2, 1, 2))),
+    ("T1_k4_scales_above_128", 4, 128, 64, 1, 4, {"scale_hi": 140}, ((8, 2, 4), (4, 2, 4))),
+    ("T3_k4_packed", 8, 128, 192, 3, 4, {"packed": True}, ((4, 2, 1), (8, 4, 4))),
+    ("T2_k2_packed_scales_above_128", 4, 192, 64, 2, 2, {"packed": True, "scale_hi": 140}, ((8, 8, 4), (4, 2, 4))),
+]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs the kernels under Triton's interpreter (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("label,e,h,i,t,k,wkw,tiles", CASES, ids=[c[0] for c in CASES])
+def test_interpreted_path_equals_the_float64_emulation(label, e, h, i, t, k, wkw, tiles):
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    w = _weights(e, h, i, **wkw)
+    # The packed layout holds the same values: the emulation reads the canonical weights of the same seed.
+    canonical = _weights(e, h, i, **{**wkw, "packed": False}) if wkw.get("packed") else w
+    g = torch.Generator().manual_seed(t * 10 + k)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    tw = torch.rand(t, k, generator=g)
+    got = layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tuple(GemvTile(*v) for v in tiles), graphs=False)
+    want = _emulate(x, tw, ids, canonical, GPT_OSS)
+    # Each output within one bf16 step of the emulation (the output's own rounding); every other step is exact.
+    ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=2.0**-100))) - 7)
+    assert ((got.double() - want).abs() <= ulp).all(), ((got.double() - want).abs() / ulp).max()
+
+
+def _sass_loop(sass: str) -> list[str]:
+    """The instructions of the K loop: the longest body a backward branch closes."""
+    lines = sass.splitlines()
+    labels = {ln.rstrip(":"): n for n, ln in enumerate(lines) if re.match(r"^\.?L\w*:$", ln)}
+    best = (0, 0)
+    for n, ln in enumerate(lines):
+        m = re.search(r"\bBRA (\S+?);", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < n and n - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], n)
+    return [ln for ln in lines[best[0] : best[1] + 1] if re.match(r"^\s*/\*[0-9a-f]+\*/", ln) or "\t" in ln]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packed", [False, True], ids=["canonical", "packed"])
+@pytest.mark.parametrize("two_step", [False, True], ids=["one_step", "two_step"])
+def test_kernels_cross_compile_for_sm90_with_bf16x2_scales_and_one_ffma_a_value(monkeypatch, packed, two_step):
+    pytest.importorskip("triton")
+    from triton.tools.disasm import get_sass
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((grid, a, kw))
+
+    monkeypatch.setattr(layer, "moe_gemv", Recorder())
+    monkeypatch.setattr(layer.triton.knobs.runtime, "interpret", False)
+    w = _weights(32, 2880, 2880, packed=packed, scale_hi=140 if two_step else 128)
+    x = torch.randn(1, 2880).to(torch.bfloat16)
+    tw, ids = tk.moe_route(torch.randn(1, 32), 4, solution="reference")
+    tiles = (GemvTile(16, 8, 4), GemvTile(8, 8, 4))
+    layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, graphs=False)
+    assert [kw["GATE_UP"] for _, _, kw in calls] == [True, False]
+    assert all(kw["ASM"] and kw["TWO_STEP"] == two_step and kw["PACKED"] == packed for _, _, kw in calls)
+    for (grid, args, kwargs), tile in zip(calls, tiles):
+        ck = compile_launch(gemv.moe_gemv, args, dict(kwargs), "sm90")
+        assert "mul.rn.bf16x2" in ck.asm["ptx"]
+        sass = get_sass(ck.asm["cubin"])
+        assert not re.search(r"\b(STL|LDL)\b", sass), "register spills"
+        loop = _sass_loop(sass)
+        ops = [m.group(1) for ln in loop if (m := re.search(r"\b([A-Z][A-Z0-9]+)(\.[A-Z0-9_.]+)?\s", ln))]
+        slots = kwargs["SLOTS"]
+        values_per_thread = slots * tile[0] * tile[1] * 32 // (32 * tile[2])
+        assert ops.count("FFMA") == values_per_thread, (ops.count("FFMA"), values_per_thread)
+        # The scale multiply: one bf16x2 multiply a value pair (two with TWO_STEP); ptxas may emit it as HFMA2.
+        hmul = ops.count("HMUL2") + ops.count("HFMA2")
+        assert hmul >= values_per_thread // 2 * (2 if two_step else 1), hmul
