@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1,2,4")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--experts", type=int, default=32)
-    p.add_argument("--gemv", default="16,8,4/8,8,4")
+    p.add_argument("--gemv", default="16,16,4/8,8,4")
     p.add_argument("--budget-s", type=float, default=300.0)
     args = p.parse_args(argv)
     entries = _gemv_entries(args.gemv)

@@ -9,7 +9,7 @@ R=$PWD; W=/tmp/w; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 timeout 240 python3 tools/moe_gemv_probe.py --out $W --tokens 1,2,4 --rounds 2 --budget-s 200 \
-  --gemv "16,8,4/8,8,4;32,8,4/4,8,4;16,16,4/4,16,4;8,8,2/4,8,2;32,8,8/8,8,8" > $W/gemv.txt 2>&1
+  --gemv "16,16,4/8,8,4;32,8,4/4,16,4;16,16,4/4,16,4;32,16,8/8,16,8;16,8,4/8,8,4" > $W/gemv.txt 2>&1
 echo "gemv probe rc $?"; cut -c1-160 $W/gemv.txt | grep -v Warning; snap
 T=$R/packages/tokenspeed-kernel-triton/tests; C=$R/packages/tokenspeed-kernel-core/tests
 t() {  # name, then pytest arguments

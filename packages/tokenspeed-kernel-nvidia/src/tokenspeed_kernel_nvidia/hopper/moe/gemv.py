@@ -66,6 +66,64 @@ def _hi(v):
 
 
 @triton.jit
+def _block_dot(w_rows, s_rows, ok, m, m_ok, q, x0, x1, x2, x3, acc, PACKED: tl.constexpr, TWO_STEP: tl.constexpr,
+               ASM: tl.constexpr):  # fmt: skip
+    """``acc += w * x`` for the MX blocks ``m`` of the rows ``w_rows`` / ``s_rows`` (``[rows, NB, 4]``: row, MX
+    block, code word; ``x0 .. x3``: activation words ``4 q + c`` of each code word ``q``)."""
+    ok2 = ok[:, None] & m_ok[None, :]
+    w = tl.load(w_rows[:, None, None] + (m * 4)[None, :, None] + q[None, None, :], mask=ok2[:, :, None], other=0)
+    sc = tl.load(s_rows[:, None] + m[None, :], mask=ok2, other=127).to(tl.int32)
+    if TWO_STEP:
+        b = tl.where(sc == 0, 0x40, sc << 7)
+    else:
+        b = (sc + 126) << 7
+    f = (b | (b << 16))[:, :, None]
+    if PACKED:
+        # The layout of :mod:`.packed`: plane p holds codes 2 p and 2 p + 1 (activation word 4 q + p).
+        r0 = w & _BITS
+        r1 = ((w >> 3) & 0x1FFFFFFF | (w << 29)) & _BITS
+        r2 = ((w >> 6) & 0x03FFFFFF | (w << 26)) & _BITS
+        r3 = ((w & _PAIR_MASK) * _PAIR_MULTIPLIER) & _BITS
+    else:
+        # Plane p of a word: codes p and p + 4 (K positions 8 q + p and 8 q + p + 4 of the MX block; activation
+        # words 4 q + p // 2 and 4 q + 2 + p // 2, half p % 2) as one bf16 pair ``E2M1 * 2**-126``.
+        hw = w >> 8
+        r0 = ((w & 0x000F000F) * 0x1040) & _BITS
+        r1 = ((w & 0x00F000F0) * 0x104) & _BITS
+        r2 = ((hw & 0x000F000F) * 0x1040) & _BITS
+        r3 = ((hw & 0x00F000F0) * 0x104) & _BITS
+    if TWO_STEP:
+        two126 = tl.full(w.shape, _TWO_126_X2, tl.int32)
+        r0 = _bf16x2_mul(r0, two126, ASM)
+        r1 = _bf16x2_mul(r1, two126, ASM)
+        r2 = _bf16x2_mul(r2, two126, ASM)
+        r3 = _bf16x2_mul(r3, two126, ASM)
+    r0 = _bf16x2_mul(r0, f, ASM)
+    r1 = _bf16x2_mul(r1, f, ASM)
+    r2 = _bf16x2_mul(r2, f, ASM)
+    r3 = _bf16x2_mul(r3, f, ASM)
+    if PACKED:
+        acc += _lo(r0) * _lo(x0)
+        acc += _hi(r0) * _hi(x0)
+        acc += _lo(r1) * _lo(x1)
+        acc += _hi(r1) * _hi(x1)
+        acc += _lo(r2) * _lo(x2)
+        acc += _hi(r2) * _hi(x2)
+        acc += _lo(r3) * _lo(x3)
+        acc += _hi(r3) * _hi(x3)
+    else:
+        acc += _lo(r0) * _lo(x0)
+        acc += _hi(r0) * _lo(x2)
+        acc += _lo(r1) * _hi(x0)
+        acc += _hi(r1) * _hi(x2)
+        acc += _lo(r2) * _lo(x1)
+        acc += _hi(r2) * _lo(x3)
+        acc += _lo(r3) * _hi(x1)
+        acc += _hi(r3) * _hi(x3)
+    return acc
+
+
+@triton.jit
 def moe_gemv(
     a_ptr, stride_a, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, o_ptr, stride_o,
     alpha, limit, up_offset,
@@ -74,7 +132,7 @@ def moe_gemv(
     HAS_LIMIT: tl.constexpr, TWO_STEP: tl.constexpr, PACKED: tl.constexpr = False, PDL: tl.constexpr = False,
     ASM: tl.constexpr = True,
 ):  # fmt: skip
-    """One GEMM of the one-token path; see the module docstring.
+    """One GEMM of the few-token path; see the module docstring.
 
     ``a``: the activations as int32 bf16 pairs (``stride_a`` in words): ``x [T, K / 2]`` for gate/up (row = pair //
     TOP_K), ``inter [pairs, K / 2]`` for down (row = pair). ``w``: uint8 codes ``[E, N, K / 2]`` (rows contiguous,
@@ -83,111 +141,80 @@ def moe_gemv(
     ``(tokens, cdiv(N, ROWS))``, ``SLOTS`` = ``TOP_K`` rounded up to a power of two, writes ``o = out [T, N]``.
     ``NB``: MX blocks (32 values, 4 code words) of K a program reads per row and loop step. ``ASM``: the scale
     multiply as PTX (False under Triton's interpreter).
+
+    A program's rows come in two groups of ``ROWS / 2`` a slot that share their activations in registers (each
+    thread converts an activation word once for both): gate/up, the gate rows and the up rows of ``ROWS / 2``
+    features; down, the tile's first and second half.
     """
     _tl_grid_sync(PDL)
     pid0 = tl.program_id(0)
     pid1 = tl.program_id(1)
-    # The tile's rows: SLOTS x ROWS (slot-major), one weight row each.
-    rr = tl.arange(0, SLOTS * ROWS)
-    sl = rr // ROWS
-    r = rr % ROWS
+    HALF: tl.constexpr = ROWS // 2
+    rr = tl.arange(0, SLOTS * HALF)  # slot-major
+    sl = rr // HALF
+    r = rr % HALF
     if GATE_UP:
         pair = pid0 + sl
         slot_ok = sl < 1
         a_row = pair // TOP_K
-        # Rows 2 f and 2 f + 1 of the tile: the gate and up rows of feature f.
-        jj = pid1 * (ROWS // 2) + r // 2
+        jj = pid1 * HALF + r
         if INTERLEAVED:
-            row = 2 * jj + r % 2
+            row0 = 2 * jj
+            row1 = 2 * jj + 1
         else:
-            row = (r % 2) * (N // 2) + jj
-        row_ok = (jj < N // 2) & slot_ok
+            row0 = jj
+            row1 = N // 2 + jj
+        ok0 = (jj < N // 2) & slot_ok
+        ok1 = ok0
     else:
         pair = pid0 * TOP_K + sl
         slot_ok = sl < TOP_K
         a_row = pair
-        row = pid1 * ROWS + r
-        row_ok = (row < N) & slot_ok
+        row0 = pid1 * ROWS + r
+        row1 = row0 + HALF
+        ok0 = (row0 < N) & slot_ok
+        ok1 = (row1 < N) & slot_ok
     e = tl.load(ids_ptr + pair, mask=slot_ok, other=0).to(tl.int64)
     KB: tl.constexpr = K // 32
     mb = tl.arange(0, NB)
     q = tl.arange(0, 4)
-    w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + (e * stride_we + row.to(tl.int64) * (K // 2)) // 4  # [RR]
-    s_rows = s_ptr + e * stride_se + row.to(tl.int64) * SROW  # [RR]
-    a_rows = a_ptr + a_row.to(tl.int64) * stride_a  # [RR]
-    acc = tl.zeros([SLOTS * ROWS, NB, 4], dtype=tl.float32)
+    w_base = w_ptr.to(tl.pointer_type(tl.int32)) + e * (stride_we // 4)
+    w_rows0 = w_base + row0.to(tl.int64) * (K // 8)  # [SLOTS * HALF], int32 words
+    w_rows1 = w_base + row1.to(tl.int64) * (K // 8)
+    s_rows0 = s_ptr + e * stride_se + row0.to(tl.int64) * SROW
+    s_rows1 = s_ptr + e * stride_se + row1.to(tl.int64) * SROW
+    a_rows = a_ptr + a_row.to(tl.int64) * stride_a
+    acc0 = tl.zeros([SLOTS * HALF, NB, 4], dtype=tl.float32)
+    acc1 = tl.zeros([SLOTS * HALF, NB, 4], dtype=tl.float32)
     for k0 in range(0, KB, NB):
         m = k0 + mb
-        ok2 = row_ok[:, None] & (m < KB)[None, :]
-        ok3 = ok2[:, :, None]
-        w = tl.load(w_rows[:, None, None] + (m * 4)[None, :, None] + q[None, None, :], mask=ok3, other=0)
-        sc = tl.load(s_rows[:, None] + m[None, :], mask=ok2, other=127).to(tl.int32)
+        m_ok = m < KB
         xa = a_rows[:, None, None] + (m * 16)[None, :, None] + (q * 4)[None, None, :]
-        x0 = tl.load(xa, mask=ok3, other=0)
-        x1 = tl.load(xa + 1, mask=ok3, other=0)
-        x2 = tl.load(xa + 2, mask=ok3, other=0)
-        x3 = tl.load(xa + 3, mask=ok3, other=0)
-        if TWO_STEP:
-            b = tl.where(sc == 0, 0x40, sc << 7)
-        else:
-            b = (sc + 126) << 7
-        f = (b | (b << 16))[:, :, None]
-        if PACKED:
-            # The layout of :mod:`.packed`: plane p holds codes 2 p and 2 p + 1 (activation word 4 q + p).
-            r0 = w & _BITS
-            r1 = ((w >> 3) & 0x1FFFFFFF | (w << 29)) & _BITS
-            r2 = ((w >> 6) & 0x03FFFFFF | (w << 26)) & _BITS
-            r3 = ((w & _PAIR_MASK) * _PAIR_MULTIPLIER) & _BITS
-        else:
-            # Plane p of a word: codes p and p + 4 (K positions 8 q + p and 8 q + p + 4 of the MX block; activation
-            # words 4 q + p // 2 and 4 q + 2 + p // 2, half p % 2) as one bf16 pair ``E2M1 * 2**-126``.
-            hw = w >> 8
-            r0 = ((w & 0x000F000F) * 0x1040) & _BITS
-            r1 = ((w & 0x00F000F0) * 0x104) & _BITS
-            r2 = ((hw & 0x000F000F) * 0x1040) & _BITS
-            r3 = ((hw & 0x00F000F0) * 0x104) & _BITS
-        if TWO_STEP:
-            two126 = tl.full(w.shape, _TWO_126_X2, tl.int32)
-            r0 = _bf16x2_mul(r0, two126, ASM)
-            r1 = _bf16x2_mul(r1, two126, ASM)
-            r2 = _bf16x2_mul(r2, two126, ASM)
-            r3 = _bf16x2_mul(r3, two126, ASM)
-        r0 = _bf16x2_mul(r0, f, ASM)
-        r1 = _bf16x2_mul(r1, f, ASM)
-        r2 = _bf16x2_mul(r2, f, ASM)
-        r3 = _bf16x2_mul(r3, f, ASM)
-        if PACKED:
-            acc += _lo(r0) * _lo(x0)
-            acc += _hi(r0) * _hi(x0)
-            acc += _lo(r1) * _lo(x1)
-            acc += _hi(r1) * _hi(x1)
-            acc += _lo(r2) * _lo(x2)
-            acc += _hi(r2) * _hi(x2)
-            acc += _lo(r3) * _lo(x3)
-            acc += _hi(r3) * _hi(x3)
-        else:
-            acc += _lo(r0) * _lo(x0)
-            acc += _hi(r0) * _lo(x2)
-            acc += _lo(r1) * _hi(x0)
-            acc += _hi(r1) * _hi(x2)
-            acc += _lo(r2) * _lo(x1)
-            acc += _hi(r2) * _lo(x3)
-            acc += _lo(r3) * _hi(x1)
-            acc += _hi(r3) * _hi(x3)
-    tot = tl.sum(tl.sum(acc, axis=2), axis=1)  # [RR]
+        x_ok = (slot_ok[:, None] & m_ok[None, :])[:, :, None]
+        x0 = tl.load(xa, mask=x_ok, other=0)
+        x1 = tl.load(xa + 1, mask=x_ok, other=0)
+        x2 = tl.load(xa + 2, mask=x_ok, other=0)
+        x3 = tl.load(xa + 3, mask=x_ok, other=0)
+        acc0 = _block_dot(w_rows0, s_rows0, ok0, m, m_ok, q, x0, x1, x2, x3, acc0, PACKED, TWO_STEP, ASM)
+        acc1 = _block_dot(w_rows1, s_rows1, ok1, m, m_ok, q, x0, x1, x2, x3, acc1, PACKED, TWO_STEP, ASM)
+    tot0 = tl.sum(tl.sum(acc0, axis=2), axis=1)  # [SLOTS * HALF]
+    tot1 = tl.sum(tl.sum(acc1, axis=2), axis=1)
     if HAS_BIAS:
-        bias = tl.load(b_ptr + e * stride_be + row, mask=row_ok, other=0.0)
-        tot += bias.to(tl.float32)
+        tot0 += tl.load(b_ptr + e * stride_be + row0, mask=ok0, other=0.0).to(tl.float32)
+        tot1 += tl.load(b_ptr + e * stride_be + row1, mask=ok1, other=0.0).to(tl.float32)
     if GATE_UP:
-        gate, up = tl.split(tl.reshape(tot, [ROWS // 2, 2]))
+        gate = tot0
+        up = tot1
         if HAS_LIMIT:
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
         h = (up + up_offset) * gate * tl.sigmoid(alpha * gate)
-        f_idx = pid1 * (ROWS // 2) + tl.arange(0, ROWS // 2)
-        tl.store(o_ptr + pid0.to(tl.int64) * stride_o + f_idx, h.to(o_ptr.dtype.element_ty), mask=f_idx < N // 2)
+        tl.store(o_ptr + pid0.to(tl.int64) * stride_o + jj, h.to(o_ptr.dtype.element_ty), mask=ok0)
     else:
         tw = tl.load(tw_ptr + pair, mask=slot_ok, other=0.0).to(tl.float32)
-        y = tl.sum(tl.reshape(tl.where(row_ok, tot * tw, 0.0), [SLOTS, ROWS]), axis=0)
-        cols = pid1 * ROWS + tl.arange(0, ROWS)
-        tl.store(o_ptr + pid0.to(tl.int64) * stride_o + cols, y.to(o_ptr.dtype.element_ty), mask=cols < N)
+        y0 = tl.sum(tl.reshape(tl.where(ok0, tot0 * tw, 0.0), [SLOTS, HALF]), axis=0)
+        y1 = tl.sum(tl.reshape(tl.where(ok1, tot1 * tw, 0.0), [SLOTS, HALF]), axis=0)
+        cols = pid1 * ROWS + tl.arange(0, HALF)
+        o_row = o_ptr + pid0.to(tl.int64) * stride_o
+        tl.store(o_row + cols, y0.to(o_ptr.dtype.element_ty), mask=cols < N)
+        tl.store(o_row + cols + HALF, y1.to(o_ptr.dtype.element_ty), mask=cols + HALF < N)
