@@ -17,6 +17,7 @@ t() {  # name, then pytest arguments
   (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu "$@" > $W/t-$n.txt 2>&1)
   echo "tests $n rc $? | $(tail -1 $W/t-$n.txt)"; grep -E "^(FAILED|ERROR)" $W/t-$n.txt | cut -c1-250 | head -4
 }
+t gemv $R/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe_gemv.py
 t append $T/test_attention.py -k append
 t gate $T/test_moe.py -k gate
 t model $C/test_gpt_oss_model.py $C/test_compile.py
