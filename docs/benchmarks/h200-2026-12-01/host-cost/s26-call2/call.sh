@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 R=$PWD; W=/tmp/w; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-timeout 240 python3 tools/moe_gemv_probe.py --out $W --tokens 1,2,4 --rounds 2 --budget-s 200 \
+timeout 200 python3 tools/moe_gemv_probe.py --out $W --tokens 1,2,4 --rounds 2 --budget-s 150 \
   --gemv "16,16,4/8,8,4;32,8,4/4,16,4;16,16,4/4,16,4;32,16,8/8,16,8;16,8,4/8,8,4" > $W/gemv.txt 2>&1
 echo "gemv probe rc $?"; cut -c1-160 $W/gemv.txt | grep -v Warning; snap
 T=$R/packages/tokenspeed-kernel-triton/tests; C=$R/packages/tokenspeed-kernel-core/tests
@@ -22,3 +22,11 @@ t append $T/test_attention.py -k append
 t gate $T/test_moe.py -k gate
 t model $C/test_gpt_oss_model.py $C/test_compile.py
 snap
+# The decode step (24 layers, prepared calls): the MMA decode path, then the CUDA-core path where the probe found it
+# faster (step_gemv.py sets GEMV_TILES from the probe's layer times).
+S="--skip-ops --layers 24 --decode-configs full+prepared --rounds 3"
+timeout 150 python3 tools/host_probe.py $S --out $W/step-mma > $W/step-mma.txt 2>&1; echo "step mma rc $?"
+grep -E "^full|proxy" $W/step-mma.txt | cut -c1-200; snap
+timeout 150 python3 $R/docs/benchmarks/h200-2026-12-01/host-cost/s26-call2/step_gemv.py $W/moe_gemv_probe.json $S \
+  --out $W/step-gemv > $W/step-gemv.txt 2>&1; echo "step gemv rc $?"
+grep -E "^tokens|GEMV_TILES|^full|proxy" $W/step-gemv.txt | cut -c1-200; snap
