@@ -68,7 +68,16 @@ def _emulate(x, tw, ids, w, act):
 
 CASES = [  # experts, hidden, intermediate, tokens, slots, weights' keywords, (gate/up tile, down tile)
     ("T1_k4", 4, 128, 64, 1, 4, {}, ((8, 2, 4), (4, 2, 4))),
-    ("T2_k3_not_interleaved_no_bias", 6, 192, 128, 2, 3, {"interleaved": False, "bias": False}, ((16, 4, 4), (2, 1, 2))),
+    (
+        "T2_k3_not_interleaved_no_bias",
+        6,
+        192,
+        128,
+        2,
+        3,
+        {"interleaved": False, "bias": False},
+        ((16, 4, 4), (2, 1, 2)),
+    ),  # fmt: skip
     ("T1_k4_scales_above_128", 4, 128, 64, 1, 4, {"scale_hi": 140}, ((8, 2, 4), (4, 2, 4))),
     ("T3_k4_packed", 8, 128, 192, 3, 4, {"packed": True}, ((4, 2, 1), (8, 4, 4))),
     ("T2_k2_packed_scales_above_128", 4, 192, 64, 2, 2, {"packed": True, "scale_hi": 140}, ((8, 8, 4), (4, 2, 4))),
@@ -133,7 +142,7 @@ def test_kernels_cross_compile_for_sm90_with_bf16x2_scales_and_one_ffma_a_value(
     layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, graphs=False)
     assert [kw["GATE_UP"] for _, _, kw in calls] == [True, False]
     assert all(kw["ASM"] and kw["TWO_STEP"] == two_step and kw["PACKED"] == packed for _, _, kw in calls)
-    for (grid, args, kwargs), tile in zip(calls, tiles):
+    for (_, args, kwargs), tile in zip(calls, tiles):
         ck = compile_launch(gemv.moe_gemv, args, dict(kwargs), "sm90")
         assert "mul.rn.bf16x2" in ck.asm["ptx"]
         sass = get_sass(ck.asm["cubin"])
@@ -153,8 +162,15 @@ GPU_CASES = [  # label, experts, tokens, weights' keywords, routing, layout, (ga
     ("20b_T2_packed", 32, 2, {}, "random", "packed", ((16, 16, 4), (8, 8, 4))),
     ("120b_T1_packed", 128, 1, {}, "random", "packed", ((32, 8, 4), (4, 16, 4))),
     ("20b_T4_one_hot_expert", 32, 4, {}, "hot", "canonical", ((16, 8, 4), (8, 8, 4))),
-    ("20b_T3_no_bias_not_interleaved", 32, 3, {"bias": False, "interleaved": False}, "random", "canonical",
-     ((32, 16, 8), (8, 16, 8))),
+    (
+        "20b_T3_no_bias_not_interleaved",
+        32,
+        3,
+        {"bias": False, "interleaved": False},
+        "random",
+        "canonical",
+        ((32, 16, 8), (8, 16, 8)),
+    ),  # fmt: skip
     ("20b_T2_scales_above_128", 32, 2, {"scale_hi": 140}, "random", "packed", ((16, 16, 4), (4, 16, 4))),
 ]
 

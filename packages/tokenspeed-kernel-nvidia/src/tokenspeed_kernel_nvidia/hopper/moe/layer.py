@@ -426,7 +426,9 @@ def moe_apply(
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
                               or not isinstance(tiles[0], (DecodeTile, PrefillTile, GemvTile))):  # fmt: skip
-        raise TypeError(f"tiles: expected two DecodeTile, two PrefillTile or two GemvTile (gate/up, down), got {tiles!r}")
+        raise TypeError(
+            f"tiles: expected two DecodeTile, two PrefillTile or two GemvTile (gate/up, down), got {tiles!r}"
+        )
     is_packed = _is_packed(weights)
     if fp8 and is_packed:
         raise ValueError(
