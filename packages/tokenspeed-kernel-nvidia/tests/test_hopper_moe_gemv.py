@@ -66,22 +66,16 @@ def _emulate(x, tw, ids, w, act):
     return out
 
 
+# fmt: off
 CASES = [  # experts, hidden, intermediate, tokens, slots, weights' keywords, (gate/up tile, down tile)
     ("T1_k4", 4, 128, 64, 1, 4, {}, ((8, 2, 4), (4, 2, 4))),
-    (
-        "T2_k3_not_interleaved_no_bias",
-        6,
-        192,
-        128,
-        2,
-        3,
-        {"interleaved": False, "bias": False},
-        ((16, 4, 4), (2, 1, 2)),
-    ),  # fmt: skip
+    ("T2_k3_not_interleaved_no_bias", 6, 192, 128, 2, 3, {"interleaved": False, "bias": False},
+     ((16, 4, 4), (2, 1, 2))),
     ("T1_k4_scales_above_128", 4, 128, 64, 1, 4, {"scale_hi": 140}, ((8, 2, 4), (4, 2, 4))),
     ("T3_k4_packed", 8, 128, 192, 3, 4, {"packed": True}, ((4, 2, 1), (8, 4, 4))),
     ("T2_k2_packed_scales_above_128", 4, 192, 64, 2, 2, {"packed": True, "scale_hi": 140}, ((8, 8, 4), (4, 2, 4))),
 ]
+# fmt: on
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs the kernels under Triton's interpreter (TRITON_INTERPRET=1)")
@@ -157,22 +151,17 @@ def test_kernels_cross_compile_for_sm90_with_bf16x2_scales_and_one_ffma_a_value(
         assert hmul >= values_per_thread // 2 * (2 if two_step else 1), hmul
 
 
+# fmt: off
 GPU_CASES = [  # label, experts, tokens, weights' keywords, routing, layout, (gate/up tile, down tile)
     ("20b_T1", 32, 1, {}, "random", "canonical", ((16, 16, 4), (8, 8, 4))),
     ("20b_T2_packed", 32, 2, {}, "random", "packed", ((16, 16, 4), (8, 8, 4))),
     ("120b_T1_packed", 128, 1, {}, "random", "packed", ((32, 8, 4), (4, 16, 4))),
     ("20b_T4_one_hot_expert", 32, 4, {}, "hot", "canonical", ((16, 8, 4), (8, 8, 4))),
-    (
-        "20b_T3_no_bias_not_interleaved",
-        32,
-        3,
-        {"bias": False, "interleaved": False},
-        "random",
-        "canonical",
-        ((32, 16, 8), (8, 16, 8)),
-    ),  # fmt: skip
+    ("20b_T3_no_bias_not_interleaved", 32, 3, {"bias": False, "interleaved": False}, "random", "canonical",
+     ((32, 16, 8), (8, 16, 8))),
     ("20b_T2_scales_above_128", 32, 2, {"scale_hi": 140}, "random", "packed", ((16, 16, 4), (4, 16, 4))),
 ]
+# fmt: on
 
 
 @pytest.mark.gpu
