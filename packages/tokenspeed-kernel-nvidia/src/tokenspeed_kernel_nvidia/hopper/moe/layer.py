@@ -546,7 +546,8 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, result, tiles, is_
     slots' sum into ``result``. Two launches."""
     t, k = topk_ids.shape
     pairs, i, h = t * k, weights.intermediate, weights.hidden
-    x = x if x.stride(-1) == 1 and x.stride(0) % 2 == 0 else x.contiguous()
+    # The kernels read x as int32 words (bf16 pairs): rows of whole words.
+    x = x if x.stride(-1) == 1 and x.stride(0) % 2 == 0 and x.storage_offset() % 2 == 0 else x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
     tw = topk_weights.reshape(-1).contiguous()
     inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
