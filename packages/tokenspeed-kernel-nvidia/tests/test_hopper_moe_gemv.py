@@ -195,3 +195,20 @@ def test_gpu_path_matches_the_reference_and_replays_in_a_graph(label, e, tokens,
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs the kernels under Triton's interpreter (TRITON_INTERPRET=1)")
+def test_interpreted_path_reads_activations_at_any_offset():
+    """The kernels read x as int32 words: a row that starts mid-word (an odd element offset) is copied first."""
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    w = _weights(4, 64, 64)
+    g = torch.Generator().manual_seed(5)
+    big = torch.randn(2, 65, generator=g).to(torch.bfloat16)
+    x = big[:, 1:]  # storage offset 1, row stride 65
+    ids = torch.tensor([[0, 2], [3, 1]], dtype=torch.int32)
+    tw = torch.rand(2, 2, generator=g)
+    tiles = (GemvTile(4, 2), GemvTile(2, 2))
+    got = layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles, graphs=False)
+    assert torch.equal(got, layer.moe_apply(x.contiguous(), tw, ids, w, GPT_OSS, tiles=tiles, graphs=False))
