@@ -23,10 +23,10 @@ snap
 # faster (step_gemv.py sets GEMV_TILES from the probe's layer times).
 S="--skip-ops --layers 24 --decode-configs full+prepared --rounds 3"
 timeout 150 python3 tools/host_probe.py $S --out $W/step-mma > $W/step-mma.txt 2>&1; echo "step mma rc $?"
-grep -E "^full|proxy" $W/step-mma.txt | cut -c1-200; snap
+grep -E "^full|proxy|^plans.*moe" $W/step-mma.txt | cut -c1-200; snap
 timeout 150 python3 $R/docs/benchmarks/h200-2026-12-01/host-cost/s26-call2/step_gemv.py $W/moe_gemv_probe.json $S \
   --out $W/step-gemv > $W/step-gemv.txt 2>&1; echo "step gemv rc $?"
-grep -E "^tokens|GEMV_TILES|^full|proxy" $W/step-gemv.txt | cut -c1-200; snap
+grep -E "^tokens|GEMV_TILES|^full|proxy|^plans.*moe" $W/step-gemv.txt | cut -c1-200; snap
 t append $T/test_attention.py -k append
 t gate $T/test_moe.py -k gate
 t model $C/test_gpt_oss_model.py $C/test_compile.py
