@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 26, call 2 (ran 2026-12-06 23:30 UTC on an H100, commit 8c1b7b0-ish; outputs in r/): the CUDA-core MoE path (hopper/moe/gemv.py) against the MMA decode path, and the GPU tests
+# Session 26, call 2 (ran 2026-12-06 23:30 UTC on an H100, commit 41d3076; outputs in r/): the CUDA-core MoE path (hopper/moe/gemv.py) against the MMA decode path, and the GPU tests
 # session 25 missed (s26-call1, which found no machine).
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s26-call2/call.sh", carry=[".whl"])
 rm -rf /tmp/site /tmp/w
