@@ -66,13 +66,30 @@ def _hi(v):
 
 
 @triton.jit
-def _block_dot(w_rows, s_rows, ok, m, m_ok, q, x0, x1, x2, x3, acc, PACKED: tl.constexpr, TWO_STEP: tl.constexpr,
-               ASM: tl.constexpr):  # fmt: skip
-    """``acc += w * x`` for the MX blocks ``m`` of the rows ``w_rows`` / ``s_rows`` (``[rows, NB, 4]``: row, MX
-    block, code word; ``x0 .. x3``: activation words ``4 q + c`` of each code word ``q``)."""
+def _load_codes(w_rows, s_rows, ok, m, m_ok, q):
+    """The code words ``[rows, NB, 4]`` and scale bytes ``[rows, NB]`` of MX blocks ``m`` of the rows."""
     ok2 = ok[:, None] & m_ok[None, :]
     w = tl.load(w_rows[:, None, None] + (m * 4)[None, :, None] + q[None, None, :], mask=ok2[:, :, None], other=0)
     sc = tl.load(s_rows[:, None] + m[None, :], mask=ok2, other=127).to(tl.int32)
+    return w, sc
+
+
+@triton.jit
+def _load_acts(a_rows, slot_ok, m, m_ok, q):
+    """Activation words ``4 q + c`` (``c = 0 .. 3``) of MX blocks ``m``, ``[rows, NB, 4]`` each."""
+    xa = a_rows[:, None, None] + (m * 16)[None, :, None] + (q * 4)[None, None, :]
+    x_ok = (slot_ok[:, None] & m_ok[None, :])[:, :, None]
+    x0 = tl.load(xa, mask=x_ok, other=0)
+    x1 = tl.load(xa + 1, mask=x_ok, other=0)
+    x2 = tl.load(xa + 2, mask=x_ok, other=0)
+    x3 = tl.load(xa + 3, mask=x_ok, other=0)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _block_dot(w, sc, x0, x1, x2, x3, acc, PACKED: tl.constexpr, TWO_STEP: tl.constexpr, ASM: tl.constexpr):
+    """``acc += w * x`` for code words ``w`` ``[rows, NB, 4]`` (row, MX block, word) with scale bytes ``sc``
+    ``[rows, NB]`` and activation words ``x0 .. x3`` (words ``4 q + c`` of each code word ``q``)."""
     if TWO_STEP:
         b = tl.where(sc == 0, 0x40, sc << 7)
     else:
@@ -186,17 +203,22 @@ def moe_gemv(
     a_rows = a_ptr + a_row.to(tl.int64) * stride_a
     acc0 = tl.zeros([SLOTS * HALF, NB, 4], dtype=tl.float32)
     acc1 = tl.zeros([SLOTS * HALF, NB, 4], dtype=tl.float32)
-    for k0 in range(0, KB, NB):
+    # Software pipelined by hand: a step's loads are issued before the previous step's arithmetic (the loop carries
+    # them), so every program has a step's bytes in flight while it computes.
+    m_ok = mb < KB
+    w0, s0 = _load_codes(w_rows0, s_rows0, ok0, mb, m_ok, q)
+    w1, s1 = _load_codes(w_rows1, s_rows1, ok1, mb, m_ok, q)
+    x0, x1, x2, x3 = _load_acts(a_rows, slot_ok, mb, m_ok, q)
+    for k0 in range(NB, KB + NB, NB):
         m = k0 + mb
-        m_ok = m < KB
-        xa = a_rows[:, None, None] + (m * 16)[None, :, None] + (q * 4)[None, None, :]
-        x_ok = (slot_ok[:, None] & m_ok[None, :])[:, :, None]
-        x0 = tl.load(xa, mask=x_ok, other=0)
-        x1 = tl.load(xa + 1, mask=x_ok, other=0)
-        x2 = tl.load(xa + 2, mask=x_ok, other=0)
-        x3 = tl.load(xa + 3, mask=x_ok, other=0)
-        acc0 = _block_dot(w_rows0, s_rows0, ok0, m, m_ok, q, x0, x1, x2, x3, acc0, PACKED, TWO_STEP, ASM)
-        acc1 = _block_dot(w_rows1, s_rows1, ok1, m, m_ok, q, x0, x1, x2, x3, acc1, PACKED, TWO_STEP, ASM)
+        m_ok = m < KB  # all false on the last step: its loads are masked off
+        w0n, s0n = _load_codes(w_rows0, s_rows0, ok0, m, m_ok, q)
+        w1n, s1n = _load_codes(w_rows1, s_rows1, ok1, m, m_ok, q)
+        x0n, x1n, x2n, x3n = _load_acts(a_rows, slot_ok, m, m_ok, q)
+        acc0 = _block_dot(w0, s0, x0, x1, x2, x3, acc0, PACKED, TWO_STEP, ASM)
+        acc1 = _block_dot(w1, s1, x0, x1, x2, x3, acc1, PACKED, TWO_STEP, ASM)
+        w0, s0, w1, s1 = w0n, s0n, w1n, s1n
+        x0, x1, x2, x3 = x0n, x1n, x2n, x3n
     tot0 = tl.sum(tl.sum(acc0, axis=2), axis=1)  # [SLOTS * HALF]
     tot1 = tl.sum(tl.sum(acc1, axis=2), axis=1)
     if HAS_BIAS:
