@@ -363,6 +363,26 @@ def _apply_best_prefill(rows, log):
     return [[b, [list(v) for v in tl]] for b, tl in table]
 
 
+def layer_rounds(res, t, names, rounds, deadline, apply, logits, extra=lambda name: {}):
+    """The layer (``moe_route`` + ``apply(name, tw, ids)``, one CUDA graph, L2 flushed) of every configuration in
+    ``names``, taking turns for ``rounds`` (every other round reversed); rows into ``res["layer"]``."""
+    import tokenspeed_kernel as tk
+    from tokenspeed_kernel.benchmark.timer import time_fn
+
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            if time.time() > deadline:
+                return
+
+            def layer_fn():
+                tw, ids = tk.moe_route(logits, K_TOP)
+                return apply(name, tw, ids)
+
+            us = time_fn(layer_fn, device="cuda", graph=True, warmup_ms=5, rep_ms=40).median_us
+            res["layer"].append({"tokens": t, "config": name, **extra(name), "round": r, "us": us})
+            print("layer", t, name, r, round(us, 2), flush=True)
+
+
 def _layer_fn(kernel, x, logits, w, act, out):
     import tokenspeed_kernel as tk
 

@@ -118,19 +118,8 @@ def main(argv=None) -> int:
             res["apply"].append(row)
             print("apply", t, name, round(row["flushed_us"], 2), round(row["hot_us"], 2), flush=True)
         save()
-        names = list(configs)
-        for r in range(args.rounds):
-            for name in names if r % 2 == 0 else names[::-1]:
-                if time.time() > deadline:
-                    break
-
-                def layer_fn():
-                    tw2, ids2 = tk.moe_route(logits, 4)
-                    return layer.moe_apply(x, tw2, ids2, w, act, out=out, tiles=configs[name], graphs=False)
-
-                us = time_fn(layer_fn, device="cuda", graph=True, warmup_ms=5, rep_ms=40).median_us
-                res["layer"].append({"tokens": t, "config": name, "round": r, "us": us})
-                print("layer", t, name, r, round(us, 2), flush=True)
+        base.layer_rounds(res, t, list(configs), args.rounds, deadline, lambda name, tw2, ids2: layer.moe_apply(
+            x, tw2, ids2, w, act, out=out, tiles=configs[name], graphs=False), logits)  # fmt: skip
         save()
     save()
     return 0

@@ -158,19 +158,9 @@ def main(argv=None) -> int:
             res["numerics"].append(row)
             print("numerics", t, name, row["tiles"], row["equal_to_table"], f"{rel:.2e}", flush=True)
         out = torch.empty_like(x)
-        for r in range(args.rounds):
-            for name in names if r % 2 == 0 else names[::-1]:
-                if time.time() > deadline:
-                    break
-
-                def layer_fn():
-                    tw2, ids2 = tk.moe_route(logits, 4)
-                    return layer.moe_apply(x, tw2, ids2, w, act, out=out, tiles=pairs_list[name], graphs=False)
-
-                us = time_fn(layer_fn, device="cuda", graph=True, warmup_ms=5, rep_ms=40).median_us
-                res["layer"].append({"tokens": t, "config": name, "tiles": [_name(v) for v in pairs_list[name]],
-                                     "round": r, "us": us})  # fmt: skip
-                print("layer", t, name, r, round(us, 2), flush=True)
+        base.layer_rounds(res, t, names, args.rounds, deadline, lambda name, tw2, ids2: layer.moe_apply(
+            x, tw2, ids2, w, act, out=out, tiles=pairs_list[name], graphs=False), logits,
+            extra=lambda name: {"tiles": [_name(v) for v in pairs_list[name]]})  # fmt: skip
         save()
     save()
     return 0

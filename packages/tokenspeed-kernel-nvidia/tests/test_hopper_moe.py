@@ -470,6 +470,11 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
         x.copy_(x2)
         assert torch.equal(run(), again)
         x.copy_(x_was)
+    assert_replays_in_a_graph(run, got)
+
+
+def assert_replays_in_a_graph(run, got):
+    """``run(out)`` captured in a CUDA graph and replayed writes ``got``'s bits into ``out``."""
     graph = torch.cuda.CUDAGraph()
     out = torch.empty_like(got)
     with torch.cuda.graph(graph):

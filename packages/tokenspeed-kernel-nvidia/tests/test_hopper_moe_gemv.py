@@ -168,7 +168,7 @@ GPU_CASES = [  # label, experts, tokens, weights' keywords, routing, layout, (ga
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("label,e,tokens,wkw,routing,layout,tiles", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_gpu_path_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw, routing, layout, tiles):
-    from test_hopper_moe import _reference, gpu_inputs, in_layout
+    from test_hopper_moe import _reference, assert_replays_in_a_graph, gpu_inputs, in_layout
 
     from tokenspeed_kernel_nvidia.hopper.moe import layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
@@ -188,13 +188,7 @@ def test_gpu_path_matches_the_reference_and_replays_in_a_graph(label, e, tokens,
     mma = layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, graphs=False)
     assert ((got.float() - mma.float()).norm() / ref.norm()).item() < 1e-2
     assert torch.equal(run(), got)  # deterministic
-    graph = torch.cuda.CUDAGraph()
-    out = torch.empty_like(got)
-    with torch.cuda.graph(graph):
-        run(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, got)
+    assert_replays_in_a_graph(run, got)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs the kernels under Triton's interpreter (TRITON_INTERPRET=1)")

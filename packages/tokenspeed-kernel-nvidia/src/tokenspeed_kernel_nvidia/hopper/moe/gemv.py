@@ -1,22 +1,28 @@
-"""CUDA-core decode kernels of the MXFP4 MoE for one or two tokens: no MMA, every SM full of small programs.
+"""CUDA-core decode kernels of the MXFP4 MoE for a few tokens: no MMA, every SM full of small programs.
 
 At one token a GPT-OSS layer reads four experts' weights (50 MB in MXFP4) for about 100 M multiply-adds. The MMA decode
 kernels of :mod:`.decode` run one-warp programs that walk the whole K range of a 32-row tile; measured, their two GEMMs
 take 39 us with the weights already in L2 (host-cost report, session 21) because each program's dependent chain,
 not DRAM, sets the pace. These kernels trade the MMA for plain fp32 fused multiply-adds: a value costs a few integer
-instructions to decode and one FFMA, and thousands of 4-warp programs keep the memory system busy.
+instructions to decode and one FFMA, and thousands of 4-8-warp programs share the SMs. Measured so far they are
+slower than the MMA path (host-cost report, session 26; :data:`.layer.GEMV_TILES`), so only ``tiles=`` runs them.
 
-- **Decode to fp32 by bit placement.** A code's magnitude bits go to bits 22..24 and its sign to bit 31 of a float:
-  the float is ``E2M1 * 2**-126`` (code 1, the value 0.5, is the subnormal ``2**-127``); a multiply by the block's
-  ``2**(s - 1)`` gives the exact weight (``TWO_STEP``: by ``2**126`` then ``2**(s - 127)``, for scale bytes above 128).
-- **Activations as bf16 pairs.** Byte ``b`` of a weight row holds the codes of K positions ``2 b`` (low nibble) and
-  ``2 b + 1``; the activations are read as int32 words, word ``b`` = ``(x[2 b], x[2 b + 1])``, so the activation tile
-  has the weight tile's shape and each half becomes an fp32 by a shift or a mask.
+- **Decode by bit placement, a bf16 pair at a time** (:mod:`.decode`'s, canonical or :mod:`.packed` layout): a mask,
+  an integer multiply and a mask place two codes of a 32-bit word as the bf16 pair ``E2M1 * 2**-126``; one
+  ``mul.rn.bf16x2`` by the block's ``2**(s - 1)`` gives the exact weights (``TWO_STEP``: by ``2**126`` then
+  ``2**(s - 127)``, for scale bytes above 128); a shift or a mask widens each to fp32 for its FFMA.
+- **Activations as bf16 pairs.** The activations are read as int32 words, word ``b`` = ``(x[2 b], x[2 b + 1])``:
+  four a code word (its 8 K positions), so the activation tiles have the code tile's shape and each half becomes an
+  fp32 by a shift or a mask. The two row groups of a program (below) share them in registers.
 - **Gate/up** (:func:`moe_gemv` with ``GATE_UP``): program (pair, feature tile) computes ``ROWS / 2`` features'
   gate and up rows (both in the program), adds the bias and writes ``inter[pair] = swiglu(...)`` in bf16.
 - **Down**: program (token, row tile) computes the row tile for every slot of the token at once (the slots are the
   tile's first axis), adds the bias, weights each slot by its routing weight, sums the slots and writes the token's
   output rows: the combine is in the GEMM (no fp32 buffer, no third launch, no atomics: deterministic).
+
+- **The K loop is software-pipelined by hand**: a step's code words, scale bytes and activations are loaded before
+  the previous step's arithmetic (the loop carries them). This version was not measured on a GPU (session 26 ran
+  out of device time; the measured one loaded and computed each step in turn).
 
 Two launches a call. Each waits for the launch before it (``PDL``: programmatic dependent launch, as :mod:`.decode`).
 """
@@ -119,24 +125,19 @@ def _block_dot(w, sc, x0, x1, x2, x3, acc, PACKED: tl.constexpr, TWO_STEP: tl.co
     r1 = _bf16x2_mul(r1, f, ASM)
     r2 = _bf16x2_mul(r2, f, ASM)
     r3 = _bf16x2_mul(r3, f, ASM)
+    # The activation halves of each plane's low and high value.
     if PACKED:
-        acc += _lo(r0) * _lo(x0)
-        acc += _hi(r0) * _hi(x0)
-        acc += _lo(r1) * _lo(x1)
-        acc += _hi(r1) * _hi(x1)
-        acc += _lo(r2) * _lo(x2)
-        acc += _hi(r2) * _hi(x2)
-        acc += _lo(r3) * _lo(x3)
-        acc += _hi(r3) * _hi(x3)
+        a0, b0, a1, b1, a2, b2, a3, b3 = _lo(x0), _hi(x0), _lo(x1), _hi(x1), _lo(x2), _hi(x2), _lo(x3), _hi(x3)
     else:
-        acc += _lo(r0) * _lo(x0)
-        acc += _hi(r0) * _lo(x2)
-        acc += _lo(r1) * _hi(x0)
-        acc += _hi(r1) * _hi(x2)
-        acc += _lo(r2) * _lo(x1)
-        acc += _hi(r2) * _lo(x3)
-        acc += _lo(r3) * _hi(x1)
-        acc += _hi(r3) * _hi(x3)
+        a0, b0, a1, b1, a2, b2, a3, b3 = _lo(x0), _lo(x2), _hi(x0), _hi(x2), _lo(x1), _lo(x3), _hi(x1), _hi(x3)
+    acc += _lo(r0) * a0
+    acc += _hi(r0) * b0
+    acc += _lo(r1) * a1
+    acc += _hi(r1) * b1
+    acc += _lo(r2) * a2
+    acc += _hi(r2) * b2
+    acc += _lo(r3) * a3
+    acc += _hi(r3) * b3
     return acc
 
 

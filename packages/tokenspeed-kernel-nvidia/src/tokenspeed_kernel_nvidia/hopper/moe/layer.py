@@ -19,6 +19,9 @@ A tile marked ``fused`` (:class:`DecodeTile`) does those sums in its GEMM's last
 launches fewer, the same bits; found by counters, :mod:`.decode`); measured slower on the H200, the
 table marks none.
 
+The CUDA-core path (:mod:`.gemv`, :class:`GemvTile`, :data:`GEMV_TILES`): two launches, no MMA, for a few
+tokens; measured slower than the MMA decode path so far, so only ``tiles=`` takes it.
+
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
 The kernels take up to :data:`.decode.MAX_PAIRS` (token, slot) pairs a launch (larger calls
 run as token slices); selection offers the layer up to 255 tokens
@@ -161,9 +164,12 @@ class GemvTile(tuple):
         return super().__new__(cls, (rows, blocks, warps))
 
 
-#: (gate/up, down) tiles of the CUDA-core path (:mod:`.gemv`), by tokens a call (as :data:`DECODE_TILES`); calls of
-#: more tokens take the MMA decode path. Not measured yet: empty, so :func:`moe_apply` takes it only when ``tiles=``
-#: asks for it.
+#: (gate/up, down) tiles of the CUDA-core path (:mod:`.gemv`) by tokens a call, ``((max_tokens, (gate_up, down)),
+#: ...)``; calls of more tokens take the MMA decode path. Empty: :func:`moe_apply` takes it only when ``tiles=`` asks.
+#: Measured on an H100 (host-cost report, session 26, call 2; GPT-OSS-20B layer, graphs, L2 flushed, us): without
+#: the loop's software pipelining, ``moe_apply`` alone at 1 / 2 / 4 tokens took 53.1 / 81.2 / 125.2 with the best
+#: tiles against 47.2 / 77.2 / 113.3 for :data:`DECODE_TILES`, the layer (route + apply) 54.4 / 82.5 / 129.1 against
+#: 49.0 / 79.1 / 114.7. The pipelined loop was not measured.
 GEMV_TILES: tuple[tuple[int, tuple[GemvTile, GemvTile]], ...] = ()
 
 
