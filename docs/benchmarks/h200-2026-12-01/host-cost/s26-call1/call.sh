@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 26, call 1 (run 2026-12-06; session 25 wrote a longer version): only the GPU tests session 25's calls
+# Session 26, call 1: NOT RUN (no machine could be started; call 2 ran these tests). Session 25 wrote a longer
+# version; this one has only the GPU tests session 25's calls
 # missed. Its call 1 gave pytest -k twice, and the second replaced the first, so the appending decode's bit test
 # against the two calls (test_gpu_decode_append_gptoss), the GPT-OSS model and compile GPU tests did not run; its
 # call 3 did not run the router's GPU tests on NVIDIA's new rows. One -k a pytest here. The gate probe, the step with
