@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -36,8 +37,13 @@ def test_gemv_tile_arguments_raise_naming_the_field():
     w = _weights(2, 64, 64)
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     mixed = (GemvTile(16, 8), DecodeTile(32, 8, 1))
+    ids = torch.zeros(1, 2, dtype=torch.int32)
     with pytest.raises(TypeError, match="^tiles: .*GemvTile"):
-        layer.moe_apply(x, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int32), w, GPT_OSS, tiles=mixed)
+        layer.moe_apply(x, torch.ones(1, 2), ids, w, GPT_OSS, tiles=mixed)
+    # Experts 34 bytes apart (rows of 32 bytes, contiguous within an expert): not whole 32-bit words.
+    odd = replace(w, w13=torch.zeros(2, 128 * 32 + 2, dtype=torch.uint8)[:, : 128 * 32].view(2, 128, 32))
+    with pytest.raises(ValueError, match="^w13: .*multiples of 4"):
+        layer.moe_apply(x, torch.ones(1, 2), ids, odd, GPT_OSS, tiles=(GemvTile(16, 2), GemvTile(8, 2)))
 
 
 def _bf16_trunc(v: torch.Tensor) -> torch.Tensor:

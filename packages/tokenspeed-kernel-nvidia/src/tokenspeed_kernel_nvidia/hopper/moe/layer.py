@@ -552,6 +552,13 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, result, tiles, is_
     slots' sum into ``result``. Two launches."""
     t, k = topk_ids.shape
     pairs, i, h = t * k, weights.intermediate, weights.hidden
+    for name in ("w13", "w2"):  # (rows are whole words: check_shapes)
+        v = getattr(weights, name)
+        if v.stride(0) % 4 or v.data_ptr() % 4:
+            raise ValueError(
+                f"{name}: the CUDA-core path (GemvTile) reads 32-bit code words: the expert stride ({v.stride(0)} "
+                "bytes) and the address must be multiples of 4"
+            )
     # The kernels read x as int32 words (bf16 pairs): rows of whole words.
     x = x if x.stride(-1) == 1 and x.stride(0) % 2 == 0 and x.storage_offset() % 2 == 0 else x.contiguous()
     ids = topk_ids.reshape(-1).contiguous()
