@@ -10,7 +10,7 @@ R=$PWD; W=/tmp/w; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 timeout 120 python3 tools/moe_gemv_probe.py --out $W --tokens 1,2 --rounds 2 --budget-s 80 \
-  --gemv "16,16,4/8,8,4;32,16,8/8,16,8;64,8,8/8,16,8" > $W/gemv.txt 2>&1
+  --gemv "16,16,4/8,8,4;32,16,8/8,16,8;64,8,8/16,8,8;128,8,8/8,16,8" > $W/gemv.txt 2>&1
 echo "gemv probe rc $?"; grep -E "^(apply|layer)" $W/gemv.txt | cut -c1-160; grep -E "^numerics" $W/gemv.txt | head -4; snap
 (cd /tmp && timeout 60 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
   $R/packages/tokenspeed-kernel-nvidia/tests/test_hopper_moe_gemv.py > $W/t-gemv.txt 2>&1)
