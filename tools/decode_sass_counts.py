@@ -25,8 +25,9 @@ def _ins(line: str) -> re.Match | None:
     return re.match(r"^[-\w:]+\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
 
 
-def loop_counts(sass: str) -> dict:
-    """Static counts of the innermost loop (the label a backward branch targets whose body has the HMMAs)."""
+def loop_counts(sass: str, needs: str = "HMMA") -> dict:
+    """Static counts of the innermost loop (the label a backward branch targets whose body has ``needs``: the HMMAs,
+    or the FFMAs of the CUDA-core kernels)."""
     lines = sass.splitlines()
     labels = {ln.rstrip(":"): i for i, ln in enumerate(lines) if re.match(r"^LBB\d+:$", ln)}
     best = None
@@ -34,10 +35,10 @@ def loop_counts(sass: str) -> dict:
         m = re.search(r"\bBRA (LBB\d+);", ln)
         if m and m.group(1) in labels and labels[m.group(1)] < i:
             body = lines[labels[m.group(1)] : i + 1]
-            if any("HMMA" in b for b in body) and (best is None or i - labels[m.group(1)] < best[1] - best[0]):
+            if any(needs in b for b in body) and (best is None or i - labels[m.group(1)] < best[1] - best[0]):
                 best = (labels[m.group(1)], i)
     if best is None:
-        raise SystemExit("no K loop with MMAs found")
+        raise SystemExit(f"no K loop with {needs} found")
     a, b = best
     mix = collections.Counter(m.group(2) for ln in lines[a : b + 1] if (m := _ins(ln)))
     return {
