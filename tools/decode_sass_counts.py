@@ -13,40 +13,20 @@ loop's opcode mix. ``--packed``: on weights in the layout of ``hopper.moe_apply_
 from __future__ import annotations
 
 import argparse
-import collections
 import pathlib
-import re
 import sys
 
 TESTS = pathlib.Path(__file__).resolve().parents[1] / "packages" / "tokenspeed-kernel-nvidia" / "tests"
 
 
-def _ins(line: str) -> re.Match | None:
-    return re.match(r"^[-\w:]+\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
-
-
 def loop_counts(sass: str, needs: str = "HMMA") -> dict:
-    """Static counts of the innermost loop (the label a backward branch targets whose body has ``needs``: the HMMAs,
-    or the FFMAs of the CUDA-core kernels)."""
-    lines = sass.splitlines()
-    labels = {ln.rstrip(":"): i for i, ln in enumerate(lines) if re.match(r"^LBB\d+:$", ln)}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"\bBRA (LBB\d+);", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            body = lines[labels[m.group(1)] : i + 1]
-            if any(needs in b for b in body) and (best is None or i - labels[m.group(1)] < best[1] - best[0]):
-                best = (labels[m.group(1)], i)
-    if best is None:
-        raise SystemExit(f"no K loop with {needs} found")
-    a, b = best
-    mix = collections.Counter(m.group(2) for ln in lines[a : b + 1] if (m := _ins(ln)))
-    return {
-        "before": sum(1 for ln in lines[:a] if _ins(ln)),
-        "loop": sum(mix.values()),
-        "after": sum(1 for ln in lines[b + 1 :] if _ins(ln)),
-        "mix": dict(mix.most_common()),
-    }
+    """Static counts of the innermost loop holding ``needs`` (the HMMAs; the CUDA-core kernels': FFMA)."""
+    from tokenspeed_kernel.testing import sass_loop_counts
+
+    try:
+        return sass_loop_counts(sass, needs)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main(argv=None) -> int:

@@ -48,12 +48,11 @@ def main(argv=None) -> int:
     import pytest
     import test_hopper_moe as t
     import torch
-    from decode_sass_counts import loop_counts
     from moe_gemv_probe import _gemv_entries
     from triton.tools.disasm import get_sass
 
     import tokenspeed_kernel as tk
-    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import compile_launch, sass_loop_counts
     from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
 
     entries = _gemv_entries(args.tiles)
@@ -81,7 +80,7 @@ def main(argv=None) -> int:
         for (grid, kargs, kwargs), tile in zip(calls, tiles):
             ck = compile_launch(gemv.moe_gemv, kargs, dict(kwargs), "sm90")
             sass = get_sass(ck.asm["cubin"])
-            c = loop_counts(sass, needs="FFMA")
+            c = sass_loop_counts(sass, "FFMA")
             values = kwargs["SLOTS"] * tile[0] * tile[1] * 32 // (32 * tile[2])
             gemm = "gate/up" if kwargs["GATE_UP"] else "down"
             spills = len(re.findall(r"\b(?:STL|LDL)\b", sass))

@@ -104,16 +104,27 @@ def test_interpreted_path_equals_the_float64_emulation(label, e, h, i, t, k, wkw
     assert ((got.double() - want).abs() <= ulp).all(), ((got.double() - want).abs() / ulp).max()
 
 
-def _sass_loop(sass: str) -> list[str]:
-    """The instructions of the K loop: the longest body a backward branch closes."""
-    lines = sass.splitlines()
-    labels = {ln.rstrip(":"): n for n, ln in enumerate(lines) if re.match(r"^\.?L\w*:$", ln)}
-    best = (0, 0)
-    for n, ln in enumerate(lines):
-        m = re.search(r"\bBRA (\S+?);", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < n and n - labels[m.group(1)] > best[1] - best[0]:
-            best = (labels[m.group(1)], n)
-    return [ln for ln in lines[best[0] : best[1] + 1] if re.match(r"^\s*/\*[0-9a-f]+\*/", ln) or "\t" in ln]
+def test_sass_loop_counts_takes_the_innermost_loop_holding_the_opcode():
+    from tokenspeed_kernel.testing import sass_loop_counts
+
+    ins = "--:-:-:-:1\t{}"
+    sass = "\n".join([
+        ins.format("S2R R0, SR_TID.X;"),
+        "LBB0:",
+        ins.format("IMAD R1, R0, R0, RZ;"),
+        "LBB1:",
+        ins.format("FFMA R2, R1, R1, R2;"),
+        ins.format("@P0 FFMA R3, R1, R2, R3;"),
+        ins.format("@P1 BRA LBB1;"),
+        ins.format("FADD R4, R2, R3;"),
+        ins.format("@P2 BRA LBB0;"),
+        ins.format("EXIT;"),
+    ])  # fmt: skip
+    c = sass_loop_counts(sass, "FFMA")
+    assert c == {"before": 2, "loop": 3, "after": 3, "mix": {"FFMA": 2, "BRA": 1}}
+    assert sass_loop_counts(sass, "IMAD")["loop"] == 6  # the outer loop: the inner one has no IMAD
+    with pytest.raises(ValueError, match="HMMA"):
+        sass_loop_counts(sass, "HMMA")
 
 
 @pytest.mark.slow
@@ -123,7 +134,7 @@ def test_kernels_cross_compile_for_sm90_with_bf16x2_scales_and_one_ffma_a_value(
     pytest.importorskip("triton")
     from triton.tools.disasm import get_sass
 
-    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import compile_launch, sass_loop_counts
     from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
@@ -147,13 +158,12 @@ def test_kernels_cross_compile_for_sm90_with_bf16x2_scales_and_one_ffma_a_value(
         assert "mul.rn.bf16x2" in ck.asm["ptx"]
         sass = get_sass(ck.asm["cubin"])
         assert not re.search(r"\b(STL|LDL)\b", sass), "register spills"
-        loop = _sass_loop(sass)
-        ops = [m.group(1) for ln in loop if (m := re.search(r"\b([A-Z][A-Z0-9]+)(\.[A-Z0-9_.]+)?\s", ln))]
+        mix = sass_loop_counts(sass, "FFMA")["mix"]
         slots = kwargs["SLOTS"]
         values_per_thread = slots * tile[0] * tile[1] * 32 // (32 * tile[2])
-        assert ops.count("FFMA") == values_per_thread, (ops.count("FFMA"), values_per_thread)
+        assert mix["FFMA"] == values_per_thread, (mix["FFMA"], values_per_thread)
         # The scale multiply: one bf16x2 multiply a value pair (two with TWO_STEP); ptxas may emit it as HFMA2.
-        hmul = ops.count("HMUL2") + ops.count("HFMA2")
+        hmul = mix.get("HMUL2", 0) + mix.get("HFMA2", 0)
         assert hmul >= values_per_thread // 2 * (2 if two_step else 1), hmul
 
 

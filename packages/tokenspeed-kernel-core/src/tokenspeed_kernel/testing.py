@@ -10,7 +10,9 @@ and Gluon kernels for sm_90, gfx942 and gfx950 on a CPU machine:
 - :func:`cross_compile` compiles from an explicit signature (``"*bf16"``, ``"i32"``,
   ``"constexpr"``) when there is no launch to copy;
 - :func:`amdgcn_stats` reads the instruction families and register metadata
-  AMD tests assert on.
+  AMD tests assert on;
+- :func:`sass_loop_counts` counts the instructions of a kernel's innermost loop in its
+  sm90 SASS (``triton.tools.disasm.get_sass`` of the cubin).
 
 Triton is imported only inside these functions.
 """
@@ -33,6 +35,7 @@ __all__ = [
     "cross_compile",
     "AmdgcnStats",
     "amdgcn_stats",
+    "sass_loop_counts",
     "installed_alone_problems",
     "VENDOR_MODULES",
 ]
@@ -145,6 +148,36 @@ def amdgcn_stats(asm: str) -> AmdgcnStats:
         agprs=meta(r"^; NumAgprs:\s*(\d+)"),
         occupancy=meta(r"^; Occupancy:\s*(\d+)"),
     )
+
+
+_SASS_INSTRUCTION = re.compile(r"^[-\w:]+\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def sass_loop_counts(sass: str, needs: str) -> dict[str, Any]:
+    """Static instruction counts of the innermost loop of ``sass`` whose body has the opcode ``needs`` (the
+    smallest body a backward branch closes that holds it): ``before``, ``loop`` and ``after`` it, and the loop's
+    ``mix`` (opcode -> count, most common first). ``ValueError`` when no loop holds ``needs``."""
+    import collections
+
+    lines = sass.splitlines()
+    labels = {ln.rstrip(":"): i for i, ln in enumerate(lines) if re.match(r"^LBB\d+:$", ln)}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"\bBRA (LBB\d+);", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            body = lines[labels[m.group(1)] : i + 1]
+            if any(needs in b for b in body) and (best is None or i - labels[m.group(1)] < best[1] - best[0]):
+                best = (labels[m.group(1)], i)
+    if best is None:
+        raise ValueError(f"no loop with {needs} in the SASS")
+    a, b = best
+    mix = collections.Counter(m.group(2) for ln in lines[a : b + 1] if (m := _SASS_INSTRUCTION.match(ln)))
+    return {
+        "before": sum(1 for ln in lines[:a] if _SASS_INSTRUCTION.match(ln)),
+        "loop": sum(mix.values()),
+        "after": sum(1 for ln in lines[b + 1 :] if _SASS_INSTRUCTION.match(ln)),
+        "mix": dict(mix.most_common()),
+    }
 
 
 #: Modules of the project's vendor packages and their libraries: a plugin installed alone must
