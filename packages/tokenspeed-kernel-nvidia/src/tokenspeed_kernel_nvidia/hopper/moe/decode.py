@@ -137,6 +137,15 @@ def _tl_grid_sync(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def tl_swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT: tl.constexpr):
+    """GPT-OSS's SwiGLU of fp32 gate and up values, for the Triton kernels (:func:`_swiglu` is the Gluon one)."""
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    return (up + up_offset) * gate * tl.sigmoid(alpha * gate)
+
+
 @gluon.jit
 def _add(a, b):
     return a + b
@@ -593,10 +602,7 @@ def swiglu_splits(ws_ptr, inter_ptr, stride_ws, I, alpha, limit, up_offset, KSPL
         row = ws_ptr + ks * stride_ws + p.to(tl.int64) * (2 * I)
         gate += tl.load(row + g_col, mask=ok, other=0.0)
         up += tl.load(row + u_col, mask=ok, other=0.0)
-    if HAS_LIMIT:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + up_offset) * gate * tl.sigmoid(alpha * gate)
+    h = tl_swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT)
     tl.store(inter_ptr + p.to(tl.int64) * I + j, h.to(inter_ptr.dtype.element_ty), mask=ok)
 
 

@@ -1,11 +1,12 @@
 """CUDA-core decode kernels of the MXFP4 MoE for a few tokens: no MMA, every SM full of small programs.
 
-At one token a GPT-OSS layer reads four experts' weights (50 MB in MXFP4) for about 100 M multiply-adds. The MMA decode
+At one token a GPT-OSS layer reads four experts' weights (53 MB in MXFP4) for about 100 M multiply-adds. The MMA decode
 kernels of :mod:`.decode` run one-warp programs that walk the whole K range of a 32-row tile; measured, their two GEMMs
 take 39 us with the weights already in L2 (host-cost report, session 21) because each program's dependent chain,
 not DRAM, sets the pace. These kernels trade the MMA for plain fp32 fused multiply-adds: a value costs a few integer
-instructions to decode and one FFMA, and thousands of 4-8-warp programs share the SMs. Measured so far they are
-slower than the MMA path (host-cost report, session 26; :data:`.layer.GEMV_TILES`), so only ``tiles=`` runs them.
+instructions to decode and one FFMA, and hundreds to thousands of 4-8-warp programs share the SMs. Measured so far
+they are slower than the MMA path (host-cost report, session 26; :data:`.layer.GEMV_TILES`), so only ``tiles=`` runs
+them.
 
 - **Decode by bit placement, a bf16 pair at a time** (:mod:`.decode`'s, canonical or :mod:`.packed` layout): a mask,
   an integer multiply and a mask place two codes of a 32-bit word as the bf16 pair ``E2M1 * 2**-126``; one
@@ -32,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .decode import _tl_grid_sync
+from .decode import _tl_grid_sync, tl_swiglu
 from .packed import PAIR_MASK, PAIR_MULTIPLIER
 
 __all__ = ["moe_gemv"]
@@ -226,12 +227,7 @@ def moe_gemv(
         tot0 += tl.load(b_ptr + e * stride_be + row0, mask=ok0, other=0.0).to(tl.float32)
         tot1 += tl.load(b_ptr + e * stride_be + row1, mask=ok1, other=0.0).to(tl.float32)
     if GATE_UP:
-        gate = tot0
-        up = tot1
-        if HAS_LIMIT:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-        h = (up + up_offset) * gate * tl.sigmoid(alpha * gate)
+        h = tl_swiglu(tot0, tot1, alpha, limit, up_offset, HAS_LIMIT)  # gate rows, up rows
         tl.store(o_ptr + pid0.to(tl.int64) * stride_o + jj, h.to(o_ptr.dtype.element_ty), mask=ok0)
     else:
         tw = tl.load(tw_ptr + pair, mask=slot_ok, other=0.0).to(tl.float32)
