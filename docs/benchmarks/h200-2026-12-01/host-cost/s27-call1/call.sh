@@ -2,7 +2,8 @@
 # Session 27, call 1 (issue 13): s26-call3's stages (the CUDA-core MoE path, software-pipelined, against the MMA
 # decode path at 1 and 2 tokens; its GPU tests; the step with it only where it is faster), then the host questions
 # session 25 left: moe_gate's split against one program eager (gate_tile_probe --host), and bench --host of rmsnorm,
-# argmax and moe_gate (public, prepared, graph, torch) as this session's baseline.
+# argmax and moe_gate (public, prepared, graph, torch) as this session's baseline. First: alloc_probe.py (what a
+# replay pays besides the launch: allocations, the capture check, the stream).
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s27-call1/call.sh", carry=[".whl"])
 rm -rf /tmp/site /tmp/w
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
@@ -10,6 +11,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 R=$PWD; W=/tmp/w; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+timeout 60 python3 $R/docs/benchmarks/h200-2026-12-01/host-cost/s27-call1/alloc_probe.py $W > $W/alloc.txt 2>&1; echo "alloc rc $?"; cat $W/alloc.txt; snap
 timeout 120 python3 tools/moe_gemv_probe.py --out $W --tokens 1,2 --rounds 2 --budget-s 80 \
   --gemv "16,16,4/8,8,4;32,16,8/8,16,8;64,8,8/16,8,8;128,8,8/8,16,8" > $W/gemv.txt 2>&1
 echo "gemv probe rc $?"; grep -E "^(apply|layer)" $W/gemv.txt | cut -c1-160; grep -E "^numerics" $W/gemv.txt | head -4; snap
