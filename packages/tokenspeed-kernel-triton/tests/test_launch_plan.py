@@ -147,6 +147,40 @@ def test_replay_makes_the_wrappers_launches_on_new_tensors(fake_gpu):
     assert ("arg", 0, 4) in got[1][1]  # x[:, 1:] of the new x (float32: 4 bytes on)
 
 
+def test_an_allocation_shaped_like_a_contiguous_argument_is_its_empty_like(fake_gpu):
+    """A replay allocates an output of a contiguous argument's geometry as ``torch.empty_like`` of that argument (it
+    costs less than ``empty_strided`` on a GPU host) and every other one as ``empty_strided``; both give the recorded
+    geometry. A strided argument or a Parameter of the same shape is not used."""
+    g = fake_gpu
+    run = _wrapper(g)
+    run(*_inputs())
+    _, plan, why = L.record(run, _inputs(seed=1))
+    assert plan is not None, why
+    src = plan.replay.__source__
+    assert "m0 = _empty_like(a0)" in src and "m1 = _empty(_zs1, _zt1" in src, src
+    new = _inputs(seed=2)
+    for a, b in zip(plan.replay(*new), run(*new)):
+        assert (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
+
+    # an output of a strided argument's shape and strides (every other column): empty_like would make it dense
+    def strided(x, w, eps):
+        y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+        g.rows[(x.shape[0],)](x, w, y, x.shape[1], eps, BLOCK=16)
+        return y
+
+    wide = torch.randn(3, 128)[:, ::2]
+    strided(wide, *_inputs()[1:])
+    _, plan, why = L.record(strided, (wide, *_inputs()[1:]))
+    assert plan is not None, why
+    assert "_empty_like" not in plan.replay.__source__
+    assert plan.replay(torch.randn(3, 128)[:, ::2], *_inputs()[1:]).stride() == (128, 2)
+    # a Parameter of the wanted geometry: its empty_like is not a plain tensor's, so empty_strided
+    x, w, eps = _inputs(seed=3)
+    _, plan, why = L.record(run, (torch.nn.Parameter(x, requires_grad=False), w, eps))
+    assert plan is not None, why
+    assert "_empty_like" not in plan.replay.__source__
+
+
 @dataclasses.dataclass(frozen=True)
 class _Pair:
     out: torch.Tensor

@@ -541,9 +541,10 @@ def _current_stream(device: torch.device) -> int | None:
 
 def _buffer_address(stream: int, n: int, kind: str) -> int:
     """A replay's stream buffer: the address of ``stream``'s (at least ``n`` elements), or 0 when it has none that
-    large or is being captured (the replay then runs the call's own path, which makes one)."""
+    large (the replay then runs the call's own path, which makes one). The replay checks once, before its buffers,
+    that the stream is not being captured (a CUDA call: one a replay, not one a buffer)."""
     b = _BUFFERS.get((stream, kind))
-    if b is None or b.numel() < n or _capturing():
+    if b is None or b.numel() < n:
         return 0
     return b.data_ptr()
 
@@ -767,6 +768,24 @@ def _result(r: Any, flat: tuple, allocs: list[torch.Tensor], used: set[int], ns:
     raise NotRecordable(f"the result ({type(r).__name__}) is not the call's allocations or arguments")
 
 
+def _like_argument(m: torch.Tensor, flat: tuple) -> int | None:
+    """The position of a tensor argument whose geometry ``m`` has (shape, strides, dtype, device), and which is
+    contiguous: a replay then allocates ``m`` as ``torch.empty_like`` of it, which keeps a non-overlapping and dense
+    tensor's strides and costs less than ``torch.empty_strided`` (session 27). The replay's guards (or the served
+    call's memo key) fix that argument's shape, strides and dtype, so the allocation is the recorded one."""
+    for i, a in enumerate(flat):
+        if (
+            type(a) is _T  # (not a Parameter: a plain tensor's empty_like is a plain tensor)
+            and a.shape == m.shape
+            and a.stride() == m.stride()
+            and a.dtype == m.dtype
+            and a.device == m.device
+            and a.is_contiguous()
+        ):
+            return i
+    return None
+
+
 def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], knobs: Any) -> LaunchPlan:
     if not rec.hits:
         raise NotRecordable("no cached launch")
@@ -807,7 +826,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
     params = ", ".join(f"a{i}" for i in range(n_flat))
     ns.update(
         _fallback=run, _getdev=torch._C._cuda_getDevice, _getstream=torch._C._cuda_getCurrentRawStream,
-        _empty=torch.empty_strided, _chain=knobs.runtime.launch_enter_hook, _rt=knobs.runtime,
+        _empty=torch.empty_strided, _empty_like=torch.empty_like, _chain=knobs.runtime.launch_enter_hook, _rt=knobs.runtime,
         _comp=knobs.compilation, _dbg=knobs.runtime.debug, _instr=knobs.compilation.instrumentation_mode,
         _dev=dev, _L=sys.modules[__name__], _R=_rec, _buf=_buffer_address,
     )  # fmt: skip
@@ -821,10 +840,21 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
         rest += [f"    if ({' | '.join(sorted(aligned))}) & 15:", f"        return _fallback({params})"]
     for j, m in enumerate(rec.allocs):
         if j in used_allocs:
-            ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = tuple(m.shape), m.stride(), m.dtype, m.device
-            rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
+            like = _like_argument(m, flat)
+            if like is not None:
+                rest.append(f"    m{j} = _empty_like(a{like})")
+            else:
+                ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = (
+                    tuple(m.shape),
+                    m.stride(),
+                    m.dtype,
+                    m.device,
+                )
+                rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
             rest.append(f"    q{j} = m{j}.data_ptr()")
     rest.append("    s = _getstream(_dev)")
+    if rec.buffers:  # (captured, the call's own path takes the graph's fresh buffers)
+        rest += ["    if _L._capturing():", f"        return _fallback({params})"]
     for j, (_, n, kind) in enumerate(rec.buffers):
         rest += [f"    c{j} = _buf(s, {n}, {kind!r})", f"    if not c{j}:", f"        return _fallback({params})"]
     rest += lines
