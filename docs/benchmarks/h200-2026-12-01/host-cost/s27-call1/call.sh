@@ -5,10 +5,10 @@
 # 2. the CUDA-core MoE path, software-pipelined (s26-call3's probe), against the MMA decode path at one token (its
 #    GPU tests and the step with it wait for a probe that finds it faster);
 # 3. moe_gate's split against one program, eager (gate_tile_probe --host): session 25's open question;
-# 4. bench --host of rmsnorm, moe_gate and argmax (public, prepared, graph, torch), before (launch_before.py:
-#    6cf0e01's launch.py) and after this session's replay change (4013692), processes alternated;
+# 4. bench --host of rmsnorm, moe_gate and argmax (public, prepared, graph, torch), before (6cf0e01's launch.py, carried as
+#    .anchors/s27/launch_before.py: git show 6cf0e01:packages/tokenspeed-kernel-core/src/tokenspeed_kernel/launch.py) and after this session's replay change (4013692), processes alternated;
 # 5. test_launch_gpu.py: the replays on the GPU (cached launch against JIT, graph replay).
-# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s27-call1/call.sh", carry=[".whl"])
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s27-call1/call.sh", carry=[".whl", ".anchors"])
 rm -rf /tmp/site /tmp/w
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -23,7 +23,7 @@ timeout 60 python3 tools/gate_tile_probe.py --out $W --experts 32 --tokens 1 --r
   --tiles "table;1,1024,0" > $W/gate.txt 2>&1; echo "gate probe rc $?"; cut -c1-220 $W/gate.txt | tail -12; snap
 # bench --host before (6cf0e01's launch.py: empty_strided for every output, a capture check a stream buffer) and
 # after (4013692), processes alternated
-cp -r /tmp/site /tmp/site-before; cp $R/docs/benchmarks/h200-2026-12-01/host-cost/s27-call1/launch_before.py \
+cp -r /tmp/site /tmp/site-before; cp $R/.anchors/s27/launch_before.py \
   /tmp/site-before/tokenspeed_kernel/launch.py
 r=0
 for v in after before after before; do
