@@ -94,8 +94,11 @@ every other argument's value (plain values) or identity (objects), the current d
 16-byte alignment of each address the kernel was specialised on, no open recording (its
 launches must reach it), no Triton launch hook (profilers see every launch through the JIT
 path), no :func:`jit_launches` block, and Triton's debug and instrumentation settings as
-recorded. A replay allocates what the call allocated (``torch.empty_strided`` of the same
-geometry: outputs and temporaries, stream-ordered like the wrapper's) and nothing else.
+recorded; and, when the call uses stream buffers, that the stream is not being captured (the call's
+own path then takes the graph's). A replay allocates what the call allocated (outputs and
+temporaries of the same geometry, stream-ordered like the wrapper's: ``torch.empty_like`` of a
+contiguous tensor argument of that geometry, which costs less, else ``torch.empty_strided``) and
+nothing else.
 
 Not recorded at all: under ``TOKENSPEED_KERNEL_LAUNCH=jit`` or
 ``TOKENSPEED_KERNEL_LAUNCH_PLANS=0``, without CUDA, on ROCm (the cache is off there),

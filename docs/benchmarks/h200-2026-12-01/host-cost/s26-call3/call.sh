@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 26, call 3: NOT RUN (session 26's device time ran out). The CUDA-core MoE path software-pipelined by hand (a step's loads issued before the previous
+# Session 26, call 3: NOT RUN (session 26's device time ran out; s27-call1 holds its probe). The CUDA-core MoE path software-pipelined by hand (a step's loads issued before the previous
 # step's arithmetic) against the MMA decode path at 1 and 2 tokens; its GPU tests; the decode step with it where the
 # probe finds it faster (s26-call2/step_gemv.py sets GEMV_TILES from the probe's layer times, or leaves it empty).
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s26-call3/call.sh", carry=[".whl"])

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 27, call 2 (issue 13), NOT RUN YET: s27-call1's first three stages only (call 1 found no machine in eight
+# Session 27, call 2 (issue 13): NOT RUN (no machine; then too little device time left to start one): s27-call1's first three stages only (call 1 found no machine in eight
 # tries and the device time left no longer fits it): alloc_probe.py; bench --host of rmsnorm, moe_gate and argmax
 # after and before the replay change (before = .anchors/s27/launch_before.py, git show 6cf0e01:...launch.py); the
 # launch GPU tests (cached launch against JIT, graph replay).
