@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 27, call 1 (issue 13): NOT RUN (session 27 found no machine in 16 tries). In order:
+# Session 27, call 1 (issue 13): NOT RUN (session 27 found no machine in 20 tries). In order:
 # 1. alloc_probe.py: what a launch plan's replay pays on the GPU host besides the launch (allocations, the capture
 #    check, the stream), with F.rms_norm and torch.argmax;
 # 2. bench --host of rmsnorm, moe_gate and argmax (public, prepared, graph, torch) after and before this session's
