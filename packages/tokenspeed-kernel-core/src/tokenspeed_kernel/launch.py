@@ -847,12 +847,8 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
             if like is not None:
                 rest.append(f"    m{j} = _empty_like(a{like})")
             else:
-                ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = (
-                    tuple(m.shape),
-                    m.stride(),
-                    m.dtype,
-                    m.device,
-                )
+                geometry = tuple(m.shape), m.stride(), m.dtype, m.device
+                ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = geometry
                 rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
             rest.append(f"    q{j} = m{j}.data_ptr()")
     rest.append("    s = _getstream(_dev)")
