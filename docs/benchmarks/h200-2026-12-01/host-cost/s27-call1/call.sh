@@ -10,6 +10,7 @@
 #    GPU tests and the step with it wait for a probe that finds it faster);
 # 5. moe_gate's split against one program, eager (gate_tile_probe --host): session 25's open question;
 # 6. stage 2 again, before first.
+# SHORT=1 leaves stages 4 and 5 out (s27-call2).
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s27-call1/call.sh", carry=[".whl", ".anchors"])
 rm -rf /tmp/site /tmp/w
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
@@ -34,10 +35,12 @@ bench 1 after; bench 1 before
 (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
   $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py > $W/t-launch.txt 2>&1)
 echo "tests launch rc $? | $(tail -1 $W/t-launch.txt)"; grep -E "^(FAILED|ERROR)" $W/t-launch.txt | cut -c1-250 | head -4; snap
+if [ -z "${SHORT:-}" ]; then  # (s27-call2: without stages 4-5)
 timeout 90 python3 tools/moe_gemv_probe.py --out $W --tokens 1 --rounds 2 --budget-s 50 \
   --gemv "16,16,4/8,8,4;32,16,8/8,16,8;64,8,8/16,8,8;128,8,8/8,16,8" > $W/gemv.txt 2>&1
 echo "gemv probe rc $?"; grep -E "^(apply|layer)" $W/gemv.txt | cut -c1-160; grep -E "^numerics" $W/gemv.txt | head -4; snap
 timeout 60 python3 tools/gate_tile_probe.py --out $W --experts 32 --tokens 1 --rounds 2 --host \
   --tiles "table;1,1024,0" > $W/gate.txt 2>&1; echo "gate probe rc $?"; cut -c1-220 $W/gate.txt | tail -12; snap
+fi
 bench 2 before; bench 2 after
 # (the CUDA-core path's GPU tests and the step with it: only where the probe above finds it faster; a later call)
