@@ -507,6 +507,40 @@ def _counting_wrapper(g, n=6, offset=2):
     return run
 
 
+def test_a_replay_looks_its_stream_buffers_up_again_only_on_another_stream_or_after_one_was_made(fake_gpu, streams):
+    """A replay keeps the addresses its last lookup gave, with the stream and the count of buffers made: the same
+    stream with no buffer made since takes them without a lookup (here a buffer swapped in behind the replay's back,
+    which no real call does, shows which it took); another stream, or a buffer made since, looks up again."""
+    g = fake_gpu
+    run = _counting_wrapper(g)
+    run(*_inputs())
+    _, plan, why = L.record(run, _inputs(seed=1))
+    assert plan is not None, why
+    new = _inputs(seed=2)
+    kept = L._BUFFERS[(1234, "counters")]
+
+    def replayed_counters():
+        n = len(g.log)
+        plan.replay(*new)
+        ((kind, args),) = g.log[n:]
+        assert kind == "hit"
+        return args
+
+    assert kept.data_ptr() + 8 in replayed_counters()
+    L._BUFFERS[(1234, "counters")] = swapped = torch.zeros_like(kept)  # (no buffer made: the count is unchanged)
+    assert kept.data_ptr() + 8 in replayed_counters()  # the addresses it kept, no lookup
+    streams.stream = 77  # another stream: a lookup (none there yet: the wrapper runs and makes them)
+    plan.replay(*new)
+    made = L._BUFFERS[(77, "counters")]
+    assert made.data_ptr() + 8 in replayed_counters()
+    streams.stream = 1234  # back: the last lookup was another stream's, so a lookup again finds the swapped one
+    assert swapped.data_ptr() + 8 in replayed_counters()
+    L._BUFFERS[(1234, "counters")] = kept
+    assert swapped.data_ptr() + 8 in replayed_counters()
+    L.stream_counters(torch.device("cpu"), 10 * kept.numel())  # a buffer made (grown): a lookup again
+    assert L._BUFFERS[(1234, "counters")].data_ptr() + 8 in replayed_counters()
+
+
 def test_a_replay_takes_the_counters_of_its_own_stream(fake_gpu, streams):
     g = fake_gpu
     run = _counting_wrapper(g)

@@ -98,7 +98,9 @@ recorded; and, when the call uses stream buffers, that the stream is not being c
 own path then takes the graph's). A replay allocates what the call allocated (outputs and
 temporaries of the same geometry, stream-ordered like the wrapper's: ``torch.empty_like`` of a
 contiguous tensor argument of that geometry, which costs less, else ``torch.empty_strided``) and
-nothing else.
+nothing else. A replay keeps the addresses of the stream buffers it last looked up, with the
+stream and the count of buffers made by then: while both are unchanged it takes them again
+without a lookup.
 
 Not recorded at all: under ``TOKENSPEED_KERNEL_LAUNCH=jit`` or
 ``TOKENSPEED_KERNEL_LAUNCH_PLANS=0``, without CUDA, on ROCm (the cache is off there),
@@ -486,8 +488,12 @@ _plan_tags = itertools.count()
 _BUFFERS: dict[tuple[int, str], torch.Tensor] = {}
 #: buffers a stream outgrew: kept, since a launch plan or a captured graph may hold their address.
 _OUTGROWN: list[torch.Tensor] = []
+#: buffers made so far (a replay's lookup of its stream's buffers is good while this and the stream are unchanged)
+_buffers_made = 0
 _KINDS = {"counters": (torch.int32, torch.zeros, 4096), "scratch": (torch.float32, torch.empty, 1 << 16)}
-_capturing = torch.cuda.is_current_stream_capturing
+#: whether the current stream is being captured (torch's C function where this build has it: one Python frame less
+#: than ``torch.cuda.is_current_stream_capturing``, which only calls it)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def stream_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -516,6 +522,7 @@ def stream_scratch(device: torch.device, n: int) -> torch.Tensor:
 
 
 def _stream_buffer(device: torch.device, n: int, kind: str) -> torch.Tensor:
+    global _buffers_made
     dtype, make, least = _KINDS[kind]
     stream = _current_stream(device)
     if stream is None or _capturing():
@@ -529,6 +536,7 @@ def _stream_buffer(device: torch.device, n: int, kind: str) -> torch.Tensor:
         # else a call's first use of a new stream could not be recorded)
         with _disable_current_modes():
             b = _BUFFERS[(stream, kind)] = make(size, dtype=dtype, device=device)
+        _buffers_made += 1
     rec = getattr(_rec.state, "recorder", None)
     if rec is not None:
         rec.buffers.append((b, n, kind))
@@ -545,7 +553,8 @@ def _current_stream(device: torch.device) -> int | None:
 def _buffer_address(stream: int, n: int, kind: str) -> int:
     """A replay's stream buffer: the address of ``stream``'s (at least ``n`` elements), or 0 when it has none that
     large (the replay then runs the call's own path, which makes one). The replay checks once, before its buffers,
-    that the stream is not being captured (a CUDA call: one a replay, not one a buffer)."""
+    that the stream is not being captured (a CUDA call: one a replay, not one a buffer), and looks its buffers up
+    again only on another stream or after a buffer was made (module doc, "Launch plans")."""
     b = _BUFFERS.get((stream, kind))
     if b is None or b.numel() < n:
         return 0
@@ -854,8 +863,17 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
     rest.append("    s = _getstream(_dev)")
     if rec.buffers:  # (captured, the call's own path takes the graph's fresh buffers)
         rest += ["    if _L._capturing():", f"        return _fallback({params})"]
-    for j, (_, n, kind) in enumerate(rec.buffers):
-        rest += [f"    c{j} = _buf(s, {n}, {kind!r})", f"    if not c{j}:", f"        return _fallback({params})"]
+        # The addresses the last lookup gave, with its stream and the count of buffers made before it, in one item
+        # (one store: a thread never sees one stream's addresses under another's handle). While neither changed, a
+        # lookup would give the same addresses.
+        ns["_bs"] = [(None, None, None)]
+        cs = ", ".join(f"c{j}" for j in range(len(rec.buffers)))
+        rest += ["    bs, made = _bs[0], _L._buffers_made", "    if bs[0] == s and bs[1] == made:"]
+        rest += [f"        {cs}, = bs[2]", "    else:"]
+        for j, (_, n, kind) in enumerate(rec.buffers):
+            rest += [f"        c{j} = _buf(s, {n}, {kind!r})", f"        if not c{j}:"]
+            rest.append(f"            return _fallback({params})")
+        rest.append(f"        _bs[0] = (s, made, ({cs},))")
     rest += lines
     rest.append(f"    return {out}")
     fns = []
