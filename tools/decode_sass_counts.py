@@ -20,7 +20,7 @@ TESTS = pathlib.Path(__file__).resolve().parents[1] / "packages" / "tokenspeed-k
 
 
 def loop_counts(sass: str, needs: str = "HMMA") -> dict:
-    """Static counts of the innermost loop holding ``needs`` (the HMMAs; the CUDA-core kernels': FFMA)."""
+    """Static counts of the innermost loop holding ``needs`` (the HMMAs)."""
     from tokenspeed_kernel.testing import sass_loop_counts
 
     try:

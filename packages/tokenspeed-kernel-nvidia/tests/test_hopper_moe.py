@@ -253,6 +253,31 @@ def _atomics(ptx: str) -> list[str]:
     return re.findall(r"\batom\.[a-z0-9_.]+", ptx)
 
 
+def test_sass_loop_counts_takes_the_innermost_loop_holding_the_opcode():
+    """``tokenspeed_kernel.testing.sass_loop_counts`` (``tools/decode_sass_counts.py``'s loop counter) on synthetic
+    SASS."""
+    from tokenspeed_kernel.testing import sass_loop_counts
+
+    ins = "--:-:-:-:1\t{}"
+    sass = "\n".join([
+        ins.format("S2R R0, SR_TID.X;"),
+        "LBB0:",
+        ins.format("IMAD R1, R0, R0, RZ;"),
+        "LBB1:",
+        ins.format("FFMA R2, R1, R1, R2;"),
+        ins.format("@P0 FFMA R3, R1, R2, R3;"),
+        ins.format("@P1 BRA LBB1;"),
+        ins.format("FADD R4, R2, R3;"),
+        ins.format("@P2 BRA LBB0;"),
+        ins.format("EXIT;"),
+    ])  # fmt: skip
+    c = sass_loop_counts(sass, "FFMA")
+    assert c == {"before": 2, "loop": 3, "after": 3, "mix": {"FFMA": 2, "BRA": 1}}
+    assert sass_loop_counts(sass, "IMAD")["loop"] == 6  # the outer loop: the inner one has no IMAD
+    with pytest.raises(ValueError, match="HMMA"):
+        sass_loop_counts(sass, "HMMA")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("label,tokens,wkw", CASES, ids=[c[0] for c in CASES])

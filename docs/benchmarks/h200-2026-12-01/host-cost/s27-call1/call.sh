@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 27, call 1 (issue 13): not run in session 27 (no machine in 20 tries); session 28 ran it with SHORT=1
-# (outputs: s28-call1/r/) and stages 4-5 by hand (s28-call1/probes.sh). In order:
+# (outputs: s28-call1/r/) and stages 4-5 by hand (s28-call1/probes.sh); stage 4's tool was removed after (run it at
+# e4d1cf8). In order:
 # 1. alloc_probe.py: what a launch plan's replay pays on the GPU host besides the launch (allocations, the capture
 #    check, the stream), with F.rms_norm and torch.argmax;
 # 2. bench --host of rmsnorm, moe_gate and argmax (public, prepared, graph, torch) after and before this session's

@@ -19,9 +19,6 @@ A tile marked ``fused`` (:class:`DecodeTile`) does those sums in its GEMM's last
 launches fewer, the same bits; found by counters, :mod:`.decode`); measured slower on the H200, the
 table marks none.
 
-The CUDA-core path (:mod:`.gemv`, :class:`GemvTile`, :data:`GEMV_TILES`): two launches, no MMA, for a few
-tokens; measured slower than the MMA decode path so far, so only ``tiles=`` takes it.
-
 Tile configurations (:data:`DECODE_TILES`) are data; see where they were measured there.
 The kernels take up to :data:`.decode.MAX_PAIRS` (token, slot) pairs a launch (larger calls
 run as token slices); selection offers the layer up to 255 tokens
@@ -33,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import triton
 
 from tokenspeed_kernel.graphs import GraphCache, in_place_key
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters
@@ -41,7 +37,6 @@ from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, packed
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
-from .gemv import moe_gemv
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
@@ -52,8 +47,6 @@ __all__ = [
     "FP8_TILES",
     "DecodeTile",
     "DECODE_TILES",
-    "GemvTile",
-    "GEMV_TILES",
     "PrefillTile",
     "PREFILL_TILES",
     "check_shapes",
@@ -146,31 +139,6 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
     (4, (DecodeTile(32, 8, 1, 4, 1, scales_ahead=6), DecodeTile(32, 8, 1, 4, 4, scales_ahead=6))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
 )
-
-
-class GemvTile(tuple):
-    """``(rows, blocks, warps)`` of a CUDA-core GEMM of :mod:`.gemv`: weight rows a program (gate/up: gate and up rows
-    of ``rows / 2`` features; down: rows of every slot of a token), MX blocks of K (32 values) a row and loop step,
-    and warps a program. ``rows`` and ``blocks`` are powers of two."""
-
-    __slots__ = ()
-
-    def __new__(cls, rows: int, blocks: int, warps: int = 4):
-        for name, v, lo in (("rows", rows, 2), ("blocks", blocks, 1), ("warps", warps, 1)):
-            if type(v) is not int or v < lo or v & (v - 1):
-                raise ValueError(f"{name}: expected a power of two >= {lo}, got {v!r}")
-        if warps > 16:
-            raise ValueError(f"warps: expected at most 16, got {warps}")
-        return super().__new__(cls, (rows, blocks, warps))
-
-
-#: (gate/up, down) tiles of the CUDA-core path (:mod:`.gemv`) by tokens a call, ``((max_tokens, (gate_up, down)),
-#: ...)``; calls of more tokens take the MMA decode path. Empty: :func:`moe_apply` takes it only when ``tiles=`` asks.
-#: Measured on an H100 (host-cost report, session 26, call 2; GPT-OSS-20B layer, graphs, L2 flushed, us): without
-#: the loop's software pipelining, ``moe_apply`` alone at 1 / 2 / 4 tokens took 53.1 / 81.2 / 125.2 with the best
-#: tiles against 47.2 / 77.2 / 113.3 for :data:`DECODE_TILES`, the layer (route + apply) 54.4 / 82.5 / 129.1 against
-#: 49.0 / 79.1 / 114.7. The pipelined loop was not measured.
-GEMV_TILES: tuple[tuple[int, tuple[GemvTile, GemvTile]], ...] = ()
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -401,8 +369,8 @@ def moe_apply(
 ) -> torch.Tensor:
     """``out[t] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t])`` (bf16 x, MXFP4 weights).
 
-    ``tiles`` overrides :data:`DECODE_TILES` with two :class:`DecodeTile`, :data:`GEMV_TILES` with two
-    :class:`GemvTile`, or :data:`PREFILL_TILES` with two :class:`PrefillTile` (and so picks the path; tuning only).
+    ``tiles`` overrides :data:`DECODE_TILES` with two :class:`DecodeTile`, or
+    :data:`PREFILL_TILES` with two :class:`PrefillTile` (and so picks the path; tuning only).
     Without it, calls of at least :data:`PREFILL_MIN_TOKENS` tokens take the prefill path. An
     eager call of at most ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
     shape and weights, at the shape's second call, and one that reads the inputs without copying them once
@@ -431,10 +399,8 @@ def moe_apply(
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
-                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, GemvTile))):  # fmt: skip
-        raise TypeError(
-            f"tiles: expected two DecodeTile, two PrefillTile or two GemvTile (gate/up, down), got {tiles!r}"
-        )
+                              or not isinstance(tiles[0], (DecodeTile, PrefillTile))):  # fmt: skip
+        raise TypeError(f"tiles: expected two DecodeTile or two PrefillTile (gate/up, down), got {tiles!r}")
     is_packed = _is_packed(weights)
     if fp8 and is_packed:
         raise ValueError(
@@ -475,13 +441,6 @@ def moe_apply(
                     tiles=tiles or (_fp8_tiles if w4a8 else _prefill_tiles)(pairs, weights.num_experts),
                     two_step=_two_step(weights),
                     fp8=w4a8, packed=is_packed)  # fmt: skip
-        if out is not None and result is not out:
-            out.copy_(result)
-            return out
-        return result
-    gemv_tiles = tiles if tiles and isinstance(tiles[0], GemvTile) else (None if tiles else _gemv_tiles(t))
-    if gemv_tiles is not None:
-        _run_gemv(x, topk_weights, topk_ids, weights, activation, result, gemv_tiles, is_packed)
         if out is not None and result is not out:
             out.copy_(result)
             return out
@@ -538,55 +497,6 @@ def moe_apply(
         out.copy_(result)
         return out
     return result
-
-
-def _gemv_tiles(tokens: int) -> tuple[GemvTile, GemvTile] | None:
-    for bound, tiles in GEMV_TILES:
-        if tokens <= bound:
-            return tiles
-    return None
-
-
-def _run_gemv(x, topk_weights, topk_ids, weights, activation, result, tiles, is_packed) -> None:
-    """The CUDA-core path (:mod:`.gemv`): gate/up + SwiGLU into ``inter``, then down + bias + routing weights + the
-    slots' sum into ``result``. Two launches."""
-    t, k = topk_ids.shape
-    pairs, i, h = t * k, weights.intermediate, weights.hidden
-    for name in ("w13", "w2"):  # (rows are whole words: check_shapes)
-        v = getattr(weights, name)
-        if v.stride(0) % 4 or v.data_ptr() % 4:
-            raise ValueError(
-                f"{name}: the CUDA-core path (GemvTile) reads 32-bit code words: the expert stride ({v.stride(0)} "
-                "bytes) and the address must be multiples of 4"
-            )
-    # The kernels read x as int32 words (bf16 pairs): rows of whole words.
-    x = x if x.stride(-1) == 1 and x.stride(0) % 2 == 0 and x.storage_offset() % 2 == 0 else x.contiguous()
-    ids = topk_ids.reshape(-1).contiguous()
-    tw = topk_weights.reshape(-1).contiguous()
-    inter = torch.empty((pairs, i), dtype=x.dtype, device=x.device)
-    limit = activation.limit
-    common = dict(
-        TOP_K=k, HAS_LIMIT=limit is not None, TWO_STEP=_two_step(weights), PACKED=is_packed,
-        ASM=not triton.knobs.runtime.interpret, **pdl_kwargs(),
-    )  # fmt: skip
-    scalars = (float(activation.alpha), float(limit if limit is not None else 0.0), float(activation.up_offset))
-    gu, dn = tiles
-    xw = x.view(torch.int32)
-    w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
-    cached(moe_gemv)[(pairs, cdiv(i, gu[0] // 2))](
-        xw, xw.stride(0), ids, tw, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else s13,
-        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), *scalars,
-        K=h, N=2 * i, SROW=s13.stride(1), SLOTS=1, ROWS=gu[0], NB=gu[1], GATE_UP=True,
-        INTERLEAVED=weights.gate_up_interleaved, HAS_BIAS=b13 is not None, num_warps=gu[2], **common,
-    )  # fmt: skip
-    iw = inter.view(torch.int32)
-    w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
-    cached(moe_gemv)[(t, cdiv(h, dn[0]))](
-        iw, iw.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else s2,
-        b2.stride(0) if b2 is not None else 0, result, result.stride(0), *scalars,
-        K=i, N=h, SROW=s2.stride(1), SLOTS=next_power_of_2(k), ROWS=dn[0], NB=dn[1], GATE_UP=False,
-        INTERLEAVED=True, HAS_BIAS=b2 is not None, num_warps=dn[2], **common,
-    )  # fmt: skip
 
 
 def moe_apply_w4a8(
