@@ -19,12 +19,12 @@ import sys
 TESTS = pathlib.Path(__file__).resolve().parents[1] / "packages" / "tokenspeed-kernel-nvidia" / "tests"
 
 
-def loop_counts(sass: str, needs: str = "HMMA") -> dict:
-    """Static counts of the innermost loop holding ``needs`` (the HMMAs)."""
+def loop_counts(sass: str) -> dict:
+    """Static counts of the innermost loop holding the HMMAs."""
     from tokenspeed_kernel.testing import sass_loop_counts
 
     try:
-        return sass_loop_counts(sass, needs)
+        return sass_loop_counts(sass, "HMMA")
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
