@@ -60,6 +60,23 @@ def fake_gpu(monkeypatch):
     from triton import knobs
 
     monkeypatch.setattr(L, "_DEVICE_ATTR", "is_cpu")
+    # Replays allocate through torch's C allocation, which no dispatch mode sees: the logs' mode (_Allocs) is let
+    # through, and learns of those allocations from the allocator itself.
+    monkeypatch.setattr(L, "_dispatch_modes", lambda: 0)
+    real = L._fast_allocator
+
+    def logged_allocator(m, dev):
+        fast = real(m, dev)
+
+        def alloc(size, stride, dtype):
+            t = fast(size, stride, dtype)
+            if _Allocs.current is not None:
+                _Allocs.current.allocs.append(t)
+            return t
+
+        return alloc if fast is not None else None
+
+    monkeypatch.setattr(L, "_fast_allocator", logged_allocator)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 1234, raising=False)
     log: list = []
@@ -89,9 +106,19 @@ def _wrapper(g, side=None, extra_op=False):
 
 
 class _Allocs(TorchDispatchMode):
+    current = None  # the open one (replays' allocations: ``fake_gpu``)
+
     def __init__(self):
         super().__init__()
         self.allocs = []
+
+    def __enter__(self):
+        _Allocs.current = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _Allocs.current = None
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -147,22 +174,56 @@ def test_replay_makes_the_wrappers_launches_on_new_tensors(fake_gpu):
     assert ("arg", 0, 4) in got[1][1]  # x[:, 1:] of the new x (float32: 4 bytes on)
 
 
-def test_an_allocation_shaped_like_a_contiguous_argument_is_its_empty_like(fake_gpu):
-    """A replay allocates an output of a contiguous argument's geometry as ``torch.empty_like`` of that argument (it
-    costs less than ``empty_strided`` on a GPU host) and every other one as ``empty_strided``; both give the recorded
-    geometry. A strided argument or a Parameter of the same shape is not used."""
+def test_a_replay_allocates_the_recorded_geometry_through_torchs_c_allocation(fake_gpu, monkeypatch):
+    """A replay allocates every output and temporary with torch's C allocation of the device type (no dispatcher:
+    about half of ``torch.empty_like``'s host time), given the recorded size, strides and dtype; a strided output
+    keeps its strides. That allocation skips torch's deterministic fill of new memory, so under deterministic
+    algorithms the replay runs the call's own path (whose allocations fill), and under a dispatch mode too (which
+    does not see it)."""
     g = fake_gpu
-    run = _wrapper(g)
-    run(*_inputs())
-    _, plan, why = L.record(run, _inputs(seed=1))
+    calls = []
+
+    def counted(*a):
+        calls.append(1)
+        return _wrapper(g)(*a)
+
+    counted(*_inputs())
+    _, plan, why = L.record(counted, _inputs(seed=1))
     assert plan is not None, why
     src = plan.replay.__source__
-    assert "m0 = _empty_like(a0)" in src and "m1 = _empty(_zs1, _zt1" in src, src
+    assert "m0 = _za0(_zs0, _zt0, _zd0)" in src and "m1 = _za1(_zs1, _zt1, _zd1)" in src, src
     new = _inputs(seed=2)
-    for a, b in zip(plan.replay(*new), run(*new)):
+    n = len(calls)
+    got = plan.replay(*new)
+    assert len(calls) == n  # replayed
+    for a, b in zip(got, _wrapper(g)(*new)):
         assert (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
+        assert type(a) is torch.Tensor and not a.requires_grad
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        y, _ = plan.replay(*new)
+        y_served, _ = plan.replay_served(*new)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert len(calls) == n + 2  # both took the call's own path
+    # (the wrapper's torch.empty_like filled them; the fake kernel did not write)
+    assert y.isnan().all() and y_served.isnan().all()
+    plan.replay(*new)
+    assert len(calls) == n + 2
+    # under a dispatch mode (which would not see the C allocations) the call's own path runs too
+    monkeypatch.setattr(L, "_dispatch_modes", torch._C._len_torch_dispatch_stack)
+    _, plan, why = L.record(counted, _inputs(seed=1))
+    assert plan is not None, why
+    n = len(calls)
+    with _Allocs() as mode:
+        plan.replay(*new)
+        plan.replay_served(*new)
+    assert len(calls) == n + 2 and len(mode.allocs) == 4  # (two calls of the wrapper, two allocations each)
+    plan.replay(*new)
+    assert len(calls) == n + 2
 
-    # an output of a strided argument's shape and strides (every other column): empty_like would make it dense
+    # an output of a strided argument's shape and strides (every other column)
     def strided(x, w, eps):
         y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
         g.rows[(x.shape[0],)](x, w, y, x.shape[1], eps, BLOCK=16)
@@ -172,13 +233,22 @@ def test_an_allocation_shaped_like_a_contiguous_argument_is_its_empty_like(fake_
     strided(wide, *_inputs()[1:])
     _, plan, why = L.record(strided, (wide, *_inputs()[1:]))
     assert plan is not None, why
-    assert "_empty_like" not in plan.replay.__source__
+    assert "m0 = _za0(" in plan.replay.__source__
     assert plan.replay(torch.randn(3, 128)[:, ::2], *_inputs()[1:]).stride() == (128, 2)
-    # a Parameter of the wanted geometry: its empty_like is not a plain tensor's, so empty_strided
-    x, w, eps = _inputs(seed=3)
-    _, plan, why = L.record(run, (torch.nn.Parameter(x, requires_grad=False), w, eps))
-    assert plan is not None, why
-    assert "_empty_like" not in plan.replay.__source__
+
+
+def test_the_c_allocation_serves_the_launches_device_or_the_cpu_only():
+    """torch's C allocation takes the current device of its type: a replay uses it for the launches' device (which
+    it guards as the current one) and the CPU, and ``torch.empty_strided`` with the device for any other."""
+    guards = torch._C._dynamo.guards
+
+    def on(device):
+        return types.SimpleNamespace(device=torch.device(device))
+
+    assert L._fast_allocator(on("cuda:1"), 1) is guards._empty_strided_cuda
+    assert L._fast_allocator(on("cuda:0"), 1) is None
+    assert L._fast_allocator(on("cpu"), 0) is guards._empty_strided_cpu
+    assert L._fast_allocator(on("meta"), 0) is None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,11 +94,12 @@ every other argument's value (plain values) or identity (objects), the current d
 16-byte alignment of each address the kernel was specialised on, no open recording (its
 launches must reach it), no Triton launch hook (profilers see every launch through the JIT
 path), no :func:`jit_launches` block, and Triton's debug and instrumentation settings as
-recorded; and, when the call uses stream buffers, that the stream is not being captured (the call's
-own path then takes the graph's). A replay allocates what the call allocated (outputs and
-temporaries of the same geometry, stream-ordered like the wrapper's: ``torch.empty_like`` of a
-contiguous tensor argument of that geometry, which costs less, else ``torch.empty_strided``) and
-nothing else. A replay keeps the addresses of the stream buffers it last looked up, with the
+recorded; when the call uses stream buffers, that the stream is not being captured (the call's
+own path then takes the graph's); when it allocates, that deterministic algorithms are off and no
+``TorchDispatchMode`` is active (below). A replay allocates what the call allocated (outputs and
+temporaries of the same geometry, stream-ordered like the wrapper's) and nothing else, through
+torch's C allocation (:func:`_fast_allocator`: the one Inductor's generated code uses, no dispatcher;
+it skips the deterministic fill of new memory and no dispatch mode sees it, hence those two checks). A replay keeps the addresses of the stream buffers it last looked up, with the
 stream and the count of buffers made by then: while both are unchanged it takes them again
 without a lookup.
 
@@ -780,22 +781,23 @@ def _result(r: Any, flat: tuple, allocs: list[torch.Tensor], used: set[int], ns:
     raise NotRecordable(f"the result ({type(r).__name__}) is not the call's allocations or arguments")
 
 
-def _like_argument(m: torch.Tensor, flat: tuple) -> int | None:
-    """The position of a tensor argument whose geometry ``m`` has (shape, strides, dtype, device), and which is
-    contiguous: a replay then allocates ``m`` as ``torch.empty_like`` of it, which keeps a non-overlapping and dense
-    tensor's strides and costs less than ``torch.empty_strided`` (session 27). The replay's guards (or the served
-    call's memo key) fix that argument's shape, strides and dtype, so the allocation is the recorded one."""
-    for i, a in enumerate(flat):
-        if (
-            type(a) is _T  # (not a Parameter: a plain tensor's empty_like is a plain tensor)
-            and a.shape == m.shape
-            and a.stride() == m.stride()
-            and a.dtype == m.dtype
-            and a.device == m.device
-            and a.is_contiguous()
-        ):
-            return i
-    return None
+#: How many ``TorchDispatchMode``s are active (a C function; the CPU tests replace it).
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def _fast_allocator(m: torch.Tensor, dev: int) -> Any:
+    """torch's C allocation of ``m``'s device type (``torch._C._dynamo.guards._empty_strided_<type>(size, stride,
+    dtype)``, what Inductor's generated code allocates with): no dispatcher, no argument parser, about half of
+    ``torch.empty_like``'s host time. It allocates on the current device of its type, so it serves an allocation on
+    the launches' device (which a replay guards as the current one) or on the CPU; None for any other (the replay
+    then calls ``torch.empty_strided`` with the device). It skips torch's deterministic fill of new memory, and a
+    ``TorchDispatchMode`` does not see it, so a replay with allocations runs the call's own path while
+    deterministic algorithms are on or a dispatch mode is active (:data:`_dispatch_modes`)."""
+    if m.device.type == "cuda" and m.device.index != dev:
+        return None
+    if m.device.type not in ("cuda", "cpu"):
+        return None
+    return getattr(torch._C._dynamo.guards, f"_empty_strided_{m.device.type}", None)
 
 
 def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], knobs: Any) -> LaunchPlan:
@@ -838,7 +840,7 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
     params = ", ".join(f"a{i}" for i in range(n_flat))
     ns.update(
         _fallback=run, _getdev=torch._C._cuda_getDevice, _getstream=torch._C._cuda_getCurrentRawStream,
-        _empty=torch.empty_strided, _empty_like=torch.empty_like, _chain=knobs.runtime.launch_enter_hook, _rt=knobs.runtime,
+        _empty=torch.empty_strided, _det=torch._C._get_deterministic_algorithms, _modes=_dispatch_modes, _chain=knobs.runtime.launch_enter_hook, _rt=knobs.runtime,
         _comp=knobs.compilation, _dbg=knobs.runtime.debug, _instr=knobs.compilation.instrumentation_mode,
         _dev=dev, _L=sys.modules[__name__], _R=_rec, _buf=_buffer_address,
     )  # fmt: skip
@@ -847,17 +849,19 @@ def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], kn
         "_rt.launch_enter_hook is not _chain", "_chain.calls", "_L._jit_blocks", "_R.active", "_getdev() != _dev",
         "_rt.debug is not _dbg", "_comp.instrumentation_mode != _instr",
     ]  # fmt: skip
+    if used_allocs:  # (the C allocations skip torch's deterministic fill and the dispatcher: :func:`_fast_allocator`)
+        state += ["_det()", "_modes()"]
     rest = [f"    p_{e} = {e}.data_ptr()" for e in read]
     if aligned:
         rest += [f"    if ({' | '.join(sorted(aligned))}) & 15:", f"        return _fallback({params})"]
     for j, m in enumerate(rec.allocs):
         if j in used_allocs:
-            like = _like_argument(m, flat)
-            if like is not None:
-                rest.append(f"    m{j} = _empty_like(a{like})")
+            ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = tuple(m.shape), m.stride(), m.dtype, m.device
+            fast = _fast_allocator(m, dev)
+            if fast is not None:
+                ns[f"_za{j}"] = fast
+                rest.append(f"    m{j} = _za{j}(_zs{j}, _zt{j}, _zd{j})")
             else:
-                geometry = tuple(m.shape), m.stride(), m.dtype, m.device
-                ns[f"_zs{j}"], ns[f"_zt{j}"], ns[f"_zd{j}"], ns[f"_zv{j}"] = geometry
                 rest.append(f"    m{j} = _empty(_zs{j}, _zt{j}, dtype=_zd{j}, device=_zv{j})")
             rest.append(f"    q{j} = m{j}.data_ptr()")
     rest.append("    s = _getstream(_dev)")
