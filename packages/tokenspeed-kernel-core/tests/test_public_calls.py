@@ -58,6 +58,7 @@ def _reset(op):
     op._public_seen.clear()
     op._public_misses.clear()
     op._public_off.clear()
+    op._public_hits.clear()
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -117,6 +118,74 @@ def test_what_changes_the_selection_gets_its_own_prepared_call(served):
     assert len(op._public_calls) == 4
     with pytest.raises(Exception, match="solution"):  # an unhashable target: the plain path names it
         op(x, w, 1e-5, solution=["nope"])
+
+
+def test_a_served_call_is_found_again_without_a_key_only_for_its_own_metadata(served, monkeypatch):
+    """After the key path served a call, the next calls of that metadata find it through the pattern's checks
+    (``Op._remember``: a C check of the tensors' metadata, the other arguments by value, the selection context and
+    generation) without computing a key; anything the key describes differently takes the key path and is served
+    by its own prepared call."""
+    op = tk.rmsnorm
+    x = torch.empty(4, 64, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(64, dtype=torch.bfloat16, device="meta")
+    _reset(op)
+    keys = []
+    memo_key = op_module._memo_key
+    monkeypatch.setattr(op_module, "_memo_key", lambda *a: keys.append(1) or memo_key(*a))
+    for _ in range(4):  # (seen, prepared, served by the key path: a first call of the process sees two generations)
+        op(x, w, 1e-5)
+        if 3 in op._public_hits:
+            break
+    assert len(op._public_hits[3].entries) == 1
+    (first,) = op._public_calls.values()
+
+    def served_by(*args, **kwargs):
+        """The prepared call that serves this call (None: the plain path), and how many keys it computed."""
+        log, calls = [], [c for c in op._public_calls.values() if isinstance(c, PreparedCall)]
+        real = [c._served for c in calls]
+        for c, r in zip(calls, real):
+            c._served = lambda *f, c=c, r=r: log.append(c) or r(*f)
+        n = len(keys)
+        try:
+            out = op(*args, **kwargs)
+        finally:
+            for c, r in zip(calls, real):
+                c._served = r
+        assert _form(out) == _form(op._dispatch(args, kwargs, None, None))
+        return (log[0] if log else None), len(keys) - n
+
+    assert served_by(x, w, 1e-5) == (first, 0)  # found without a key
+    assert served_by(torch.empty(4, 64, dtype=torch.bfloat16, device="meta"), w, 1e-5) == (first, 0)
+    others = {
+        "shape": (torch.empty(8, 64, dtype=torch.bfloat16, device="meta"), w, 1e-5),
+        "dtype": (torch.empty(4, 64, dtype=torch.float32, device="meta"), w, 1e-5),
+        "strides": (torch.empty(4, 128, dtype=torch.bfloat16, device="meta")[:, :64], w, 1e-5),
+        "value": (x, w, 1e-6),
+        "value type": (x, w, 1),  # (kinds other than the pattern's first: the key path every time)
+    }
+    for what, args in others.items():
+        for _ in range(2):  # (seen, then prepared)
+            op(*args)
+        call, n_keys = served_by(*args)  # not claimed by an entry of other metadata: the key path serves it
+        assert call is not None and call is not first and n_keys == 1, what
+        assert served_by(*args) == (call, int(what == "value type")), what  # (remembered)
+    cpu = (torch.empty(4, 64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16), 1e-5)
+    for _ in range(3):
+        assert served_by(*cpu) == (None, 1)  # (never served: the plain path)
+    # each served metadata keeps its own entry; the first is still found without a key
+    assert served_by(x, w, 1e-5) == (first, 0)
+    with tk.kernel_override("reference"):  # another selection context
+        assert served_by(x, w, 1e-5)[1] == 1
+    from tokenspeed_kernel.core.selection import clear_selection_cache
+
+    clear_selection_cache()  # another generation
+    assert served_by(x, w, 1e-5) == (None, 1)  # (seen anew: the plain path)
+    # keyword calls are their own pattern: weight and eps by name, in either order
+    for kw in ({"weight": w, "eps": 1e-5}, {"eps": 1e-5, "weight": w}):
+        for _ in range(4):
+            op(x, **kw)
+        call, n_keys = served_by(x, **kw)
+        assert call is not None and n_keys == 0, kw
 
 
 def test_hooks_profilers_and_debug_checks_take_the_plain_path(served, monkeypatch):

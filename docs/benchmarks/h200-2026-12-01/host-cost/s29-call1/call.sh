@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Session 29, call 1 (issue 13): the replays' C allocations (this session) on the GPU, in order:
+# Session 29, call 1 (issue 13): the replays' C allocations and the served calls' checks (this session) on the GPU,
+# in order:
 # 1. test_launch_gpu.py (cached launch against JIT bit for bit, a captured graph of each op replays);
 # 2. alloc_probe.py: torch's C allocation against empty_like / empty_strided, the two new checks, torch's ops;
-# 3. bench --host of rmsnorm, argmax and moe_gate after and before (before = 7186e83's launch.py, carried as
-#    .anchors/s29/launch_before.py: git show 7186e83:packages/tokenspeed-kernel-core/src/tokenspeed_kernel/launch.py),
-#    one process each, alternated;
+# 3. bench --host of rmsnorm, argmax and moe_gate after and before (before = 7186e83's launch.py and core/op.py,
+#    carried as .anchors/s29/launch_before.py and op_before.py: git show 7186e83:packages/tokenspeed-kernel-core/src/
+#    tokenspeed_kernel/launch.py, and .../core/op.py), one process each, alternated;
 # 4. the anchor's host table (.anchors/host_cost.py: cp ../shared/tools/anchors/host_cost.py .anchors/);
 # 5. the GPT-OSS-20B decode step, eager and graph (host_probe --skip-ops, 24 layers), after and before;
 # 6. stage 3 again, before first; stage 5 again, before first;
@@ -17,6 +18,7 @@ R=$PWD; W=/tmp/w; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 cp -r /tmp/site /tmp/site-before; cp $R/.anchors/s29/launch_before.py /tmp/site-before/tokenspeed_kernel/launch.py
+cp $R/.anchors/s29/op_before.py /tmp/site-before/tokenspeed_kernel/core/op.py
 (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs --tb=short -m gpu \
   $R/packages/tokenspeed-kernel-triton/tests/test_launch_gpu.py > $W/t-launch.txt 2>&1)
 echo "tests launch rc $? | $(tail -1 $W/t-launch.txt)"; grep -E "^(FAILED|ERROR)" $W/t-launch.txt | cut -c1-250 | head -4; snap

@@ -40,7 +40,11 @@ call's ``solution``/``override``, the open ``kernel_override`` blocks and the se
 (``launch``'s module doc says what it checks and refuses); one that cannot be recorded calls the selected
 kernel directly with the call's arguments. So a served call skips ``bind``, selection and the kernel's Python
 wrapper. Not with a dispatch hook, a profiler, or ``TOKENSPEED_KERNEL_DEBUG=1`` (the plain path runs);
-``TOKENSPEED_KERNEL_LAUNCH_PLANS=0`` turns it off.
+``TOKENSPEED_KERNEL_LAUNCH_PLANS=0`` turns it off. Once the key path served a call (without ``solution``/``override``),
+the call pattern keeps a check of it (:func:`_hit_function`: torch's C ``TensorGuards`` check of the tensors, which
+covers what the key describes of them, the other arguments' key parts by value, the selection context and
+generation), and later calls try those checks before computing a key: a key costs a Python read of each tensor's
+shape, strides, dtype and device, and a hash.
 
 Hints (``Op(hints=(...))``): keyword arguments that carry host metadata a kernel
 may use (an attention plan). ``bind`` passes one only when the caller gave it, and
@@ -180,6 +184,7 @@ class Op(OpContract):
         object.__setattr__(self, "_public_seen", set())  # call metadata seen once
         object.__setattr__(self, "_public_misses", {})  # call pattern -> device calls without a key
         object.__setattr__(self, "_public_off", set())  # call patterns that stopped looking
+        object.__setattr__(self, "_public_hits", {})  # call pattern -> its served calls' checks (_hit_function)
         add_to_catalog(self)
 
     def __repr__(self) -> str:
@@ -195,6 +200,12 @@ class Op(OpContract):
             on = False
         if on and profiling.dispatch_hook is None and not profiler_active() and not debug_checks_enabled():
             flat = (*args, *kwargs.values())
+            if solution is None and override is None:
+                hit = self._public_hits.get((len(args), *kwargs) if kwargs else len(args))
+                if hit is not None:
+                    call = hit(*flat)
+                    if call is not None:
+                        return call._served(*flat)
             key = _memo_key(self, args, kwargs, flat)
             if key is _MISS:
                 self._unserved(args, kwargs, flat)
@@ -208,8 +219,39 @@ class Op(OpContract):
                     self._public_misses.pop((len(args), *kwargs), None)
                     return self._sighted(full, args, kwargs, flat, solution, override)
                 if call is not _NO_CALL:
+                    if solution is None and override is None and _TensorGuards is not None:
+                        self._remember(args, kwargs, flat, full, call)
                     return call._served(*flat)  # (its key matched the metadata the replay's guards would check)
         return self._dispatch(args, kwargs, solution, override)
+
+    def _remember(self, args: tuple, kwargs: dict, flat: tuple, full: tuple, call: PreparedCall) -> None:
+        """Let the next calls of this metadata find ``call`` without a key (module doc, "Launch plans": the served
+        calls' checks, :func:`_hit_function`), unless an entry that these tensors pass already holds it."""
+        pattern = (len(args), *kwargs) if kwargs else len(args)
+        kinds = [_memo_kind(a) for a in flat]
+        hit = self._public_hits.get(pattern)
+        if hit is None:
+            hit = _hit_function(kinds)
+            if hit is None:
+                return
+            self._public_hits[pattern] = hit
+        elif kinds != hit.kinds:
+            return  # (the function reads the positions of its first kinds)
+        tensors = tuple(a for a in flat if type(a) is _T or type(a) is _P)
+        entries = hit.entries
+        for entry in entries:
+            if entry[4] is call and entry[0](*tensors):
+                return  # (held, and it is these tensors' metadata the check misses: another reason, not a slot)
+        try:
+            check = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+        except Exception:  # (a torch whose guard class changed: these calls keep the key path)
+            return
+        entry = (check, hit.others(*flat), full[3], full[4], call)
+        if len(entries) < _MAX_HITS:
+            entries.append(entry)
+        else:
+            entries[hit.next % _MAX_HITS] = entry
+            hit.next += 1
 
     def _unserved(self, args: tuple, kwargs: dict, flat: tuple) -> None:
         """A call whose metadata has no key. With an argument of another kind (MoE weights), after 8 such calls of one
@@ -393,12 +435,20 @@ def _memo_kind(a: Any) -> Any:
 def _memo_key_function(kinds: list[Any]) -> Any:
     """``key(*flat)`` for a call's arguments (positional, then keyword values) of these kinds, or None when
     one differs: the same facts as :func:`_describe` gives, in one flat tuple behind one guard chain."""
+    guards, parts, ns = _key_pieces(kinds)
+    return guarded_tuple_function(len(kinds), guards, parts, ns, "memo key")
+
+
+def _key_pieces(kinds: list[Any], tensors: bool = True) -> tuple[list[str], list[str], dict[str, Any]]:
+    """The guards and key parts of positions of these kinds (``a0``, ``a1``, ...), and the names they use;
+    without ``tensors``, the tensor positions are left out (a ``TensorGuards`` check reads them)."""
     guards, parts, ns = [], [str(next(_memo_tags))], {"_T": _T, "_P": _P, "_ints": _all_ints}
     for i, kind in enumerate(kinds):
         a = f"a{i}"
         if kind == "tensor":
-            guards.append(f"(type({a}) is _T or type({a}) is _P) and not {a}.is_cpu")
-            parts += [f"{a}.shape", f"{a}.stride()", f"{a}.dtype", f"{a}.device"]
+            if tensors:
+                guards.append(f"(type({a}) is _T or type({a}) is _P) and not {a}.is_cpu")
+                parts += [f"{a}.shape", f"{a}.stride()", f"{a}.dtype", f"{a}.device"]
         elif kind == "ints":
             guards.append(f"type({a}) is tuple and _ints({a})")
             parts.append(a)
@@ -414,7 +464,51 @@ def _memo_key_function(kinds: list[Any]) -> Any:
             guards.append(f"type({a}) is _t{i} and {a}.__memo_key__ is not None" if kind[0] == "memo_key"
                           else f"type({a}) is _t{i}")  # fmt: skip
             parts.append(f"{a}.__memo_key__" if kind[0] == "memo_key" else a)
-    return guarded_tuple_function(len(kinds), guards, parts, ns, "memo key")
+    if not tensors:
+        parts = parts[1:]  # (the tag tells generated key functions apart; entries compare within one function)
+    return guards, parts, ns
+
+
+def _hit_function(kinds: list[Any]) -> Any:
+    """``hit(*flat)``: the served call of an entry whose metadata the call has, or None; None when a position's
+    kind has no memo key (:func:`_memo_kind`). One function per call pattern, for the argument kinds of its first
+    served call (calls of other kinds take the key path). An entry (``hit.entries``, at most :data:`_MAX_HITS`,
+    replaced in turn) holds a ``TensorGuards`` check of the tensor arguments (torch's C check of Dynamo's guards:
+    exact type, distinct objects, dispatch keys, dtype, device, requires_grad, sizes and strides: at least what the
+    memo key describes), the other arguments' key parts (``hit.others(*flat)``), the selection context and
+    generation of the full key, and the call. So a hit is a call the key path would serve."""
+    if None in kinds:
+        return None
+    guards, parts, ns = _key_pieces(kinds, tensors=False)
+    tensors = ", ".join(f"a{i}" for i, k in enumerate(kinds) if k == "tensor")
+    names = ", ".join(f"a{i}" for i in range(len(kinds)))
+    others = f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    src = (
+        f"def hit({names}):\n"
+        f"    if not ({' and '.join(guards) or 'True'}):\n"
+        f"        return None\n"
+        f"    o, c, g = {others}, _ctx(), _sel.generation\n"
+        f"    for check, v, vc, vg, call in _entries:\n"
+        f"        if v == o and vc == c and vg == g and check({tensors}):\n"
+        f"            return call\n"
+        f"    return None\n"
+        f"def others({names}):\n"
+        f"    return {others}\n"
+    )
+    ns.update(_ctx=_selection_context.get, _sel=_selection, _entries=[])
+    exec(compile(src, f"<tokenspeed_kernel served calls {len(kinds)} args>", "exec"), ns)
+    hit = ns["hit"]
+    hit.entries, hit.others, hit.kinds, hit.next, hit.__source__ = ns["_entries"], ns["others"], kinds, 0, src
+    return hit
+
+
+#: entries of a call pattern's :func:`_hit_function` (the GPT-OSS decode step calls an op with two metadata).
+_MAX_HITS = 8
+
+try:
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # (a torch without it: every served call takes the key path)
+    _TensorGuards = None
 
 
 def _all_ints(a: tuple) -> bool:
