@@ -10,6 +10,7 @@
 # 5. the GPT-OSS-20B decode step, eager and graph (host_probe --skip-ops, 24 layers), after and before;
 # 6. stage 3 again, before first; stage 5 again, before first;
 # 7. tools/host_breakdown.py for rmsnorm and moe_gate (where the public call's time goes).
+# QUICK=1 (a small budget): stages 1-5 only.
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s29-call1/call.sh", carry=[".whl", ".anchors"])
 rm -rf /tmp/site /tmp/site-before /tmp/w
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
@@ -42,6 +43,7 @@ bench 1 after; bench 1 before
 (mkdir -p $W/anchor && cd $W/anchor && timeout 80 python3 $R/.anchors/host_cost.py > host-anchor.log 2>&1)
 echo "anchor rc $?"; tail -9 $W/anchor/host-anchor.log | cut -c1-200; snap
 step 1 after; step 1 before
+[ -n "${QUICK:-}" ] && exit 0
 bench 2 before; bench 2 after
 step 2 before; step 2 after
 timeout 120 python3 tools/host_breakdown.py --ops rmsnorm,moe_gate --out $W/breakdown > $W/breakdown.txt 2>&1
