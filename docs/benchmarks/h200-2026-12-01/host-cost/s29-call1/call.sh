@@ -12,6 +12,7 @@
 # 7. tools/host_breakdown.py for rmsnorm and moe_gate (where the public call's time goes).
 # QUICK=1 (a small budget): stages 1-5 only.
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s29-call1/call.sh", carry=[".whl", ".anchors"])
+# Ran with QUICK=1 on an H100 (README.md beside this file: what ran, and the commands run by hand after it).
 rm -rf /tmp/site /tmp/site-before /tmp/w
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
