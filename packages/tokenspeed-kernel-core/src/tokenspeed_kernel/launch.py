@@ -99,9 +99,9 @@ own path then takes the graph's); when it allocates, that deterministic algorith
 ``TorchDispatchMode`` is active (below). A replay allocates what the call allocated (outputs and
 temporaries of the same geometry, stream-ordered like the wrapper's) and nothing else, through
 torch's C allocation (:func:`_fast_allocator`: the one Inductor's generated code uses, no dispatcher;
-it skips the deterministic fill of new memory and no dispatch mode sees it, hence those two checks). A replay keeps the addresses of the stream buffers it last looked up, with the
-stream and the count of buffers made by then: while both are unchanged it takes them again
-without a lookup.
+it skips the deterministic fill of new memory and no dispatch mode sees it, hence those two
+checks). A replay keeps the addresses of the stream buffers it last looked up, with the stream and
+the count of buffers made by then: while both are unchanged it takes them again without a lookup.
 
 Not recorded at all: under ``TOKENSPEED_KERNEL_LAUNCH=jit`` or
 ``TOKENSPEED_KERNEL_LAUNCH_PLANS=0``, without CUDA, on ROCm (the cache is off there),
@@ -797,7 +797,8 @@ def _fast_allocator(m: torch.Tensor, dev: int) -> Any:
         return None
     if m.device.type not in ("cuda", "cpu"):
         return None
-    return getattr(torch._C._dynamo.guards, f"_empty_strided_{m.device.type}", None)
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)  # (a torch without them: empty_strided)
+    return getattr(guards, f"_empty_strided_{m.device.type}", None)
 
 
 def _build(rec: _Recorder, flat: tuple, result: Any, run: Callable[..., Any], knobs: Any) -> LaunchPlan:
