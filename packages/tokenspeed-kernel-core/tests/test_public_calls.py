@@ -169,6 +169,12 @@ def test_a_served_call_is_found_again_without_a_key_only_for_its_own_metadata(se
         call, n_keys = served_by(*args)  # not claimed by an entry of other metadata: the key path serves it
         assert call is not None and call is not first and n_keys == 1, what
         assert served_by(*args) == (call, int(what == "value type")), what  # (remembered)
+    # a served call of other kinds is known after its first miss: its arguments' kinds are not read again
+    kind_reads = []
+    memo_kind = op_module._memo_kind
+    monkeypatch.setattr(op_module, "_memo_kind", lambda a: kind_reads.append(1) or memo_kind(a))
+    call, n_keys = served_by(*others["value type"])
+    assert call in op._public_hits[3].skip and n_keys == 1 and not kind_reads
     cpu = (torch.empty(4, 64, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16), 1e-5)
     for _ in range(3):
         assert served_by(*cpu) == (None, 1)  # (never served: the plain path)

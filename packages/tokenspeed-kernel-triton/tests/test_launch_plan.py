@@ -176,7 +176,7 @@ def test_replay_makes_the_wrappers_launches_on_new_tensors(fake_gpu):
 
 def test_a_replay_allocates_the_recorded_geometry_through_torchs_c_allocation(fake_gpu, monkeypatch):
     """A replay allocates every output and temporary with torch's C allocation of the device type (no dispatcher:
-    about half of ``torch.empty_like``'s host time), given the recorded size, strides and dtype; a strided output
+    cheaper than ``torch.empty_like``), given the recorded size, strides and dtype; a strided output
     keeps its strides. That allocation skips torch's deterministic fill of new memory, so under deterministic
     algorithms the replay runs the call's own path (whose allocations fill), and under a dispatch mode too (which
     does not see it)."""

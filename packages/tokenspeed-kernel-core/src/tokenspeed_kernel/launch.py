@@ -787,8 +787,8 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 def _fast_allocator(m: torch.Tensor, dev: int) -> Any:
     """torch's C allocation of ``m``'s device type (``torch._C._dynamo.guards._empty_strided_<type>(size, stride,
-    dtype)``, what Inductor's generated code allocates with): no dispatcher, no argument parser, about half of
-    ``torch.empty_like``'s host time. It allocates on the current device of its type, so it serves an allocation on
+    dtype)``, what Inductor's generated code allocates with): no dispatcher, no argument parser (1.11 us against
+    ``torch.empty_like``'s 1.74 on an H100 host, session 29). It allocates on the current device of its type, so it serves an allocation on
     the launches' device (which a replay guards as the current one) or on the CPU; None for any other (the replay
     then calls ``torch.empty_strided`` with the device). It skips torch's deterministic fill of new memory, and a
     ``TorchDispatchMode`` does not see it, so a replay with allocations runs the call's own path while

@@ -227,16 +227,22 @@ class Op(OpContract):
     def _remember(self, args: tuple, kwargs: dict, flat: tuple, full: tuple, call: PreparedCall) -> None:
         """Let the next calls of this metadata find ``call`` without a key (module doc, "Launch plans": the served
         calls' checks, :func:`_hit_function`), unless an entry that these tensors pass already holds it."""
+        global _TensorGuards
         pattern = (len(args), *kwargs) if kwargs else len(args)
-        kinds = [_memo_kind(a) for a in flat]
         hit = self._public_hits.get(pattern)
+        if hit is not None and call in hit.skip:
+            return  # (a call of other kinds: known, so its kinds are not read again on every call)
+        kinds = [_memo_kind(a) for a in flat]
         if hit is None:
             hit = _hit_function(kinds)
             if hit is None:
                 return
             self._public_hits[pattern] = hit
         elif kinds != hit.kinds:
-            return  # (the function reads the positions of its first kinds)
+            if len(hit.skip) >= _MAX_HITS * 8:
+                hit.skip.clear()
+            hit.skip.add(call)  # (the function reads the positions of its first kinds)
+            return
         tensors = tuple(a for a in flat if type(a) is _T or type(a) is _P)
         entries = hit.entries
         for entry in entries:
@@ -244,7 +250,8 @@ class Op(OpContract):
                 return  # (held, and it is these tensors' metadata the check misses: another reason, not a slot)
         try:
             check = _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
-        except Exception:  # (a torch whose guard class changed: these calls keep the key path)
+        except Exception:  # (a torch whose guard class changed: every call keeps the key path, and stops trying)
+            _TensorGuards = None
             return
         entry = (check, hit.others(*flat), full[3], full[4], call)
         if len(entries) < _MAX_HITS:
@@ -499,6 +506,7 @@ def _hit_function(kinds: list[Any]) -> Any:
     exec(compile(src, f"<tokenspeed_kernel served calls {len(kinds)} args>", "exec"), ns)
     hit = ns["hit"]
     hit.entries, hit.others, hit.kinds, hit.next, hit.__source__ = ns["_entries"], ns["others"], kinds, 0, src
+    hit.skip = set()  # served calls of other kinds (``Op._remember``)
     return hit
 
 
