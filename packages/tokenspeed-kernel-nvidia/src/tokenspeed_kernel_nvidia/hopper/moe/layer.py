@@ -35,8 +35,9 @@ from tokenspeed_kernel.graphs import GraphCache, in_place_key
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
-from . import decode, packed
+from . import decode, gemv, packed
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
+from .gemv import moe_gemv_down, moe_gemv_gate_up
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
@@ -47,6 +48,9 @@ __all__ = [
     "FP8_TILES",
     "DecodeTile",
     "DECODE_TILES",
+    "GemvTile",
+    "GEMV_MAX_TOKENS",
+    "GEMV_TILES",
     "PrefillTile",
     "PREFILL_TILES",
     "check_shapes",
@@ -139,6 +143,36 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
     (4, (DecodeTile(32, 8, 1, 4, 1, scales_ahead=6), DecodeTile(32, 8, 1, 4, 4, scales_ahead=6))),
     (None, (DecodeTile(64, 8, 4, 6), DecodeTile(64, 8, 4, 6))),
 )
+
+
+class GemvTile(tuple):
+    """``(feats, warps)``: a tile of the GEMV kernels (:mod:`.gemv`). Gate/up: ``feats`` features a warp (two
+    weight rows each) and ``warps`` warps a program. Down: ``feats`` output rows a warp; its warps are the slots
+    (``top_k`` rounded up to a power of two), so ``warps`` must be None there."""
+
+    __slots__ = ()
+
+    def __new__(cls, feats: int, warps: int | None = None):
+        if type(feats) is not int or feats not in (1, 2, 4, 8):
+            raise ValueError(f"feats: expected 1, 2, 4 or 8 (rows a thread holds), got {feats!r}")
+        if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8)):
+            raise ValueError(f"warps: expected None, 1, 2, 4 or 8, got {warps!r}")
+        return super().__new__(cls, (feats, warps))
+
+    @property
+    def feats(self) -> int:
+        return self[0]
+
+    @property
+    def warps(self) -> int | None:
+        return self[1]
+
+
+#: Calls of at most this many tokens take the GEMV kernels (:mod:`.gemv`) on canonical weights with at most
+#: :data:`.gemv.MAX_SLOTS` slots a token. 0 until measured: the path is taken with ``tiles=`` only.
+GEMV_MAX_TOKENS = 0
+#: (gate/up tile, down tile) of the GEMV path.
+GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(2, 4), GemvTile(4))
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -399,8 +433,8 @@ def moe_apply(
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
-                              or not isinstance(tiles[0], (DecodeTile, PrefillTile))):  # fmt: skip
-        raise TypeError(f"tiles: expected two DecodeTile or two PrefillTile (gate/up, down), got {tiles!r}")
+                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, GemvTile))):  # fmt: skip
+        raise TypeError(f"tiles: expected two DecodeTile, PrefillTile or GemvTile (gate/up, down), got {tiles!r}")
     is_packed = _is_packed(weights)
     if fp8 and is_packed:
         raise ValueError(
@@ -434,6 +468,15 @@ def moe_apply(
     if t == 0 or h == 0:
         return out if out is not None else result
     prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
+    if isinstance(tiles[0], GemvTile) if tiles else (t <= GEMV_MAX_TOKENS and k <= gemv.MAX_SLOTS and not is_packed):
+        if is_packed:
+            raise ValueError("tiles: the GEMV kernels read the canonical layout (hopper.moe_apply), got packed weights")
+        _run_gemv(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result,
+                  tiles or GEMV_TILES)  # fmt: skip
+        if out is not None and result is not out:
+            out.copy_(result)
+            return out
+        return result
     if prefill:
         x = x if x.stride(-1) == 1 else x.contiguous()
         w4a8 = fp8 and (tiles is not None or t >= FP8_MIN_TOKENS)
@@ -497,6 +540,39 @@ def moe_apply(
         out.copy_(result)
         return out
     return result
+
+
+def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
+    """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into an fp32 ``inter``, then down + bias + the slots' sum."""
+    gu, dn = tiles
+    if gu.warps is None or dn.warps is not None:
+        raise ValueError(f"tiles: the gate/up GemvTile names its warps, the down one does not, got {tiles!r}")
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    if k > gemv.MAX_SLOTS:
+        raise ValueError(f"topk_ids: the GEMV kernels take at most {gemv.MAX_SLOTS} slots a token, got {k}")
+    i = weights.intermediate
+    pairs = t * k
+    ids = topk_ids.reshape(-1).contiguous()
+    tw = topk_weights.reshape(-1).contiguous()
+    w13, s13, w2, s2, b13, b2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias
+    inter = torch.empty((pairs, i), dtype=torch.float32, device=x.device)
+    limit = activation.limit
+    pdl = pdl_kwargs()
+    cached(moe_gemv_gate_up)[(pairs, cdiv(i, gu.feats * gu.warps))](
+        x, x.stride(0), ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
+        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
+        float(limit if limit is not None else 0.0), float(activation.up_offset),
+        K=h, I=i, SROW=s13.stride(1), TOP_K=k, INTERLEAVED=weights.gate_up_interleaved, HAS_BIAS=b13 is not None,
+        HAS_LIMIT=limit is not None, FEATS=gu.feats, WARPS=gu.warps, num_warps=gu.warps, **pdl,
+    )  # fmt: skip
+    slots = next_power_of_2(k)
+    cached(moe_gemv_down)[(t, cdiv(h, dn.feats))](
+        inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else inter,
+        b2.stride(0) if b2 is not None else 0, out, out.stride(0),
+        K=i, N=h, SROW=s2.stride(1), TOP_K=k, HAS_BIAS=b2 is not None, FEATS=dn.feats, SLOTS=slots, num_warps=slots,
+        **pdl,
+    )  # fmt: skip
 
 
 def moe_apply_w4a8(
