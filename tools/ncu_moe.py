@@ -3,6 +3,7 @@
 
     ncu --profile-from-start off --section SpeedOfLight ... python tools/ncu_moe.py --tokens 1
     python tools/ncu_moe.py --tokens 1,4 --kernel hopper.moe_apply --graphs   # per-kernel times, no ncu
+    python tools/ncu_moe.py --tokens 1 --gemv 2,4/8 --graphs                  # the GEMV path at one token
 
 The call is warmed up first (compiles, caches), then run once between
 ``cudaProfilerStart`` / ``cudaProfilerStop``, so ``--profile-from-start off`` captures exactly
@@ -28,7 +29,14 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", action="store_true", help="allow fp8 activations (the W4A8 kernels)")
     p.add_argument("--graphs", action="store_true", help="per-launch device times of a graph replay (torch profiler)")
     p.add_argument("--json", help="with --graphs: write the rows here")
+    p.add_argument("--gemv", default="", help="hopper.moe_apply's GEMV path at 1 token, tiles 'feats,warps/feats'")
     args = p.parse_args(argv)
+    if args.gemv:
+        from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+        gu, dn = args.gemv.split("/")
+        layer.GEMV_MAX_TOKENS = 1
+        layer.GEMV_TILES = (layer.GemvTile(*(int(v) for v in gu.split(","))), layer.GemvTile(int(dn)))
 
     import tokenspeed_kernel as tk
 

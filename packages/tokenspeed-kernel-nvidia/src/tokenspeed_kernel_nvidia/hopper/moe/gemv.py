@@ -187,29 +187,33 @@ def moe_gemv_gate_up(
     kx = (gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, LX)))[:, None] * 8
           + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, LX)))[None, :])[None, :, :]  # fmt: skip
     x_row = x_ptr + tok.to(gl.int64) * stride_x
+    if HAS_BIAS:  # requested now: nothing waits on a load after the last pass
+        bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
     acc = gl.zeros([FW, 2, 32], gl.float32, L3)
-    # Pass 0's codes; then each pass requests the next pass's codes before it decodes its own.
+    # Pass 0's codes, scales and activations; then each pass requests the next pass's before it decodes its own.
     ok = row_ok[:, :, None] & (c < NCH)[None, None, :]
     words = gl.load(w_base + ((w_rows + (c * 4)[None, None, :])[:, :, :, None] + wi), mask=ok[:, :, :, None], other=0)
+    sc = gl.load(s_base + (s_rows + c[None, None, :]), mask=ok, other=0)
+    xv = gl.load(x_row + (cx[:, None, None] * 32 + kx), mask=(cx < NCH)[:, None, None], other=0.0)
     for p in gl.static_range(NP):
-        ch = p * 32 + c
-        ok = row_ok[:, :, None] & (ch < NCH)[None, None, :]
-        sc = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok, other=0)
         if p + 1 < NP:
-            ok_n = row_ok[:, :, None] & (ch + 32 < NCH)[None, None, :]
-            words_n = gl.load(w_base + ((w_rows + ((ch + 32) * 4)[None, None, :])[:, :, :, None] + wi),
+            ch = (p + 1) * 32 + c
+            ok_n = row_ok[:, :, None] & (ch < NCH)[None, None, :]
+            words_n = gl.load(w_base + ((w_rows + (ch * 4)[None, None, :])[:, :, :, None] + wi),
                               mask=ok_n[:, :, :, None], other=0)  # fmt: skip
-        chx = p * 32 + cx
-        xv = gl.load(x_row + (chx[:, None, None] * 32 + kx), mask=(chx < NCH)[:, None, None], other=0.0)
+            sc_n = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok_n, other=0)
+            chx = (p + 1) * 32 + cx
+            xv_n = gl.load(x_row + (chx[:, None, None] * 32 + kx), mask=(chx < NCH)[:, None, None], other=0.0)
         x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv.to(gl.float32), [32, 4, 2, 2, 2]), LD)
         dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None], x4[None, None],
                            x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
         acc = _scaled_add(acc, dots, sc)
         if p + 1 < NP:
             words = words_n
+            sc = sc_n
+            xv = xv_n
     out = gl.sum(acc, axis=2)  # [feature, gate/up]
     if HAS_BIAS:
-        bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
         out = out + bias.to(gl.float32)
     gate, up = gl.split(out)
     hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16).to(gl.float32)
@@ -253,6 +257,7 @@ def moe_gemv_down(
     s_rows = (n * SROW)[None, :, None]
     ok = row_ok[:, :, None] & (c < NCH)[None, None, :]
     words = gl.load(w_base + ((w_rows + (c * 4)[None, None, :])[:, :, :, None] + wi), mask=ok[:, :, :, None], other=0)
+    sc = gl.load(s_base + (s_rows + c[None, None, :]), mask=ok, other=0)
     tw = gl.load(tw_ptr + pairs, mask=slot_ok, other=0.0).to(gl.float32)
     if HAS_BIAS:
         bias = gl.load(b_ptr + e[:, None] * stride_be + n[None, :], mask=row_ok, other=0.0)
@@ -266,23 +271,26 @@ def moe_gemv_down(
     kx = (gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, gl.SliceLayout(0, LX))))[:, None] * 8
           + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, LX))))[None, :])[None, :, :]  # fmt: skip
     acc = gl.zeros([SLOTS, FEATS, 32], gl.float32, L3)
+    xv = gl.load(x_rows + (cx[:, None, None] * 32 + kx)[None, :, :, :],
+                 mask=x_slot_ok & (cx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
     for p in gl.static_range(NP):
-        ch = p * 32 + c
-        ok = row_ok[:, :, None] & (ch < NCH)[None, None, :]
-        sc = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok, other=0)
         if p + 1 < NP:
-            ok_n = row_ok[:, :, None] & (ch + 32 < NCH)[None, None, :]
-            words_n = gl.load(w_base + ((w_rows + ((ch + 32) * 4)[None, None, :])[:, :, :, None] + wi),
+            ch = (p + 1) * 32 + c
+            ok_n = row_ok[:, :, None] & (ch < NCH)[None, None, :]
+            words_n = gl.load(w_base + ((w_rows + (ch * 4)[None, None, :])[:, :, :, None] + wi),
                               mask=ok_n[:, :, :, None], other=0)  # fmt: skip
-        chx = p * 32 + cx
-        xv = gl.load(x_rows + (chx[:, None, None] * 32 + kx)[None, :, :, :],
-                     mask=x_slot_ok & (chx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
+            sc_n = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok_n, other=0)
+            chx = (p + 1) * 32 + cx
+            xv_n = gl.load(x_rows + (chx[:, None, None] * 32 + kx)[None, :, :, :],
+                           mask=x_slot_ok & (chx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
         x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv, [SLOTS, 32, 4, 2, 2, 2]), LD)
         dots = _block_dots(words, x0[:, None], x1[:, None], x2[:, None], x3[:, None], x4[:, None], x5[:, None],
                            x6[:, None], x7[:, None])  # fmt: skip
         acc = _scaled_add(acc, dots, sc)
         if p + 1 < NP:
             words = words_n
+            sc = sc_n
+            xv = xv_n
     out = gl.sum(acc, axis=2)  # [slot, row]
     if HAS_BIAS:
         out = out + bias.to(gl.float32)
