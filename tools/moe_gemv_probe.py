@@ -9,8 +9,12 @@ GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, inter
 
 - ``numerics``: the GEMV path against the fp32 reference (relative Frobenius error, bound 1e-2) and the MMA path
   (largest absolute difference), its determinism and a CUDA-graph replay, on: 1 token (20B and 120B), no bias and
-  gate/up not interleaved, 3 tokens, top-3 and top-2 routing, scale bytes 246-254 (the two-step scale) with
+  gate/up not interleaved, 3 tokens, top-3 and top-2 routing, scale bytes 246-252 (6 * 2**125 is the largest fp32
+  weight the reference can hold) (the two-step scale) with
   activations scaled by 2**-124;
+- ``kernels``: each GEMV kernel alone (one CUDA graph, programmatic launch off), L2 flushed and not, 20B layer, one
+  token: the gate/up variants of ``--kernel-gate-up`` (``feats,warps,x_smem,inter dtype``) and the down variants
+  of ``--kernel-down`` (``feats,warps a slot,inter dtype``);
 - ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA table against
   ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
 - ``sweep``: the gate/up tiles of ``--gate-up`` with the table's down tile, then the down tiles of ``--down`` with the
@@ -43,7 +47,7 @@ def _gemv_tiles(gate_up: str, down: str):
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
     gus = [GemvTile(*[int(v) for v in p.split(",")]) for p in gate_up.split(";") if p.strip()]
-    dns = [GemvTile(int(p)) for p in down.split(";") if p.strip()]
+    dns = [GemvTile(*[int(v) for v in p.split(",")]) for p in down.split(";") if p.strip()]
     return gus, dns
 
 
@@ -54,11 +58,14 @@ def _name(tiles) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
-    p.add_argument("--stages", default="numerics,apply,sweep,layer,eager")
+    p.add_argument("--stages", default="numerics,kernels,apply,sweep,layer,eager")
+    p.add_argument("--inter", default="f32", help="GEMV_INTER_DTYPE: f32 or bf16")
     p.add_argument("--experts", default="32,128")
     p.add_argument("--tokens", default="1,2")
     p.add_argument("--gate-up", default="1,4;2,4;4,4;2,8;4,2;8,2")
-    p.add_argument("--down", default="1;2;4;8")
+    p.add_argument("--down", default="8;4,2;8,2;4,4;8,4", help="down tiles: feats[,warps a slot]")
+    p.add_argument("--kernel-gate-up", default="1,4,1,f32;1,4,0,f32;2,4,1,f32;1,8,1,f32;2,2,1,f32")
+    p.add_argument("--kernel-down", default="8,1,f32;4,1,f32;8,2,f32;4,2,f32;4,4,f32;8,4,f32;8,1,bf16;4,4,bf16")
     p.add_argument("--default-gemv", action="store_true")
     p.add_argument("--gemv-tiles", default="", help="GEMV_TILES for every stage, as gate_up feats,warps/down feats")
     p.add_argument("--tag", default="")
@@ -95,6 +102,7 @@ def main(argv=None) -> int:
         gu_text, dn_text = args.gemv_tiles.split("/")
         layer.GEMV_TILES = (_gemv_tiles(gu_text, dn_text)[0][0], _gemv_tiles(gu_text, dn_text)[1][0])
     gemv_tiles = layer.GEMV_TILES
+    layer.GEMV_INTER_DTYPE = torch.float32 if args.inter == "f32" else torch.bfloat16
     mma = None  # the table's tiles (DECODE_TILES by tokens)
     # -- numerics ---------------------------------------------------------------------------------
     if "numerics" in stages:
@@ -102,7 +110,7 @@ def main(argv=None) -> int:
                  ("no_bias_not_interleaved_T1", experts[0], 1, 4, {"bias": False, "interleaved": False}, 1.0),
                  ("20b_T3", experts[0], 3, 4, {}, 1.0), ("top3_T2", experts[0], 2, 3, {}, 1.0),
                  ("top2_T1", experts[0], 1, 2, {}, 1.0),
-                 ("scales_246_254_T1", experts[0], 1, 4, {"scale_lo": 246, "scale_hi": 255}, 2.0**-124)]  # fmt: skip
+                 ("scales_246_252_T1", experts[0], 1, 4, {"scale_lo": 246, "scale_hi": 253}, 2.0**-124)]  # fmt: skip
         for label, e, t, k, wkw, scale in cases:
             try:
                 w = weights[e] if not wkw and e in weights else base._weights(e, base.H, base.I, gen, **wkw)
@@ -153,6 +161,47 @@ def main(argv=None) -> int:
                     res["apply"].append(row)
                     print("apply", e, t, name, round(f, 2), round(h, 2), flush=True)
                 save()
+    if "kernels" in stages and time.time() < deadline:
+        from tokenspeed_kernel_nvidia.hopper.moe import decode
+
+        res["kernels"] = []
+        e = experts[0]
+        x, _, tw, ids = inputs(e, 1)
+        flat_ids, flat_tw = ids.reshape(-1).contiguous(), tw.reshape(-1).contiguous()
+        pdl = decode.PDL_ENABLED
+        decode.PDL_ENABLED = False  # each kernel alone in a graph: nothing to overlap
+        try:
+            for gemm, variants in (("gate_up", args.kernel_gate_up), ("down", args.kernel_down)):
+                for v in filter(None, (q.strip() for q in variants.split(";"))):
+                    if time.time() > deadline:
+                        break
+                    parts = v.split(",")
+                    if gemm == "gate_up":  # feats,warps,x_smem,inter (f32 or bf16)
+                        tile, smem, dt = layer.GemvTile(int(parts[0]), int(parts[1])), parts[2] == "1", parts[3]
+                        inter = torch.empty(4, base.I, dtype=getattr(torch, {"f32": "float32"}.get(dt, "bfloat16")),
+                                            device="cuda")  # fmt: skip
+
+                        def fn():
+                            layer._gemv_gate_up(x, flat_ids, weights[e], act, inter, tile, 4, x_smem=smem)
+                    else:  # feats,warps a slot,inter
+                        tile, dt = layer.GemvTile(int(parts[0]), int(parts[1])), parts[2]
+                        inter = torch.randn(4, base.I, generator=gen).to(
+                            getattr(torch, {"f32": "float32"}.get(dt, "bfloat16"))).cuda()  # fmt: skip
+                        out = torch.empty_like(x)
+
+                        def fn():
+                            layer._gemv_down(inter, flat_ids, flat_tw, weights[e], out, tile, 4)
+
+                    row = {"gemm": gemm, "variant": v}
+                    for flush in (True, False):
+                        row["flushed_us" if flush else "hot_us"] = time_fn(
+                            fn, device="cuda", graph=True, warmup_ms=5, rep_ms=30, flush_l2=flush
+                        ).median_us
+                    res["kernels"].append(row)
+                    print("kernel", gemm, v, round(row["flushed_us"], 2), round(row["hot_us"], 2), flush=True)
+        finally:
+            decode.PDL_ENABLED = pdl
+        save()
     best = gemv_tiles
     if "sweep" in stages and time.time() < deadline:
         e = experts[0]

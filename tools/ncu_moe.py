@@ -36,7 +36,10 @@ def main(argv=None) -> int:
 
         gu, dn = args.gemv.split("/")
         layer.GEMV_MAX_TOKENS = 1
-        layer.GEMV_TILES = (layer.GemvTile(*(int(v) for v in gu.split(","))), layer.GemvTile(int(dn)))
+        layer.GEMV_TILES = (
+            layer.GemvTile(*(int(v) for v in gu.split(","))),
+            layer.GemvTile(*(int(v) for v in dn.split(","))),
+        )
 
     import tokenspeed_kernel as tk
 

@@ -138,7 +138,7 @@ def test_two_step_decode_is_chosen_from_the_largest_scale_byte():
     assert layer._two_step(_weights(2, 64, 64, scale_hi=129)) is False  # bytes 118..128: 2**(s - 1) is a bf16
     w = _weights(2, 64, 64, scale_hi=129)
     w.w2_scale[0, 0, 0] = 129
-    object.__setattr__(w, "_hopper_two_step", None)
+    object.__setattr__(w, "_hopper_max_scale", None)
     assert layer._two_step(w) is True
 
 

@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 
 from .decode import _grid_release, _grid_wait
 
-__all__ = ["moe_gemv_gate_up", "moe_gemv_down", "MAX_SLOTS"]
+__all__ = ["moe_gemv_gate_up", "moe_gemv_down", "MAX_SLOTS", "ONE_STEP_MAX_SCALE"]
 
 #: The down GEMM runs one warp a slot: ``TOP_K`` up to this many.
 MAX_SLOTS = 8
@@ -89,8 +89,10 @@ cvt.f32.f16 f, v7;
 fma.rn.f32 $0, f, $9, a;
 }""")
 
-#: E8M0 scale bytes above this take the block's ``2**6`` as a separate multiply (``2**(s - 121)`` is no fp32 then).
-_ONE_STEP_MAX: gl.constexpr = gl.constexpr(248)
+#: E8M0 scale bytes above this take the block's ``2**6`` as a separate multiply (``2**(s - 121)`` is no fp32 then):
+#: weights holding one take the kernels' ``BIG_SCALES`` variant (chosen from the largest byte, read once).
+ONE_STEP_MAX_SCALE = 248
+_ONE_STEP_MAX: gl.constexpr = gl.constexpr(ONE_STEP_MAX_SCALE)
 
 
 @gluon.jit
@@ -124,13 +126,15 @@ def _block_dots(words, x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @gluon.jit
-def _scaled_add(acc, dots, sc):
-    """``acc + dots * 2**(sc - 121)`` for E8M0 bytes ``sc`` (above :data:`_ONE_STEP_MAX`: ``(dots * 64) *
-    2**(sc - 127)``, whose factor is an fp32 too)."""
+def _scaled_add(acc, dots, sc, BIG_SCALES: gl.constexpr):
+    """``acc + dots * 2**(sc - 121)`` for E8M0 bytes ``sc``. ``BIG_SCALES`` (some byte above
+    :data:`ONE_STEP_MAX_SCALE`, whose ``2**(sc - 121)`` is no fp32): those take ``(dots * 64) * 2**(sc - 127)``."""
     s = sc.to(gl.uint32)
-    big = s > _ONE_STEP_MAX
-    factor = (gl.where(big, s, s + 6) << 23).to(gl.float32, bitcast=True)
-    return gl.fma(gl.where(big, dots * 64.0, dots), factor, acc)
+    if BIG_SCALES:
+        big = s > _ONE_STEP_MAX
+        factor = (gl.where(big, s, s + 6) << 23).to(gl.float32, bitcast=True)
+        return gl.fma(gl.where(big, dots * 64.0, dots), factor, acc)
+    return gl.fma(dots, ((s + 6) << 23).to(gl.float32, bitcast=True), acc)
 
 
 @gluon.jit
@@ -147,6 +151,7 @@ def moe_gemv_gate_up(
     alpha, limit, up_offset,
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, INTERLEAVED: gl.constexpr,
     HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr, WARPS: gl.constexpr, PDL: gl.constexpr,
+    BIG_SCALES: gl.constexpr = True, X_SMEM: gl.constexpr = True,
 ):  # fmt: skip
     """``inter[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T + b13[e]))`` (stored as fp32) for the
     ``FEATS * WARPS`` features ``j`` of program (pair, tile); ``e = ids[pair]``. ``w``: uint8 ``[E, 2I, K / 2]``
@@ -194,7 +199,19 @@ def moe_gemv_gate_up(
     ok = row_ok[:, :, None] & (c < NCH)[None, None, :]
     words = gl.load(w_base + ((w_rows + (c * 4)[None, None, :])[:, :, :, None] + wi), mask=ok[:, :, :, None], other=0)
     sc = gl.load(s_base + (s_rows + c[None, None, :]), mask=ok, other=0)
-    xv = gl.load(x_row + (cx[:, None, None] * 32 + kx), mask=(cx < NCH)[:, None, None], other=0.0)
+    if X_SMEM:
+        # The activations once, as fp32, for every warp: [pass, lane, 32 values] (16-byte vectors swizzled by lane:
+        # a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
+        LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+        x_sm = gl.allocate_shared_memory(gl.float32, [NP, 32, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+        ks = (gl.arange(0, 32, layout=gl.SliceLayout(1, LS))[:, None] * 32
+              + gl.arange(0, 32, layout=gl.SliceLayout(0, LS))[None, :])  # fmt: skip
+        for p in gl.static_range(NP):
+            x_sm.index(p).store(gl.load(x_row + (ks + p * 1024), mask=ks + p * 1024 < K, other=0.0).to(gl.float32))
+        gl.thread_barrier()
+        LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
+    else:
+        xv = gl.load(x_row + (cx[:, None, None] * 32 + kx), mask=(cx < NCH)[:, None, None], other=0.0)
     for p in gl.static_range(NP):
         if p + 1 < NP:
             ch = (p + 1) * 32 + c
@@ -202,44 +219,53 @@ def moe_gemv_gate_up(
             words_n = gl.load(w_base + ((w_rows + (ch * 4)[None, None, :])[:, :, :, None] + wi),
                               mask=ok_n[:, :, :, None], other=0)  # fmt: skip
             sc_n = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok_n, other=0)
-            chx = (p + 1) * 32 + cx
-            xv_n = gl.load(x_row + (chx[:, None, None] * 32 + kx), mask=(chx < NCH)[:, None, None], other=0.0)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv.to(gl.float32), [32, 4, 2, 2, 2]), LD)
+            if not X_SMEM:
+                chx = (p + 1) * 32 + cx
+                xv_n = gl.load(x_row + (chx[:, None, None] * 32 + kx), mask=(chx < NCH)[:, None, None], other=0.0)
+        if X_SMEM:
+            xf = gl.reshape(x_sm.index(p).load(LXS), [32, 4, 2, 2, 2])
+        else:
+            xf = gl.reshape(xv.to(gl.float32), [32, 4, 2, 2, 2])
+        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xf, LD)
         dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None], x4[None, None],
                            x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
-        acc = _scaled_add(acc, dots, sc)
+        acc = _scaled_add(acc, dots, sc, BIG_SCALES)
         if p + 1 < NP:
             words = words_n
             sc = sc_n
-            xv = xv_n
+            if not X_SMEM:
+                xv = xv_n
     out = gl.sum(acc, axis=2)  # [feature, gate/up]
     if HAS_BIAS:
         out = out + bias.to(gl.float32)
     gate, up = gl.split(out)
-    hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16).to(gl.float32)
+    hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
     jo = gl.convert_layout(j, hv.type.layout)
-    gl.store(inter_ptr + pair.to(gl.int64) * stride_i + jo, hv, mask=jo < I)
+    gl.store(inter_ptr + pair.to(gl.int64) * stride_i + jo, hv.to(inter_ptr.dtype.element_ty), mask=jo < I)
 
 
 @gluon.jit
 def moe_gemv_down(
     inter_ptr, stride_i, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, out_ptr, stride_o,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
-    FEATS: gl.constexpr, SLOTS: gl.constexpr, PDL: gl.constexpr,
+    FEATS: gl.constexpr, SLOTS: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
+    KW: gl.constexpr = 1,
 ):  # fmt: skip
     """``out[token, n] = sum_s tw[pair_s] * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` for the ``FEATS`` rows
     ``n`` of program (token, tile); ``pair_s = token * TOP_K + s``, ``e_s = ids[pair_s]``; one warp a slot
-    (``SLOTS``: ``TOP_K`` rounded up to a power of two). ``inter``: fp32 ``[pairs, K]`` (:func:`moe_gemv_gate_up`'s);
+    (``SLOTS``: ``TOP_K`` rounded up to a power of two), or ``KW`` warps a slot that split each row's MX blocks
+    (``32 KW`` a pass; their partial sums meet in shared memory). ``inter``: fp32 ``[pairs, K]`` (:func:`moe_gemv_gate_up`'s);
     ``w``: uint8 ``[E, N, K / 2]``, ``s``: uint8 ``[E, N, K / 32]``, ``b``: ``[E, N]``."""
     tok = gl.program_id(0)
     tile = gl.program_id(1)
     NCH: gl.constexpr = K // 32
-    NP: gl.constexpr = (NCH + 31) // 32
-    # [slot, row, lane (block), word]: a warp is a slot; a thread holds FEATS rows, one block of each.
-    L4: gl.constexpr = gl.BlockedLayout([1, FEATS, 1, 4], [1, 1, 32, 1], [SLOTS, 1, 1, 1], [3, 2, 1, 0])
+    NB: gl.constexpr = 32 * KW  # blocks a pass
+    NP: gl.constexpr = (NCH + NB - 1) // NB
+    # [slot, row, block, word]: KW warps a slot; a thread holds FEATS rows, one block of each.
+    L4: gl.constexpr = gl.BlockedLayout([1, FEATS, 1, 4], [1, 1, 32, 1], [SLOTS, 1, KW, 1], [3, 2, 1, 0])
     L3: gl.constexpr = gl.SliceLayout(3, L4)
     LR: gl.constexpr = gl.SliceLayout(2, L3)  # [slot, row]
-    LX: gl.constexpr = gl.BlockedLayout([1, 1, 4, 8], [1, 32, 1, 1], [SLOTS, 1, 1, 1], [3, 2, 1, 0])
+    LX: gl.constexpr = gl.BlockedLayout([1, 1, 4, 8], [1, 32, 1, 1], [SLOTS, KW, 1, 1], [3, 2, 1, 0])
     LD: gl.constexpr = gl.SliceLayout(1, L4)  # [slot, lane, word] of L4
     s = gl.arange(0, SLOTS, layout=gl.SliceLayout(1, LR))
     slot_ok = s < TOP_K
@@ -249,7 +275,7 @@ def moe_gemv_down(
     e = gl.load(ids_ptr + pairs, mask=slot_ok, other=0).to(gl.int64)
     n = tile * FEATS + gl.arange(0, FEATS, layout=gl.SliceLayout(0, LR))
     row_ok = slot_ok[:, None] & (n < N)[None, :]
-    c = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    c = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     wi = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
     w_base = (w_ptr + e * stride_we).to(gl.pointer_type(gl.uint32))[:, None, None, None]
     s_base = (s_ptr + e * stride_se)[:, None, None]
@@ -267,26 +293,26 @@ def moe_gemv_down(
     sx = gl.arange(0, SLOTS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LX))))
     x_rows = (inter_ptr + (tok * TOP_K + sx).to(gl.int64) * stride_i)[:, None, None, None]
     x_slot_ok = (sx < TOP_K)[:, None, None, None]
-    cx = gl.arange(0, 32, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(0, LX))))
+    cx = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(0, LX))))
     kx = (gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, gl.SliceLayout(0, LX))))[:, None] * 8
           + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, LX))))[None, :])[None, :, :]  # fmt: skip
-    acc = gl.zeros([SLOTS, FEATS, 32], gl.float32, L3)
+    acc = gl.zeros([SLOTS, FEATS, NB], gl.float32, L3)
     xv = gl.load(x_rows + (cx[:, None, None] * 32 + kx)[None, :, :, :],
                  mask=x_slot_ok & (cx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
     for p in gl.static_range(NP):
         if p + 1 < NP:
-            ch = (p + 1) * 32 + c
+            ch = (p + 1) * NB + c
             ok_n = row_ok[:, :, None] & (ch < NCH)[None, None, :]
             words_n = gl.load(w_base + ((w_rows + (ch * 4)[None, None, :])[:, :, :, None] + wi),
                               mask=ok_n[:, :, :, None], other=0)  # fmt: skip
             sc_n = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok_n, other=0)
-            chx = (p + 1) * 32 + cx
+            chx = (p + 1) * NB + cx
             xv_n = gl.load(x_rows + (chx[:, None, None] * 32 + kx)[None, :, :, :],
                            mask=x_slot_ok & (chx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
-        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv, [SLOTS, 32, 4, 2, 2, 2]), LD)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv.to(gl.float32), [SLOTS, NB, 4, 2, 2, 2]), LD)
         dots = _block_dots(words, x0[:, None], x1[:, None], x2[:, None], x3[:, None], x4[:, None], x5[:, None],
                            x6[:, None], x7[:, None])  # fmt: skip
-        acc = _scaled_add(acc, dots, sc)
+        acc = _scaled_add(acc, dots, sc, BIG_SCALES)
         if p + 1 < NP:
             words = words_n
             sc = sc_n

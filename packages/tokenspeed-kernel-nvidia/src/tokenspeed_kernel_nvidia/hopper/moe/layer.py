@@ -147,8 +147,9 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 
 class GemvTile(tuple):
     """``(feats, warps)``: a tile of the GEMV kernels (:mod:`.gemv`). Gate/up: ``feats`` features a warp (two
-    weight rows each) and ``warps`` warps a program. Down: ``feats`` output rows a warp; its warps are the slots
-    (``top_k`` rounded up to a power of two), so ``warps`` must be None there."""
+    weight rows each) and ``warps`` warps a program. Down: ``feats`` output rows a thread, and ``warps`` warps a
+    slot (None: 1) that split each row's MX blocks; a program has ``warps`` times the slots (``top_k`` rounded up
+    to a power of two) warps, at most 16."""
 
     __slots__ = ()
 
@@ -172,7 +173,9 @@ class GemvTile(tuple):
 #: :data:`.gemv.MAX_SLOTS` slots a token. 0 until measured: the path is taken with ``tiles=`` only.
 GEMV_MAX_TOKENS = 0
 #: (gate/up tile, down tile) of the GEMV path.
-GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(2, 4), GemvTile(4))
+GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 4), GemvTile(8))
+#: The GEMV path's ``inter`` (values rounded to bf16 either way).
+GEMV_INTER_DTYPE = torch.float32
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -317,18 +320,24 @@ def _is_packed(weights: MoEWeights) -> bool:
     return True
 
 
-def _two_step(weights: MoEWeights) -> bool:
-    """Whether some scale byte exceeds ONE_STEP_MAX_SCALE (read once, cached on the weights object).
+def _max_scale(weights: MoEWeights) -> int | None:
+    """The largest E8M0 scale byte of the weights (read once, cached on the weights object).
 
-    Reading the scales syncs with the host; a first call inside a CUDA-graph capture cannot, so it
-    takes the two-multiply decode, which is exact for every scale byte."""
-    cached = getattr(weights, "_hopper_two_step", None)
+    Reading the scales syncs with the host; a first call inside a CUDA-graph capture cannot: None there (the
+    callers then take the variants exact for every scale byte)."""
+    cached = getattr(weights, "_hopper_max_scale", None)
     if cached is None:
         if weights.w13_scale.is_cuda and torch.cuda.is_current_stream_capturing():
-            return True
-        cached = bool(max(int(weights.w13_scale.max()), int(weights.w2_scale.max())) > ONE_STEP_MAX_SCALE)
-        object.__setattr__(weights, "_hopper_two_step", cached)
+            return None
+        cached = max(int(weights.w13_scale.max()), int(weights.w2_scale.max()))
+        object.__setattr__(weights, "_hopper_max_scale", cached)
     return cached
+
+
+def _two_step(weights: MoEWeights) -> bool:
+    """Whether some scale byte exceeds ONE_STEP_MAX_SCALE (:func:`_max_scale`; True when unknown)."""
+    largest = _max_scale(weights)
+    return largest is None or largest > ONE_STEP_MAX_SCALE
 
 
 def _grid(n: int, gate_up: bool, tile: DecodeTile, pairs: int) -> tuple[int, int, int]:
@@ -543,35 +552,53 @@ def moe_apply(
 
 
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
-    """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into an fp32 ``inter``, then down + bias + the slots' sum."""
+    """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into ``inter``, then down + bias + the slots' sum."""
     gu, dn = tiles
-    if gu.warps is None or dn.warps is not None:
-        raise ValueError(f"tiles: the gate/up GemvTile names its warps, the down one does not, got {tiles!r}")
-    t, h = x.shape
+    if gu.warps is None:
+        raise ValueError(f"tiles: the gate/up GemvTile names its warps, got {tiles!r}")
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernels take at most {gemv.MAX_SLOTS} slots a token, got {k}")
-    i = weights.intermediate
-    pairs = t * k
+    if next_power_of_2(k) * (dn.warps or 1) > 16:
+        raise ValueError(f"tiles: the down GemvTile's {dn.warps} warps a slot times {next_power_of_2(k)} slots "
+                         "exceed 16 warps a program")  # fmt: skip
     ids = topk_ids.reshape(-1).contiguous()
-    tw = topk_weights.reshape(-1).contiguous()
-    w13, s13, w2, s2, b13, b2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, weights.w13_bias, weights.w2_bias
-    inter = torch.empty((pairs, i), dtype=torch.float32, device=x.device)
+    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=GEMV_INTER_DTYPE, device=x.device)
+    _gemv_gate_up(x, ids, weights, activation, inter, gu, k)
+    _gemv_down(inter, ids, topk_weights.reshape(-1).contiguous(), weights, out, dn, k)
+
+
+def _gemv_launch_options(weights: MoEWeights) -> dict:
+    largest = _max_scale(weights)
+    return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > gemv.ONE_STEP_MAX_SCALE}
+
+
+def _gemv_gate_up(x, ids, weights, activation, inter, tile, k, x_smem=True) -> None:
+    """:func:`.gemv.moe_gemv_gate_up` over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
+    w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
+    i = weights.intermediate
     limit = activation.limit
-    pdl = pdl_kwargs()
-    cached(moe_gemv_gate_up)[(pairs, cdiv(i, gu.feats * gu.warps))](
+    cached(moe_gemv_gate_up)[(ids.shape[0], cdiv(i, tile.feats * tile.warps))](
         x, x.stride(0), ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
         b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
         float(limit if limit is not None else 0.0), float(activation.up_offset),
-        K=h, I=i, SROW=s13.stride(1), TOP_K=k, INTERLEAVED=weights.gate_up_interleaved, HAS_BIAS=b13 is not None,
-        HAS_LIMIT=limit is not None, FEATS=gu.feats, WARPS=gu.warps, num_warps=gu.warps, **pdl,
+        K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, INTERLEAVED=weights.gate_up_interleaved,
+        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps,
+        num_warps=tile.warps, X_SMEM=x_smem, **_gemv_launch_options(weights),
     )  # fmt: skip
+
+
+def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
+    """:func:`.gemv.moe_gemv_down`: ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each token."""
+    w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
     slots = next_power_of_2(k)
-    cached(moe_gemv_down)[(t, cdiv(h, dn.feats))](
+    kw = tile.warps or 1
+    h = out.shape[1]
+    cached(moe_gemv_down)[(out.shape[0], cdiv(h, tile.feats))](
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else inter,
         b2.stride(0) if b2 is not None else 0, out, out.stride(0),
-        K=i, N=h, SROW=s2.stride(1), TOP_K=k, HAS_BIAS=b2 is not None, FEATS=dn.feats, SLOTS=slots, num_warps=slots,
-        **pdl,
+        K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, HAS_BIAS=b2 is not None, FEATS=tile.feats, SLOTS=slots,
+        KW=kw, num_warps=slots * kw, **_gemv_launch_options(weights),
     )  # fmt: skip
 
 
