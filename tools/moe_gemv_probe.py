@@ -14,7 +14,7 @@ GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, inter
   activations scaled by 2**-124;
 - ``kernels``: each GEMV kernel alone (one CUDA graph, programmatic launch off), L2 flushed and not, 20B layer, one
   token: the gate/up variants of ``--kernel-gate-up`` (``feats,warps,x_smem,inter dtype``) and the down variants
-  of ``--kernel-down`` (``feats,warps a slot,inter dtype``);
+  of ``--kernel-down`` (``feats,warps,inter dtype``; warps 0: the slot-warp kernel);
 - ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA table against
   ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
 - ``sweep``: the gate/up tiles of ``--gate-up`` with the table's down tile, then the down tiles of ``--down`` with the
@@ -62,10 +62,10 @@ def main(argv=None) -> int:
     p.add_argument("--inter", default="f32", help="GEMV_INTER_DTYPE: f32 or bf16")
     p.add_argument("--experts", default="32,128")
     p.add_argument("--tokens", default="1,2")
-    p.add_argument("--gate-up", default="1,4;2,4;4,4;2,8;4,2;8,2")
-    p.add_argument("--down", default="8;4,2;8,2;4,4;8,4", help="down tiles: feats[,warps a slot]")
-    p.add_argument("--kernel-gate-up", default="1,4,1,f32;1,4,0,f32;2,4,1,f32;1,8,1,f32;2,2,1,f32")
-    p.add_argument("--kernel-down", default="8,1,f32;4,1,f32;8,2,f32;4,2,f32;4,4,f32;8,4,f32;8,1,bf16;4,4,bf16")
+    p.add_argument("--gate-up", default="1,8;1,4;2,4")
+    p.add_argument("--down", default="1,8;1,4;2,4;8", help="down tiles: feats[,warps] (no warps: the slot-warp kernel)")
+    p.add_argument("--kernel-gate-up", default="1,8,1,f32;1,4,1,f32;2,4,1,f32;1,8,1,bf16")
+    p.add_argument("--kernel-down", default="1,8,f32;1,4,f32;2,4,f32;1,16,f32;1,8,bf16;8,0,bf16;4,0,f32")
     p.add_argument("--default-gemv", action="store_true")
     p.add_argument("--gemv-tiles", default="", help="GEMV_TILES for every stage, as gate_up feats,warps/down feats")
     p.add_argument("--tag", default="")
@@ -183,8 +183,8 @@ def main(argv=None) -> int:
 
                         def fn():
                             layer._gemv_gate_up(x, flat_ids, weights[e], act, inter, tile, 4, x_smem=smem)
-                    else:  # feats,warps a slot,inter
-                        tile, dt = layer.GemvTile(int(parts[0]), int(parts[1])), parts[2]
+                    else:  # feats,warps (0: the slot-warp kernel),inter
+                        tile, dt = layer.GemvTile(int(parts[0]), int(parts[1]) or None), parts[2]
                         inter = torch.randn(4, base.I, generator=gen).to(
                             getattr(torch, {"f32": "float32"}.get(dt, "bfloat16"))).cuda()  # fmt: skip
                         out = torch.empty_like(x)

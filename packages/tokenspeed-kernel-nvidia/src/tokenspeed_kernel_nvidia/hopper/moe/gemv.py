@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 
 from .decode import _grid_release, _grid_wait
 
-__all__ = ["moe_gemv_gate_up", "moe_gemv_down", "MAX_SLOTS", "ONE_STEP_MAX_SCALE"]
+__all__ = ["moe_gemv", "moe_gemv_down", "MAX_SLOTS", "ONE_STEP_MAX_SCALE"]
 
 #: The down GEMM runs one warp a slot: ``TOP_K`` up to this many.
 MAX_SLOTS = 8
@@ -146,23 +146,30 @@ def _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):
 
 
 @gluon.jit
-def moe_gemv_gate_up(
-    x_ptr, stride_x, ids_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, inter_ptr, stride_i,
-    alpha, limit, up_offset,
-    K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, INTERLEAVED: gl.constexpr,
-    HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr, WARPS: gl.constexpr, PDL: gl.constexpr,
-    BIG_SCALES: gl.constexpr = True, X_SMEM: gl.constexpr = True,
+def moe_gemv(
+    x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
+    c_ptr, o_ptr, stride_o, alpha, limit, up_offset,
+    K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
+    INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
+    WARPS: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True, X_SMEM: gl.constexpr = True,
 ):  # fmt: skip
-    """``inter[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T + b13[e]))`` (stored as fp32) for the
-    ``FEATS * WARPS`` features ``j`` of program (pair, tile); ``e = ids[pair]``. ``w``: uint8 ``[E, 2I, K / 2]``
-    codes (``stride_we`` bytes an expert), ``s``: uint8 ``[E, 2I, K / 32]`` scales (row stride ``SROW``), ``b``:
-    ``[E, 2I]`` bias. ``INTERLEAVED``: the gate/up rows of feature ``j`` are ``2 j``, ``2 j + 1`` (else ``j``,
-    ``I + j``)."""
+    """Program (pair, tile) of one GEMM over the ``2 FEATS WARPS`` weight rows of its tile (``FEATS * WARPS`` row
+    pairs ``j``; ``I`` of them a row set), ``e = ids[pair]``. ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we``
+    bytes an expert), ``s``: uint8 ``[E, 2I, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, 2I]`` bias.
+
+    - ``GATE_UP``: ``y[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T + b13[e]))`` in ``y``'s dtype
+      (``INTERLEAVED``: the gate/up rows of feature ``j`` are ``2 j``, ``2 j + 1``, else ``j``, ``I + j``);
+    - down (``x`` = inter ``[pairs, K]``): ``y[pair, n] = tw[pair] * (x[pair] @ W2[e][n].T + b2[e][n])`` (fp32)
+      for rows ``n = 2 j, 2 j + 1``; the last of a token's ``TOP_K`` programs of a tile to count itself on
+      ``c[token, tile]`` (int32, zero before and left zero) sums the ``TOP_K`` rows in slot order into
+      ``o[token, n]`` (deterministic).
+    """
     pair = gl.program_id(0)
     tile = gl.program_id(1)
-    # The ids are the previous launch's output (the route): wait before reading them.
-    _grid_wait(PDL)
-    _grid_release(PDL)
+    if GATE_UP:
+        # The ids are the previous launch's output (the route): wait before reading them.
+        _grid_wait(PDL)
+        _grid_release(PDL)
     FW: gl.constexpr = FEATS * WARPS
     NCH: gl.constexpr = K // 32  # MX blocks a row
     NP: gl.constexpr = (NCH + 31) // 32  # passes of 32 lanes
@@ -173,11 +180,13 @@ def moe_gemv_gate_up(
     # A pass's activations: [lane (block), word, code], 32 values a lane; every warp loads its copy (from L1).
     LX: gl.constexpr = gl.BlockedLayout([1, 4, 8], [32, 1, 1], [WARPS, 1, 1], [2, 1, 0])
     LD: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L4))  # [lane, word] of L4
+    # Down: the ids and the routing weights were written two launches or more before this one, so they are complete
+    # (.decode's module doc): the weights are requested before the grid wait.
     e = gl.load(ids_ptr + pair)
     tok = pair // TOP_K
     j = tile * FW + gl.arange(0, FW, layout=gl.SliceLayout(1, LR))
     h = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))
-    if INTERLEAVED:
+    if INTERLEAVED or not GATE_UP:
         rows = 2 * j[:, None] + h[None, :]
     else:
         rows = h[None, :] * I + j[:, None]
@@ -191,7 +200,10 @@ def moe_gemv_gate_up(
     cx = gl.arange(0, 32, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
     kx = (gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, LX)))[:, None] * 8
           + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, LX)))[None, :])[None, :, :]  # fmt: skip
-    x_row = x_ptr + tok.to(gl.int64) * stride_x
+    if GATE_UP:
+        x_row = x_ptr + tok.to(gl.int64) * stride_x
+    else:
+        x_row = x_ptr + pair.to(gl.int64) * stride_x
     if HAS_BIAS:  # requested now: nothing waits on a load after the last pass
         bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
     acc = gl.zeros([FW, 2, 32], gl.float32, L3)
@@ -199,6 +211,11 @@ def moe_gemv_gate_up(
     ok = row_ok[:, :, None] & (c < NCH)[None, None, :]
     words = gl.load(w_base + ((w_rows + (c * 4)[None, None, :])[:, :, :, None] + wi), mask=ok[:, :, :, None], other=0)
     sc = gl.load(s_base + (s_rows + c[None, None, :]), mask=ok, other=0)
+    if not GATE_UP:
+        tw = gl.load(tw_ptr + pair).to(gl.float32)
+        # inter is the previous launch's output.
+        _grid_wait(PDL)
+        _grid_release(PDL)
     if X_SMEM:
         # The activations once, as fp32, for every warp: [pass, lane, 32 values] (16-byte vectors swizzled by lane:
         # a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
@@ -238,10 +255,24 @@ def moe_gemv_gate_up(
     out = gl.sum(acc, axis=2)  # [feature, gate/up]
     if HAS_BIAS:
         out = out + bias.to(gl.float32)
-    gate, up = gl.split(out)
-    hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
-    jo = gl.convert_layout(j, hv.type.layout)
-    gl.store(inter_ptr + pair.to(gl.int64) * stride_i + jo, hv.to(inter_ptr.dtype.element_ty), mask=jo < I)
+    if GATE_UP:
+        gate, up = gl.split(out)
+        hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
+        jo = gl.convert_layout(j, hv.type.layout)
+        gl.store(y_ptr + pair.to(gl.int64) * stride_y + jo, hv.to(y_ptr.dtype.element_ty), mask=jo < I)
+    else:
+        y_rows = y_ptr + rows  # + pair * stride_y: row n of pair p at p * stride_y + n
+        gl.store(y_rows + pair.to(gl.int64) * stride_y, out * tw, mask=row_ok)
+        # Publish this program's rows (a CTA barrier, then a release at GPU scope) and count them.
+        gl.thread_barrier()
+        cnt = c_ptr + tok * gl.num_programs(1) + tile
+        if gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
+            gl.store(cnt, 0)  # every arrival of this call is in: zero for the next launch
+            gl.thread_barrier()
+            tot = gl.zeros([FW, 2], gl.float32, LR)
+            for sl in gl.static_range(TOP_K):  # slot order
+                tot += gl.load(y_rows + (tok * TOP_K + sl).to(gl.int64) * stride_y, mask=row_ok, cache_modifier=".cg")
+            gl.store(o_ptr + tok.to(gl.int64) * stride_o + rows, tot.to(o_ptr.dtype.element_ty), mask=row_ok)
 
 
 @gluon.jit
@@ -249,23 +280,21 @@ def moe_gemv_down(
     inter_ptr, stride_i, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, out_ptr, stride_o,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
     FEATS: gl.constexpr, SLOTS: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-    KW: gl.constexpr = 1,
 ):  # fmt: skip
     """``out[token, n] = sum_s tw[pair_s] * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` for the ``FEATS`` rows
     ``n`` of program (token, tile); ``pair_s = token * TOP_K + s``, ``e_s = ids[pair_s]``; one warp a slot
-    (``SLOTS``: ``TOP_K`` rounded up to a power of two), or ``KW`` warps a slot that split each row's MX blocks
-    (``32 KW`` a pass; their partial sums meet in shared memory). ``inter``: fp32 ``[pairs, K]`` (:func:`moe_gemv_gate_up`'s);
+    (``SLOTS``: ``TOP_K`` rounded up to a power of two). ``inter``: ``[pairs, K]`` (:func:`moe_gemv`'s);
     ``w``: uint8 ``[E, N, K / 2]``, ``s``: uint8 ``[E, N, K / 32]``, ``b``: ``[E, N]``."""
     tok = gl.program_id(0)
     tile = gl.program_id(1)
     NCH: gl.constexpr = K // 32
-    NB: gl.constexpr = 32 * KW  # blocks a pass
+    NB: gl.constexpr = 32  # blocks a pass
     NP: gl.constexpr = (NCH + NB - 1) // NB
-    # [slot, row, block, word]: KW warps a slot; a thread holds FEATS rows, one block of each.
-    L4: gl.constexpr = gl.BlockedLayout([1, FEATS, 1, 4], [1, 1, 32, 1], [SLOTS, 1, KW, 1], [3, 2, 1, 0])
+    # [slot, row, block, word]: a warp a slot; a thread holds FEATS rows, one block of each.
+    L4: gl.constexpr = gl.BlockedLayout([1, FEATS, 1, 4], [1, 1, 32, 1], [SLOTS, 1, 1, 1], [3, 2, 1, 0])
     L3: gl.constexpr = gl.SliceLayout(3, L4)
     LR: gl.constexpr = gl.SliceLayout(2, L3)  # [slot, row]
-    LX: gl.constexpr = gl.BlockedLayout([1, 1, 4, 8], [1, 32, 1, 1], [SLOTS, KW, 1, 1], [3, 2, 1, 0])
+    LX: gl.constexpr = gl.BlockedLayout([1, 1, 4, 8], [1, 32, 1, 1], [SLOTS, 1, 1, 1], [3, 2, 1, 0])
     LD: gl.constexpr = gl.SliceLayout(1, L4)  # [slot, lane, word] of L4
     s = gl.arange(0, SLOTS, layout=gl.SliceLayout(1, LR))
     slot_ok = s < TOP_K

@@ -37,7 +37,7 @@ from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, gemv, packed
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
-from .gemv import moe_gemv_down, moe_gemv_gate_up
+from .gemv import moe_gemv, moe_gemv_down
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
@@ -146,10 +146,9 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 
 
 class GemvTile(tuple):
-    """``(feats, warps)``: a tile of the GEMV kernels (:mod:`.gemv`). Gate/up: ``feats`` features a warp (two
-    weight rows each) and ``warps`` warps a program. Down: ``feats`` output rows a thread, and ``warps`` warps a
-    slot (None: 1) that split each row's MX blocks; a program has ``warps`` times the slots (``top_k`` rounded up
-    to a power of two) warps, at most 16."""
+    """``(feats, warps)``: a tile of the GEMV kernels (:mod:`.gemv`): ``feats`` row pairs a thread (a gate/up
+    feature's two rows; two output rows of the down GEMM) and ``warps`` warps a program. A down tile without
+    ``warps`` takes :func:`.gemv.moe_gemv_down` instead: ``feats`` output rows a thread, a warp a slot."""
 
     __slots__ = ()
 
@@ -173,7 +172,7 @@ class GemvTile(tuple):
 #: :data:`.gemv.MAX_SLOTS` slots a token. 0 until measured: the path is taken with ``tiles=`` only.
 GEMV_MAX_TOKENS = 0
 #: (gate/up tile, down tile) of the GEMV path.
-GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 4), GemvTile(8))
+GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 8))
 #: The GEMV path's ``inter`` (values rounded to bf16 either way).
 GEMV_INTER_DTYPE = torch.float32
 
@@ -559,9 +558,6 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernels take at most {gemv.MAX_SLOTS} slots a token, got {k}")
-    if next_power_of_2(k) * (dn.warps or 1) > 16:
-        raise ValueError(f"tiles: the down GemvTile's {dn.warps} warps a slot times {next_power_of_2(k)} slots "
-                         "exceed 16 warps a program")  # fmt: skip
     ids = topk_ids.reshape(-1).contiguous()
     inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=GEMV_INTER_DTYPE, device=x.device)
     _gemv_gate_up(x, ids, weights, activation, inter, gu, k)
@@ -574,31 +570,44 @@ def _gemv_launch_options(weights: MoEWeights) -> dict:
 
 
 def _gemv_gate_up(x, ids, weights, activation, inter, tile, k, x_smem=True) -> None:
-    """:func:`.gemv.moe_gemv_gate_up` over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
+    """:func:`.gemv.moe_gemv` (gate/up) over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
     w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
     i = weights.intermediate
     limit = activation.limit
-    cached(moe_gemv_gate_up)[(ids.shape[0], cdiv(i, tile.feats * tile.warps))](
-        x, x.stride(0), ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
-        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
+    cached(moe_gemv)[(ids.shape[0], cdiv(i, tile.feats * tile.warps))](
+        x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
+        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), ids, inter, 0, float(activation.alpha),
         float(limit if limit is not None else 0.0), float(activation.up_offset),
-        K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, INTERLEAVED=weights.gate_up_interleaved,
+        K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps,
         num_warps=tile.warps, X_SMEM=x_smem, **_gemv_launch_options(weights),
     )  # fmt: skip
 
 
 def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
-    """:func:`.gemv.moe_gemv_down`: ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each token."""
+    """``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each token: :func:`.gemv.moe_gemv`
+    (a program a pair and row tile, the last of a token's ``k`` sums them) when ``tile`` names its warps, else
+    :func:`.gemv.moe_gemv_down` (a program a token and row tile, a warp a slot)."""
     w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
-    slots = next_power_of_2(k)
-    kw = tile.warps or 1
     h = out.shape[1]
+    if tile.warps is not None:
+        tiles = cdiv(h // 2, tile.feats * tile.warps)
+        y = torch.empty((ids.shape[0], h), dtype=torch.float32, device=out.device)
+        counters = stream_counters(out.device, out.shape[0] * tiles)
+        cached(moe_gemv)[(ids.shape[0], tiles)](
+            inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else y,
+            b2.stride(0) if b2 is not None else 0, y, y.stride(0), counters, out, out.stride(0), 0.0, 0.0, 0.0,
+            K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
+            HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, num_warps=tile.warps,
+            **_gemv_launch_options(weights),
+        )  # fmt: skip
+        return
+    slots = next_power_of_2(k)
     cached(moe_gemv_down)[(out.shape[0], cdiv(h, tile.feats))](
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else inter,
         b2.stride(0) if b2 is not None else 0, out, out.stride(0),
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, HAS_BIAS=b2 is not None, FEATS=tile.feats, SLOTS=slots,
-        KW=kw, num_warps=slots * kw, **_gemv_launch_options(weights),
+        num_warps=slots, **_gemv_launch_options(weights),
     )  # fmt: skip
 
 
