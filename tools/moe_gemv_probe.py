@@ -13,8 +13,7 @@ GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, inter
   weight the reference can hold) (the two-step scale) with
   activations scaled by 2**-124;
 - ``kernels``: each GEMV kernel alone (one CUDA graph, programmatic launch off), L2 flushed and not, 20B layer, one
-  token: the gate/up variants of ``--kernel-gate-up`` (``feats,warps,x_smem,inter dtype``) and the down variants
-  of ``--kernel-down`` (``feats,warps,inter dtype``; warps 0: the slot-warp kernel);
+  token: the ``GemvTile`` s (``feats,warps[,sub]``) of ``--kernel-gate-up`` and ``--kernel-down``;
 - ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA table against
   ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
 - ``sweep``: the gate/up tiles of ``--gate-up`` with the table's down tile, then the down tiles of ``--down`` with the
@@ -59,13 +58,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--stages", default="numerics,kernels,apply,sweep,layer,eager")
-    p.add_argument("--inter", default="f32", help="GEMV_INTER_DTYPE: f32 or bf16")
     p.add_argument("--experts", default="32,128")
     p.add_argument("--tokens", default="1,2")
-    p.add_argument("--gate-up", default="1,8;1,4;2,4")
-    p.add_argument("--down", default="1,8;1,4;2,4;8", help="down tiles: feats[,warps] (no warps: the slot-warp kernel)")
-    p.add_argument("--kernel-gate-up", default="1,8,1,f32;1,4,1,f32;2,4,1,f32;1,8,1,bf16")
-    p.add_argument("--kernel-down", default="1,8,f32;1,4,f32;2,4,f32;1,16,f32;1,8,bf16;8,0,bf16;4,0,f32")
+    p.add_argument("--gate-up", default="1,8,1;1,8,2;1,4,2;1,4,4")
+    p.add_argument("--down", default="1,4;1,8;2,4;1,2", help="down tiles: feats,warps")
+    p.add_argument("--kernel-gate-up", default="1,8,1;1,8,2;1,4,2;1,4,4;2,4,1;1,16,1")
+    p.add_argument("--kernel-down", default="1,4;1,8;2,4;1,2;2,2;1,16")
     p.add_argument("--default-gemv", action="store_true")
     p.add_argument("--gemv-tiles", default="", help="GEMV_TILES for every stage, as gate_up feats,warps/down feats")
     p.add_argument("--tag", default="")
@@ -102,7 +100,6 @@ def main(argv=None) -> int:
         gu_text, dn_text = args.gemv_tiles.split("/")
         layer.GEMV_TILES = (_gemv_tiles(gu_text, dn_text)[0][0], _gemv_tiles(gu_text, dn_text)[1][0])
     gemv_tiles = layer.GEMV_TILES
-    layer.GEMV_INTER_DTYPE = torch.float32 if args.inter == "f32" else torch.bfloat16
     mma = None  # the table's tiles (DECODE_TILES by tokens)
     # -- numerics ---------------------------------------------------------------------------------
     if "numerics" in stages:
@@ -175,18 +172,14 @@ def main(argv=None) -> int:
                 for v in filter(None, (q.strip() for q in variants.split(";"))):
                     if time.time() > deadline:
                         break
-                    parts = v.split(",")
-                    if gemm == "gate_up":  # feats,warps,x_smem,inter (f32 or bf16)
-                        tile, smem, dt = layer.GemvTile(int(parts[0]), int(parts[1])), parts[2] == "1", parts[3]
-                        inter = torch.empty(4, base.I, dtype=getattr(torch, {"f32": "float32"}.get(dt, "bfloat16")),
-                                            device="cuda")  # fmt: skip
+                    tile = layer.GemvTile(*[int(q) for q in v.split(",")])
+                    if gemm == "gate_up":
+                        inter = torch.empty(4, base.I, dtype=torch.float32, device="cuda")
 
                         def fn():
-                            layer._gemv_gate_up(x, flat_ids, weights[e], act, inter, tile, 4, x_smem=smem)
-                    else:  # feats,warps (0: the slot-warp kernel),inter
-                        tile, dt = layer.GemvTile(int(parts[0]), int(parts[1]) or None), parts[2]
-                        inter = torch.randn(4, base.I, generator=gen).to(
-                            getattr(torch, {"f32": "float32"}.get(dt, "bfloat16"))).cuda()  # fmt: skip
+                            layer._gemv_gate_up(x, flat_ids, weights[e], act, inter, tile, 4)
+                    else:
+                        inter = torch.randn(4, base.I, generator=gen).to(torch.bfloat16).float().cuda()
                         out = torch.empty_like(x)
 
                         def fn():

@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 
 from .decode import _grid_release, _grid_wait
 
-__all__ = ["moe_gemv", "moe_gemv_down", "MAX_SLOTS", "ONE_STEP_MAX_SCALE"]
+__all__ = ["moe_gemv", "MAX_SLOTS", "ONE_STEP_MAX_SCALE"]
 
 #: The down GEMM runs one warp a slot: ``TOP_K`` up to this many.
 MAX_SLOTS = 8
@@ -146,209 +146,139 @@ def _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):
 
 
 @gluon.jit
+def _rows(j, h, I: gl.constexpr, SPLIT_ROWS: gl.constexpr):
+    """Weight rows ``[feature, 2]`` of row pairs ``j``: ``2 j + h``, or ``h I + j`` (``SPLIT_ROWS``)."""
+    if SPLIT_ROWS:
+        return h[None, :] * I + j[:, None]
+    return 2 * j[:, None] + h[None, :]
+
+
+@gluon.jit
+def _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p: gl.constexpr, K: gl.constexpr,
+               SROW: gl.constexpr):  # fmt: skip
+    """Pass ``p``'s code words ``uint32 [F, 2, 32, 4]`` and scale bytes ``[F, 2, 32]`` of expert ``e``'s ``rows``."""
+    NCH: gl.constexpr = K // 32
+    ch = p * 32 + c
+    ok = row_ok[:, :, None] & (ch < NCH)[None, None, :]
+    w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
+    words = gl.load(w_base + (((rows * (K // 8))[:, :, None] + (ch * 4)[None, None, :])[:, :, :, None] + wi),
+                    mask=ok[:, :, :, None], other=0)  # fmt: skip
+    sc = gl.load(s_ptr + e.to(gl.int64) * stride_se + ((rows * SROW)[:, :, None] + ch[None, None, :]), mask=ok, other=0)
+    return words, sc
+
+
+@gluon.jit
 def moe_gemv(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
-    c_ptr, o_ptr, stride_o, alpha, limit, up_offset,
+    alpha, limit, up_offset,
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
-    WARPS: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True, X_SMEM: gl.constexpr = True,
+    WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
 ):  # fmt: skip
-    """Program (pair, tile) of one GEMM over the ``2 FEATS WARPS`` weight rows of its tile (``FEATS * WARPS`` row
-    pairs ``j``; ``I`` of them a row set), ``e = ids[pair]``. ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we``
-    bytes an expert), ``s``: uint8 ``[E, 2I, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, 2I]`` bias.
+    """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
+    blocks a row) at a time, requesting the next pass's codes and scales (the next sub-tile's first) before it
+    decodes the current one. ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
+    ``[E, 2I, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, 2I]`` bias.
 
-    - ``GATE_UP``: ``y[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T + b13[e]))`` in ``y``'s dtype
-      (``INTERLEAVED``: the gate/up rows of feature ``j`` are ``2 j``, ``2 j + 1``, else ``j``, ``I + j``);
-    - down (``x`` = inter ``[pairs, K]``): ``y[pair, n] = tw[pair] * (x[pair] @ W2[e][n].T + b2[e][n])`` (fp32)
-      for rows ``n = 2 j, 2 j + 1``; the last of a token's ``TOP_K`` programs of a tile to count itself on
-      ``c[token, tile]`` (int32, zero before and left zero) sums the ``TOP_K`` rows in slot order into
-      ``o[token, n]`` (deterministic).
+    - ``GATE_UP``, program (pair, group), ``e = ids[pair]``: ``y[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T
+      + b13[e]))`` (in ``y``'s dtype) for the ``SUB`` consecutive sub-tiles of the group (``INTERLEAVED``: the
+      gate/up rows of feature ``j`` are ``2 j``, ``2 j + 1``, else ``j``, ``I + j``);
+    - down, program (token, tile), ``SUB = TOP_K`` (a sub-tile a slot, the same rows ``n = 2 j, 2 j + 1``):
+      ``y[token, n] = sum_s tw[pair_s] * (x[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` in slot order, ``pair_s =
+      token * TOP_K + s`` (``x``: inter ``[pairs, K]``).
     """
-    pair = gl.program_id(0)
+    pid = gl.program_id(0)
     tile = gl.program_id(1)
+    FW: gl.constexpr = FEATS * WARPS
+    NCH: gl.constexpr = K // 32  # MX blocks a row
+    NP: gl.constexpr = (NCH + 31) // 32  # passes of 32 lanes
+    XR: gl.constexpr = 1 if GATE_UP else TOP_K  # activation rows a program reads
+    # [feature, gate/up (row pair), lane (block), word]: a thread holds its features' two rows, one block of each.
+    L4: gl.constexpr = gl.BlockedLayout([FEATS, 2, 1, 4], [1, 1, 32, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
+    L3: gl.constexpr = gl.SliceLayout(3, L4)
+    LR: gl.constexpr = gl.SliceLayout(2, L3)  # [feature, gate/up]
+    LD: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L4))  # [lane, word] of L4
     if GATE_UP:
         # The ids are the previous launch's output (the route): wait before reading them.
         _grid_wait(PDL)
         _grid_release(PDL)
-    FW: gl.constexpr = FEATS * WARPS
-    NCH: gl.constexpr = K // 32  # MX blocks a row
-    NP: gl.constexpr = (NCH + 31) // 32  # passes of 32 lanes
-    # [feature, gate/up, lane (block), word]: a thread holds its features' two rows, one block of each (4 words).
-    L4: gl.constexpr = gl.BlockedLayout([FEATS, 2, 1, 4], [1, 1, 32, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
-    L3: gl.constexpr = gl.SliceLayout(3, L4)
-    LR: gl.constexpr = gl.SliceLayout(2, L3)  # [feature, gate/up]
-    # A pass's activations: [lane (block), word, code], 32 values a lane; every warp loads its copy (from L1).
-    LX: gl.constexpr = gl.BlockedLayout([1, 4, 8], [32, 1, 1], [WARPS, 1, 1], [2, 1, 0])
-    LD: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L4))  # [lane, word] of L4
-    # Down: the ids and the routing weights were written two launches or more before this one, so they are complete
-    # (.decode's module doc): the weights are requested before the grid wait.
-    e = gl.load(ids_ptr + pair)
-    tok = pair // TOP_K
-    j = tile * FW + gl.arange(0, FW, layout=gl.SliceLayout(1, LR))
-    h = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))
-    if INTERLEAVED or not GATE_UP:
-        rows = 2 * j[:, None] + h[None, :]
+        e = gl.load(ids_ptr + pid)
+        x_row0 = pid // TOP_K
+        j0 = tile * (SUB * FW)
     else:
-        rows = h[None, :] * I + j[:, None]
-    row_ok = (j < I)[:, None] & (h < 2)[None, :]
+        # The ids and the routing weights were written two launches or more before this one, so they are complete
+        # (.decode's module doc): the first codes are requested before the grid wait.
+        e = gl.load(ids_ptr + pid * TOP_K)
+        x_row0 = pid * TOP_K
+        j0 = tile * FW
+    f = gl.arange(0, FW, layout=gl.SliceLayout(1, LR))
+    h = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))
     c = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     wi = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
-    w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
-    s_base = s_ptr + e.to(gl.int64) * stride_se
-    w_rows = (rows * (K // 8))[:, :, None]
-    s_rows = (rows * SROW)[:, :, None]
-    cx = gl.arange(0, 32, layout=gl.SliceLayout(1, gl.SliceLayout(2, LX)))
-    kx = (gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, LX)))[:, None] * 8
-          + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, LX)))[None, :])[None, :, :]  # fmt: skip
-    if GATE_UP:
-        x_row = x_ptr + tok.to(gl.int64) * stride_x
-    else:
-        x_row = x_ptr + pair.to(gl.int64) * stride_x
-    if HAS_BIAS:  # requested now: nothing waits on a load after the last pass
-        bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
-    acc = gl.zeros([FW, 2, 32], gl.float32, L3)
-    # Pass 0's codes, scales and activations; then each pass requests the next pass's before it decodes its own.
-    ok = row_ok[:, :, None] & (c < NCH)[None, None, :]
-    words = gl.load(w_base + ((w_rows + (c * 4)[None, None, :])[:, :, :, None] + wi), mask=ok[:, :, :, None], other=0)
-    sc = gl.load(s_base + (s_rows + c[None, None, :]), mask=ok, other=0)
+    SPLIT: gl.constexpr = GATE_UP and not INTERLEAVED
+    rows = _rows(j0 + f, h, I, SPLIT)
+    row_ok = ((j0 + f) < I)[:, None] & (h < 2)[None, :]
+    words, sc = _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, 0, K, SROW)
     if not GATE_UP:
-        tw = gl.load(tw_ptr + pair).to(gl.float32)
-        # inter is the previous launch's output.
-        _grid_wait(PDL)
+        _grid_wait(PDL)  # inter is the previous launch's output
         _grid_release(PDL)
-    if X_SMEM:
-        # The activations once, as fp32, for every warp: [pass, lane, 32 values] (16-byte vectors swizzled by lane:
-        # a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
-        LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
-        x_sm = gl.allocate_shared_memory(gl.float32, [NP, 32, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
-        ks = (gl.arange(0, 32, layout=gl.SliceLayout(1, LS))[:, None] * 32
-              + gl.arange(0, 32, layout=gl.SliceLayout(0, LS))[None, :])  # fmt: skip
+    # The activation rows once, as fp32, for every warp: [row, pass, lane, 32 values] (16-byte vectors swizzled by
+    # lane: a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
+    LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+    x_sm = gl.allocate_shared_memory(gl.float32, [XR * NP, 32, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+    ks = (gl.arange(0, 32, layout=gl.SliceLayout(1, LS))[:, None] * 32
+          + gl.arange(0, 32, layout=gl.SliceLayout(0, LS))[None, :])  # fmt: skip
+    for r in gl.static_range(XR):
+        x_row = x_ptr + (x_row0 + r).to(gl.int64) * stride_x
         for p in gl.static_range(NP):
-            x_sm.index(p).store(gl.load(x_row + (ks + p * 1024), mask=ks + p * 1024 < K, other=0.0).to(gl.float32))
-        gl.thread_barrier()
-        LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
-    else:
-        xv = gl.load(x_row + (cx[:, None, None] * 32 + kx), mask=(cx < NCH)[:, None, None], other=0.0)
-    for p in gl.static_range(NP):
-        if p + 1 < NP:
-            ch = (p + 1) * 32 + c
-            ok_n = row_ok[:, :, None] & (ch < NCH)[None, None, :]
-            words_n = gl.load(w_base + ((w_rows + (ch * 4)[None, None, :])[:, :, :, None] + wi),
-                              mask=ok_n[:, :, :, None], other=0)  # fmt: skip
-            sc_n = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok_n, other=0)
-            if not X_SMEM:
-                chx = (p + 1) * 32 + cx
-                xv_n = gl.load(x_row + (chx[:, None, None] * 32 + kx), mask=(chx < NCH)[:, None, None], other=0.0)
-        if X_SMEM:
-            xf = gl.reshape(x_sm.index(p).load(LXS), [32, 4, 2, 2, 2])
+            x_sm.index(r * NP + p).store(gl.load(x_row + (ks + p * 1024), mask=ks + p * 1024 < K,
+                                                 other=0.0).to(gl.float32))  # fmt: skip
+    gl.thread_barrier()
+    LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
+    y = gl.zeros([FW, 2], gl.float32, LR)
+    for u in gl.static_range(SUB):
+        # This sub-tile's bias and routing weight, and the next sub-tile's expert and rows.
+        if HAS_BIAS:
+            bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
+        if not GATE_UP:
+            tw = gl.load(tw_ptr + pid * TOP_K + u).to(gl.float32)
+        if u + 1 < SUB:
+            if GATE_UP:
+                e_n = e
+                rows_n = _rows(j0 + (u + 1) * FW + f, h, I, SPLIT)
+                row_ok_n = ((j0 + (u + 1) * FW + f) < I)[:, None] & (h < 2)[None, :]
+            else:
+                e_n = gl.load(ids_ptr + pid * TOP_K + u + 1)
+                rows_n = rows
+                row_ok_n = row_ok
+        acc = gl.zeros([FW, 2, 32], gl.float32, L3)
+        for p in gl.static_range(NP):
+            if p + 1 < NP:
+                words_n, sc_n = _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p + 1, K, SROW)
+            elif u + 1 < SUB:
+                words_n, sc_n = _load_step(w_ptr, s_ptr, e_n, stride_we, stride_se, rows_n, row_ok_n, c, wi, 0, K,
+                                           SROW)  # fmt: skip
+            xf = gl.reshape(x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS), [32, 4, 2, 2, 2])
+            x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xf, LD)
+            dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None],
+                               x4[None, None], x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
+            acc = _scaled_add(acc, dots, sc, BIG_SCALES)
+            if (p + 1 < NP) or (u + 1 < SUB):
+                words = words_n
+                sc = sc_n
+        out = gl.sum(acc, axis=2)  # [feature, gate/up]
+        if HAS_BIAS:
+            out = out + bias.to(gl.float32)
+        if GATE_UP:
+            gate, up = gl.split(out)
+            hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
+            jo = gl.convert_layout(j0 + u * FW + f, hv.type.layout)
+            gl.store(y_ptr + pid.to(gl.int64) * stride_y + jo, hv.to(y_ptr.dtype.element_ty), mask=jo < I)
         else:
-            xf = gl.reshape(xv.to(gl.float32), [32, 4, 2, 2, 2])
-        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xf, LD)
-        dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None], x4[None, None],
-                           x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
-        acc = _scaled_add(acc, dots, sc, BIG_SCALES)
-        if p + 1 < NP:
-            words = words_n
-            sc = sc_n
-            if not X_SMEM:
-                xv = xv_n
-    out = gl.sum(acc, axis=2)  # [feature, gate/up]
-    if HAS_BIAS:
-        out = out + bias.to(gl.float32)
-    if GATE_UP:
-        gate, up = gl.split(out)
-        hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
-        jo = gl.convert_layout(j, hv.type.layout)
-        gl.store(y_ptr + pair.to(gl.int64) * stride_y + jo, hv.to(y_ptr.dtype.element_ty), mask=jo < I)
-    else:
-        y_rows = y_ptr + rows  # + pair * stride_y: row n of pair p at p * stride_y + n
-        gl.store(y_rows + pair.to(gl.int64) * stride_y, out * tw, mask=row_ok)
-        # Publish this program's rows (a CTA barrier, then a release at GPU scope) and count them.
-        gl.thread_barrier()
-        cnt = c_ptr + tok * gl.num_programs(1) + tile
-        if gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
-            gl.store(cnt, 0)  # every arrival of this call is in: zero for the next launch
-            gl.thread_barrier()
-            tot = gl.zeros([FW, 2], gl.float32, LR)
-            for sl in gl.static_range(TOP_K):  # slot order
-                tot += gl.load(y_rows + (tok * TOP_K + sl).to(gl.int64) * stride_y, mask=row_ok, cache_modifier=".cg")
-            gl.store(o_ptr + tok.to(gl.int64) * stride_o + rows, tot.to(o_ptr.dtype.element_ty), mask=row_ok)
-
-
-@gluon.jit
-def moe_gemv_down(
-    inter_ptr, stride_i, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, out_ptr, stride_o,
-    K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, HAS_BIAS: gl.constexpr,
-    FEATS: gl.constexpr, SLOTS: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-):  # fmt: skip
-    """``out[token, n] = sum_s tw[pair_s] * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` for the ``FEATS`` rows
-    ``n`` of program (token, tile); ``pair_s = token * TOP_K + s``, ``e_s = ids[pair_s]``; one warp a slot
-    (``SLOTS``: ``TOP_K`` rounded up to a power of two). ``inter``: ``[pairs, K]`` (:func:`moe_gemv`'s);
-    ``w``: uint8 ``[E, N, K / 2]``, ``s``: uint8 ``[E, N, K / 32]``, ``b``: ``[E, N]``."""
-    tok = gl.program_id(0)
-    tile = gl.program_id(1)
-    NCH: gl.constexpr = K // 32
-    NB: gl.constexpr = 32  # blocks a pass
-    NP: gl.constexpr = (NCH + NB - 1) // NB
-    # [slot, row, block, word]: a warp a slot; a thread holds FEATS rows, one block of each.
-    L4: gl.constexpr = gl.BlockedLayout([1, FEATS, 1, 4], [1, 1, 32, 1], [SLOTS, 1, 1, 1], [3, 2, 1, 0])
-    L3: gl.constexpr = gl.SliceLayout(3, L4)
-    LR: gl.constexpr = gl.SliceLayout(2, L3)  # [slot, row]
-    LX: gl.constexpr = gl.BlockedLayout([1, 1, 4, 8], [1, 32, 1, 1], [SLOTS, 1, 1, 1], [3, 2, 1, 0])
-    LD: gl.constexpr = gl.SliceLayout(1, L4)  # [slot, lane, word] of L4
-    s = gl.arange(0, SLOTS, layout=gl.SliceLayout(1, LR))
-    slot_ok = s < TOP_K
-    pairs = tok * TOP_K + s
-    # The ids and the routing weights were written two launches or more before this one, so they are complete
-    # (.decode's module doc): the first codes are requested before the grid wait.
-    e = gl.load(ids_ptr + pairs, mask=slot_ok, other=0).to(gl.int64)
-    n = tile * FEATS + gl.arange(0, FEATS, layout=gl.SliceLayout(0, LR))
-    row_ok = slot_ok[:, None] & (n < N)[None, :]
-    c = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    wi = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
-    w_base = (w_ptr + e * stride_we).to(gl.pointer_type(gl.uint32))[:, None, None, None]
-    s_base = (s_ptr + e * stride_se)[:, None, None]
-    w_rows = (n * (K // 8))[None, :, None]
-    s_rows = (n * SROW)[None, :, None]
-    ok = row_ok[:, :, None] & (c < NCH)[None, None, :]
-    words = gl.load(w_base + ((w_rows + (c * 4)[None, None, :])[:, :, :, None] + wi), mask=ok[:, :, :, None], other=0)
-    sc = gl.load(s_base + (s_rows + c[None, None, :]), mask=ok, other=0)
-    tw = gl.load(tw_ptr + pairs, mask=slot_ok, other=0.0).to(gl.float32)
-    if HAS_BIAS:
-        bias = gl.load(b_ptr + e[:, None] * stride_be + n[None, :], mask=row_ok, other=0.0)
-    # inter is the previous launch's output.
-    _grid_wait(PDL)
-    _grid_release(PDL)
-    sx = gl.arange(0, SLOTS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LX))))
-    x_rows = (inter_ptr + (tok * TOP_K + sx).to(gl.int64) * stride_i)[:, None, None, None]
-    x_slot_ok = (sx < TOP_K)[:, None, None, None]
-    cx = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(0, LX))))
-    kx = (gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, gl.SliceLayout(0, LX))))[:, None] * 8
-          + gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, LX))))[None, :])[None, :, :]  # fmt: skip
-    acc = gl.zeros([SLOTS, FEATS, NB], gl.float32, L3)
-    xv = gl.load(x_rows + (cx[:, None, None] * 32 + kx)[None, :, :, :],
-                 mask=x_slot_ok & (cx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
-    for p in gl.static_range(NP):
-        if p + 1 < NP:
-            ch = (p + 1) * NB + c
-            ok_n = row_ok[:, :, None] & (ch < NCH)[None, None, :]
-            words_n = gl.load(w_base + ((w_rows + (ch * 4)[None, None, :])[:, :, :, None] + wi),
-                              mask=ok_n[:, :, :, None], other=0)  # fmt: skip
-            sc_n = gl.load(s_base + (s_rows + ch[None, None, :]), mask=ok_n, other=0)
-            chx = (p + 1) * NB + cx
-            xv_n = gl.load(x_rows + (chx[:, None, None] * 32 + kx)[None, :, :, :],
-                           mask=x_slot_ok & (chx < NCH)[:, None, None][None, :, :, :], other=0.0)  # fmt: skip
-        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv.to(gl.float32), [SLOTS, NB, 4, 2, 2, 2]), LD)
-        dots = _block_dots(words, x0[:, None], x1[:, None], x2[:, None], x3[:, None], x4[:, None], x5[:, None],
-                           x6[:, None], x7[:, None])  # fmt: skip
-        acc = _scaled_add(acc, dots, sc, BIG_SCALES)
-        if p + 1 < NP:
-            words = words_n
-            sc = sc_n
-            xv = xv_n
-    out = gl.sum(acc, axis=2)  # [slot, row]
-    if HAS_BIAS:
-        out = out + bias.to(gl.float32)
-    y = gl.sum(out * tw[:, None], axis=0)  # the slots, in a fixed order
-    nn = gl.convert_layout(n, y.type.layout)
-    gl.store(out_ptr + tok.to(gl.int64) * stride_o + nn, y.to(out_ptr.dtype.element_ty), mask=nn < N)
+            y += out * tw  # slot order
+        if u + 1 < SUB:
+            e = e_n
+            rows = rows_n
+            row_ok = row_ok_n
+    if not GATE_UP:
+        gl.store(y_ptr + pid.to(gl.int64) * stride_y + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)

@@ -37,7 +37,7 @@ from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
 from . import decode, gemv, packed
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
-from .gemv import moe_gemv, moe_gemv_down
+from .gemv import moe_gemv
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
@@ -146,35 +146,39 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 
 
 class GemvTile(tuple):
-    """``(feats, warps)``: a tile of the GEMV kernels (:mod:`.gemv`): ``feats`` row pairs a thread (a gate/up
-    feature's two rows; two output rows of the down GEMM) and ``warps`` warps a program. A down tile without
-    ``warps`` takes :func:`.gemv.moe_gemv_down` instead: ``feats`` output rows a thread, a warp a slot."""
+    """``(feats, warps, sub)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs a thread (a gate/up
+    feature's two rows; two output rows of the down GEMM), ``warps`` warps a program, and (gate/up) ``sub``
+    consecutive tiles a program walks (the down GEMM's program walks the token's slots)."""
 
     __slots__ = ()
 
-    def __new__(cls, feats: int, warps: int | None = None):
-        if type(feats) is not int or feats not in (1, 2, 4, 8):
-            raise ValueError(f"feats: expected 1, 2, 4 or 8 (rows a thread holds), got {feats!r}")
-        if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8)):
-            raise ValueError(f"warps: expected None, 1, 2, 4 or 8, got {warps!r}")
-        return super().__new__(cls, (feats, warps))
+    def __new__(cls, feats: int, warps: int = 8, sub: int = 1):
+        if type(feats) is not int or feats not in (1, 2, 4):
+            raise ValueError(f"feats: expected 1, 2 or 4 (row pairs a thread holds), got {feats!r}")
+        if type(warps) is not int or warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"warps: expected 1, 2, 4, 8 or 16, got {warps!r}")
+        if type(sub) is not int or not 1 <= sub <= 8:
+            raise ValueError(f"sub: expected an int from 1 to 8 (tiles a program walks), got {sub!r}")
+        return super().__new__(cls, (feats, warps, sub))
 
     @property
     def feats(self) -> int:
         return self[0]
 
     @property
-    def warps(self) -> int | None:
+    def warps(self) -> int:
         return self[1]
+
+    @property
+    def sub(self) -> int:
+        return self[2]
 
 
 #: Calls of at most this many tokens take the GEMV kernels (:mod:`.gemv`) on canonical weights with at most
 #: :data:`.gemv.MAX_SLOTS` slots a token. 0 until measured: the path is taken with ``tiles=`` only.
 GEMV_MAX_TOKENS = 0
 #: (gate/up tile, down tile) of the GEMV path.
-GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 8))
-#: The GEMV path's ``inter`` (values rounded to bf16 either way).
-GEMV_INTER_DTYPE = torch.float32
+GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4))
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -553,13 +557,11 @@ def moe_apply(
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
     """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into ``inter``, then down + bias + the slots' sum."""
     gu, dn = tiles
-    if gu.warps is None:
-        raise ValueError(f"tiles: the gate/up GemvTile names its warps, got {tiles!r}")
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernels take at most {gemv.MAX_SLOTS} slots a token, got {k}")
     ids = topk_ids.reshape(-1).contiguous()
-    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=GEMV_INTER_DTYPE, device=x.device)
+    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.float32, device=x.device)
     _gemv_gate_up(x, ids, weights, activation, inter, gu, k)
     _gemv_down(inter, ids, topk_weights.reshape(-1).contiguous(), weights, out, dn, k)
 
@@ -569,45 +571,32 @@ def _gemv_launch_options(weights: MoEWeights) -> dict:
     return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > gemv.ONE_STEP_MAX_SCALE}
 
 
-def _gemv_gate_up(x, ids, weights, activation, inter, tile, k, x_smem=True) -> None:
+def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
     """:func:`.gemv.moe_gemv` (gate/up) over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
     w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
     i = weights.intermediate
     limit = activation.limit
-    cached(moe_gemv)[(ids.shape[0], cdiv(i, tile.feats * tile.warps))](
+    cached(moe_gemv)[(ids.shape[0], cdiv(i, tile.feats * tile.warps * tile.sub))](
         x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
-        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), ids, inter, 0, float(activation.alpha),
+        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
-        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps,
-        num_warps=tile.warps, X_SMEM=x_smem, **_gemv_launch_options(weights),
+        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps, SUB=tile.sub,
+        num_warps=tile.warps, **_gemv_launch_options(weights),
     )  # fmt: skip
 
 
 def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
-    """``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each token: :func:`.gemv.moe_gemv`
-    (a program a pair and row tile, the last of a token's ``k`` sums them) when ``tile`` names its warps, else
-    :func:`.gemv.moe_gemv_down` (a program a token and row tile, a warp a slot)."""
+    """:func:`.gemv.moe_gemv` (down): ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each
+    token, in slot order, a program a token and row tile."""
     w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
     h = out.shape[1]
-    if tile.warps is not None:
-        tiles = cdiv(h // 2, tile.feats * tile.warps)
-        y = torch.empty((ids.shape[0], h), dtype=torch.float32, device=out.device)
-        counters = stream_counters(out.device, out.shape[0] * tiles)
-        cached(moe_gemv)[(ids.shape[0], tiles)](
-            inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else y,
-            b2.stride(0) if b2 is not None else 0, y, y.stride(0), counters, out, out.stride(0), 0.0, 0.0, 0.0,
-            K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
-            HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, num_warps=tile.warps,
-            **_gemv_launch_options(weights),
-        )  # fmt: skip
-        return
-    slots = next_power_of_2(k)
-    cached(moe_gemv_down)[(out.shape[0], cdiv(h, tile.feats))](
-        inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else inter,
-        b2.stride(0) if b2 is not None else 0, out, out.stride(0),
-        K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, HAS_BIAS=b2 is not None, FEATS=tile.feats, SLOTS=slots,
-        num_warps=slots, **_gemv_launch_options(weights),
+    cached(moe_gemv)[(out.shape[0], cdiv(h // 2, tile.feats * tile.warps))](
+        inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
+        b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
+        K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
+        HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=k, num_warps=tile.warps,
+        **_gemv_launch_options(weights),
     )  # fmt: skip
 
 
