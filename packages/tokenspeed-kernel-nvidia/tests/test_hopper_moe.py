@@ -185,16 +185,20 @@ class _Recorder:
         return launch
 
 
-def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, tiles=None, **wkw):
-    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, tiles=None, gemv=False, k=4, **wkw):
+    """The launches of one layer call at ``tokens`` (the MMA decode path unless ``gemv``: the GEMV path's tokens)."""
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, gemv as gemv_module, layer
 
     calls = []
     for name in ("moe_decode_gemm", "swiglu_splits", "combine_slots"):
         monkeypatch.setattr(layer, name, _Recorder(getattr(decode, name), calls))
+    monkeypatch.setattr(layer, "moe_gemv", _Recorder(gemv_module.moe_gemv, calls))
+    if not gemv:
+        monkeypatch.setattr(layer, "GEMV_MAX_TOKENS", 0)
     w = _weights(e, h, i, **wkw)
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
-    tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), 4, solution="reference")
+    tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), k, solution="reference")
     layer.moe_apply(x, tw, ids, w, GPT_OSS, tiles=tiles)
     return calls
 
@@ -454,7 +458,21 @@ GPU_CASES = [
     ("k_split_4_T2", 128, 2, {"tiles": "split4"}, "random"),
     ("k_split_3_not_interleaved_T3", 128, 3, {"tiles": "split3", "interleaved": False}, "random"),
     ("k_split_4_T40_one_hot_expert", 128, 40, {"tiles": "split4"}, "hot"),  # 5 chunks of one expert's pairs
+    # The GEMV kernel forced above the table's tokens, two sub-tiles a gate/up program, 2 row pairs a down thread.
+    ("gemv_tiles_T5_no_bias_not_interleaved", 32, 5, {"tiles": "gemv", "bias": False, "interleaved": False}, "hot"),
 ]
+
+
+def _gpu_tiles(wkw):
+    """The tiles a GPU case forces (``wkw["tiles"]``: ``splitN`` MMA decode tiles, ``gemv`` GEMV tiles), or None."""
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    name = wkw.pop("tiles", None)
+    if name is None:
+        return None
+    if name == "gemv":
+        return GemvTile(1, 8, 2), GemvTile(2, 4)
+    return _split_tiles(int(name[-1]))
 
 
 @pytest.mark.gpu
@@ -465,7 +483,10 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
     tk.load_plugins()
-    tiles = _split_tiles(int(wkw.pop("tiles")[-1])) if "tiles" in wkw else None
+    wkw = dict(wkw)  # the parameters are shared by both layouts' runs
+    tiles = _gpu_tiles(wkw)
+    if layout == "packed" and tiles is not None and isinstance(tiles[0], layer.GemvTile):
+        pytest.skip("the GEMV kernel reads the canonical layout")
     canonical, x, topk_w, topk_ids, g = gpu_inputs(e, tokens, wkw, routing)
     w, name = in_layout(canonical, layout)
     if tiles is None:

@@ -71,7 +71,7 @@ def _before(ptx: str, pattern: str, barrier: str) -> bool:
 
 def _check_order(fn, kwargs, ptx):
     """The grid-control order of one kernel's PTX (module doc), on every path through its control flow."""
-    from tokenspeed_kernel_nvidia.hopper.moe import decode, prefill
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, gemv, prefill
 
     name = getattr(fn, "__name__", repr(fn))
     assert ptx.count(WAIT) == 1 and ptx.count(RELEASE) == 1, name
@@ -80,6 +80,10 @@ def _check_order(fn, kwargs, ptx):
     if fn is decode.moe_decode_gemm and not kwargs["GATE_UP"]:
         # The down GEMM: the ids and the first weight blocks before the wait (cp.async into its ring).
         assert _before(ptx, r"cp\.async\.cg\.shared\.global", WAIT), name
+    elif fn is gemv.moe_gemv and not kwargs["GATE_UP"]:
+        # The GEMV down GEMM: the ids and the first code words before the wait, the activations after it.
+        assert _before(ptx, r"ld\.global", WAIT), name
+        assert not _before(ptx, r"st\.shared", WAIT), name
     elif fn is prefill.moe_prefill_gemm:
         # The offsets and the first code words before the wait; the activations' TMA after it.
         assert not _before(ptx, r"cp\.async\.bulk\.tensor", WAIT), name
@@ -89,6 +93,7 @@ def _check_order(fn, kwargs, ptx):
 
 
 LAYER_CASES = [
+    ("gemv_T1", "gemv", 1, {}),
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
     ("decode_T2_fused_epilogues", "decode", 2, {"tiles": "fused4"}),  # the counters' atomics after the wait
@@ -117,7 +122,9 @@ def _layer_check(label: str) -> None:
 
     path, tokens, kw = {c[0]: c[1:] for c in LAYER_CASES}[label]
     kw = dict(kw)
-    if path == "decode":
+    if path == "gemv":
+        calls = _launches(_Patch(), tokens, gemv=True)
+    elif path == "decode":
         tiles = {"split1": _split_tiles(1), "fused4": _split_tiles(4, True), None: None}[kw.pop("tiles", None)]
         calls = _launches(_Patch(), tokens, tiles=tiles)
         if tiles is not None and tiles[0].fused:  # both GEMMs count (their epilogues fused), nothing else launches

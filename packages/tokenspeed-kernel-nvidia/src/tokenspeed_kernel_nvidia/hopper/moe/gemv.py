@@ -1,36 +1,37 @@
-"""Gluon GEMV kernels of the MXFP4 MoE for Hopper (sm90): one token a program, fp32 FMAs, no MMA.
+"""The Gluon GEMV kernel of the MXFP4 MoE for Hopper (sm90): a program per pair (or token), fp32 FMAs, no MMA.
 
-At one token a call (a decode step at batch 1) each of the ``TOP_K`` touched experts multiplies one activation
-row. The MMA decode kernels (:mod:`.decode`) then spend an ``m16n8k16`` on 1 useful column of 8, and their
-one-warp programs (about 250 registers, 8 an SM) wait on their own dependent chains: at one token their two
-GEMMs took 39 us with the weights already in L2 (host-cost report, sessions 21-22). These kernels are built for
-that case instead:
+At one or two tokens a call (decode at batch 1-2) each touched expert multiplies one activation row. The MMA decode
+kernels (:mod:`.decode`) then spend an ``m16n8k16`` on 1 useful column of 8, and their one-warp programs (about
+250 registers, 8 an SM) wait on their own dependent chains: at one token their two GEMMs took 39 us with the
+weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is built for that case instead:
 
 - **A lane owns one MX block of a row at a time**: 16 bytes of codes (32 values, one ``LDG.128``) and its scale
-  byte. Lane ``c`` of a warp takes block ``32 p + c`` of each of its rows in pass ``p``
-  (``cdiv(K / 32, 32)`` passes; GPT-OSS's K = 2880 is 90 blocks, 3 passes, the last one 26 lanes wide).
-- **The activations of a pass sit in registers as fp32** (32 values a lane) and serve every row the thread owns
-  (the two rows of a gate/up feature, ``FEATS`` features a warp; ``FEATS`` output rows of a slot's expert in the
-  down GEMM): reading them costs nothing per weight value.
+  byte. Lane ``c`` of a warp takes block ``32 p + c`` of each of its rows in pass ``p`` (``cdiv(K / 32, 32)``
+  passes; GPT-OSS's K = 2880 is 90 blocks, 3 passes, the last one 26 lanes wide). A thread holds ``FEATS`` row
+  pairs (a gate/up feature's gate and up rows; two consecutive output rows of the down GEMM).
+- **The activations are staged once a program** in shared memory as fp32 (``[row, pass, lane, 32]``, 16-byte
+  vectors swizzled by lane, so a lane's eight 16-byte reads meet no other lane's bank), and a pass reads its 32
+  values a lane from there for every row the thread owns.
 - **Decode through the hardware's e4m3 conversion**: a code's three magnitude bits, shifted to bits 2..4 of a byte,
   and its sign at bit 7 make the e4m3 byte of ``E2M1 * 2**-6`` (exactly, the E2M1 subnormal 0.5 included: e4m3's
   subnormals have the same step), and ``cvt.rn.f16x2.e4m3x2`` turns two such bytes into two f16. A 32-bit word
-  (8 codes) costs about seven shifts and masks, four conversions, eight f16-to-f32 conversions and eight FMAs
-  (:data:`_DOT8`, one inline-asm block a word).
-- **The scale is applied once a block**: the block's fp32 dot product times ``2**(s - 121)`` (``2**6`` undoes
-  the decode's ``2**-6``), one FMA into the row's accumulator. Products of bf16 activations and E2M1 values are
+  (8 codes) costs seven shifts and masks, four conversions, eight f16-to-f32 conversions and eight FMAs (:data:`_DOT8`,
+  one inline-asm block a word; the sm90 SASS of a 20B gate/up program: 976 instructions for 192 values a thread).
+- **The scale is applied once a block**: the block's fp32 dot product times ``2**(s - 121)`` (``2**6`` undoes the
+  decode's ``2**-6``), one FMA into the row's accumulator; weights with a scale byte above
+  :data:`ONE_STEP_MAX_SCALE` take ``BIG_SCALES`` (two steps there). Products of bf16 activations and E2M1 values are
   exact in fp32, as in the MMA path; only the fp32 summation order differs from it.
-- **Each program holds few registers** (no operand tiles, no ring), so many warps share an SM and hide each
-  other's loads; the next pass's codes are requested before the current pass is decoded.
+- **Few registers** (64 at the shipped tiles: no operand tiles, no ring), so 32 warps share an SM; the next pass's
+  codes and scales are requested before the current pass is decoded.
 
-:func:`moe_gemv_gate_up`: program (pair, feature tile) writes ``inter[pair, j] = swiglu(x[token] @ W13[e].T +
-b13[e])`` for ``FEATS * WARPS`` features ``j`` (fp32 values rounded to bf16, as the MMA path's bf16 ``inter``).
-:func:`moe_gemv_down`: program (token, row tile) sums the token's ``TOP_K`` slots itself, one warp a slot:
-``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` (the slots summed across warps in a
-fixed order: deterministic). Two launches a call, no atomics, no split sums.
+Gate/up, program (pair, group of ``SUB`` row tiles): ``inter[pair, j] = bf16(swiglu(x[token] @ W13[e].T +
+b13[e]))`` (fp32 storage). Down, program (token, row tile): it walks the token's ``TOP_K`` slots over the same rows
+(the next slot's first codes requested before the current slot's last pass) and sums them in registers in slot
+order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two launches a call, no
+atomics, no split sums, deterministic.
 
-Every weight byte is read once a token: the kernels serve any token count, and pay for it above one token
-(:data:`.layer.GEMV_MAX_TOKENS`). Both read the canonical layout (``hopper.moe_apply``).
+Every weight byte is read once a token, so a call of T tokens reads its experts T times: the layer takes this path
+up to :data:`.layer.GEMV_MAX_TOKENS` tokens on the canonical layout (``hopper.moe_apply``).
 """
 
 from __future__ import annotations

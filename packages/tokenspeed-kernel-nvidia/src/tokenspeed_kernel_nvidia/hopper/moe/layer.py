@@ -4,8 +4,9 @@ the canonical MXFP4 layout (``hopper.moe_apply``: no weight preprocessing) or th
 :mod:`.packed` (``hopper.moe_apply_packed``: the same tensors with the bits of each word permuted, fewer
 decode instructions); one weights object serves every call of either.
 
-The decode path: three or four launches, no host sync (each launched with programmatic dependent
-launch: :mod:`.decode`):
+Up to ``GEMV_MAX_TOKENS`` tokens on canonical weights: the GEMV kernel (:mod:`.gemv`), two launches, fp32 FMAs
+instead of MMAs. Otherwise the decode path: three or four launches, no host sync (each launched with programmatic
+dependent launch: :mod:`.decode`):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
    (pair, N tile, K split), working for the first pair of each touched expert; with K
@@ -174,10 +175,14 @@ class GemvTile(tuple):
         return self[2]
 
 
-#: Calls of at most this many tokens take the GEMV kernels (:mod:`.gemv`) on canonical weights with at most
-#: :data:`.gemv.MAX_SLOTS` slots a token. 0 until measured: the path is taken with ``tiles=`` only.
-GEMV_MAX_TOKENS = 0
-#: (gate/up tile, down tile) of the GEMV path.
+#: Calls of at most this many tokens take the GEMV kernel (:mod:`.gemv`) on canonical weights with at most
+#: :data:`.gemv.MAX_SLOTS` slots a token. Measured on an H100 (host-cost report, session 30, call 5; GPT-OSS
+#: layers, ``moe_apply`` alone, one CUDA graph, L2 flushed / not, us): 20B at 1 token 39.7 / 33.1 against the MMA
+#: path's 47.6 / 39.6, at 2 tokens 64.2 / 58.0 against 76.7 / 69.1; 120B 39.6 / 32.8 against 47.4 / 39.5 and 64.5
+#: / 58.1 against 76.6 / 69.5. Above 2 tokens (each token reads its experts again) not measured.
+GEMV_MAX_TOKENS = 2
+#: (gate/up tile, down tile) of the GEMV path: the fastest pair of session 30's sweeps (calls 4-5; gate/up 1 row pair
+#: a thread, 8 warps, one tile a program; down 1 row pair a thread, 4 warps).
 GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4))
 
 
@@ -415,8 +420,8 @@ def moe_apply(
 ) -> torch.Tensor:
     """``out[t] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t])`` (bf16 x, MXFP4 weights).
 
-    ``tiles`` overrides :data:`DECODE_TILES` with two :class:`DecodeTile`, or
-    :data:`PREFILL_TILES` with two :class:`PrefillTile` (and so picks the path; tuning only).
+    ``tiles`` overrides :data:`DECODE_TILES` with two :class:`DecodeTile`, :data:`PREFILL_TILES` with two
+    :class:`PrefillTile`, or :data:`GEMV_TILES` with two :class:`GemvTile` (and so picks the path; tuning only).
     Without it, calls of at least :data:`PREFILL_MIN_TOKENS` tokens take the prefill path. An
     eager call of at most ``GRAPH_MAX_TOKENS`` tokens replays a CUDA graph of its launches captured once per
     shape and weights, at the shape's second call, and one that reads the inputs without copying them once
@@ -482,7 +487,7 @@ def moe_apply(
     prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
     if isinstance(tiles[0], GemvTile) if tiles else (t <= GEMV_MAX_TOKENS and k <= gemv.MAX_SLOTS and not is_packed):
         if is_packed:
-            raise ValueError("tiles: the GEMV kernels read the canonical layout (hopper.moe_apply), got packed weights")
+            raise ValueError("tiles: the GEMV kernel reads the canonical layout (hopper.moe_apply), got packed weights")
         _run_gemv(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result,
                   tiles or GEMV_TILES)  # fmt: skip
         if out is not None and result is not out:
@@ -559,7 +564,7 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
     gu, dn = tiles
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
-        raise ValueError(f"topk_ids: the GEMV kernels take at most {gemv.MAX_SLOTS} slots a token, got {k}")
+        raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots a token, got {k}")
     ids = topk_ids.reshape(-1).contiguous()
     inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.float32, device=x.device)
     _gemv_gate_up(x, ids, weights, activation, inter, gu, k)

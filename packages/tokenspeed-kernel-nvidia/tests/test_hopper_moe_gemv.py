@@ -1,0 +1,131 @@
+"""The GEMV path of ``hopper.moe_apply`` (:mod:`tokenspeed_kernel_nvidia.hopper.moe.gemv`): which calls take it,
+its tile's argument checks, the e4m3 placement its decode relies on, and its launches cross-compiled for sm_90.
+Its numerics, determinism and graph replay run on the GPU in ``test_hopper_moe.py`` (the table's 1-2 token cases on
+canonical weights, and a forced ``GemvTile`` case) and ``test_hopper_moe_pdl.py`` (programmatic launch on and off).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from test_hopper_moe import _launches, _weights
+
+
+def _kernels(calls):
+    return [(getattr(fn, "__name__", repr(fn)), kwargs.get("GATE_UP")) for fn, _grid, _args, kwargs in calls]
+
+
+def test_calls_of_few_tokens_on_canonical_weights_take_the_gemv_kernel(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    for tokens in range(1, layer.GEMV_MAX_TOKENS + 1):
+        calls = _launches(monkeypatch, tokens, e=32, gemv=True)
+        assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)], tokens
+        gate_up, down = calls
+        gu_tile, dn_tile = layer.GEMV_TILES
+        assert gate_up[1] == (4 * tokens, -(-2880 // (gu_tile.feats * gu_tile.warps * gu_tile.sub)))
+        assert down[1] == (tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
+        assert down[3]["SUB"] == 4 and down[3]["num_warps"] == dn_tile.warps
+    # More tokens: the MMA decode path.
+    calls = _launches(monkeypatch, layer.GEMV_MAX_TOKENS + 1, e=32, gemv=True)
+    assert {name for name, _ in _kernels(calls)} >= {"moe_decode_gemm"}
+    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+
+
+def test_packed_weights_and_wide_routing_keep_the_mma_path_and_forced_tiles_refuse_them(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
+
+    calls = _launches(monkeypatch, 1, e=32, gemv=True, packed=True)
+    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    calls = _launches(monkeypatch, 1, e=32, gemv=True, k=gemv.MAX_SLOTS + 1)
+    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    tiles = (layer.GemvTile(1, 8), layer.GemvTile(1, 4))
+    with pytest.raises(ValueError, match="tiles: the GEMV kernel reads the canonical layout"):
+        _launches(monkeypatch, 1, e=32, gemv=True, packed=True, tiles=tiles)
+    with pytest.raises(ValueError, match=f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots"):
+        _launches(monkeypatch, 1, e=32, gemv=True, k=gemv.MAX_SLOTS + 1, tiles=tiles)
+    # Forced tiles also serve more tokens than the table (each token reads its experts again).
+    calls = _launches(monkeypatch, 5, e=32, gemv=True, tiles=tiles)
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
+
+
+def test_gemv_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    assert GemvTile(2, 4, 3) == (2, 4, 3) and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
+    for args, name in (((3,), "feats"), ((8,), "feats"), ((1, 3), "warps"), ((1, 32), "warps"), ((1, 8, 0), "sub"),
+                       ((1, 8, 9), "sub"), ((True,), "feats")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            GemvTile(*args)
+
+
+def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus_6():
+    """The decode's bit placement (:data:`.gemv._DOT8`): even codes (low nibble of a byte) ``(b & 7) << 2 | (b & 8)
+    << 4``, odd codes (high nibble) ``(b >> 2) & 0x1C | b & 0x80``, read as e4m3, equal ``E2M1 * 2**-6`` for all 256
+    bytes; the E2M1 values are the reference's table."""
+    from tokenspeed_kernel.numerics.inputs import E2M1_VALUES
+
+    b = torch.arange(256, dtype=torch.int32)
+    even = ((b & 7) << 2) | ((b & 8) << 4)
+    odd = ((b >> 2) & 0x1C) | (b & 0x80)
+    as_e4m3 = lambda v: v.to(torch.uint8).view(torch.float8_e4m3fn).float()  # noqa: E731
+    table = torch.tensor(E2M1_VALUES)
+    assert torch.equal(as_e4m3(even) * 64, table[b & 15])
+    assert torch.equal(as_e4m3(odd) * 64, table[b >> 4])
+    # The placement the kernel's asm spells (shifts and masks on a whole word) is the one checked above.
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv
+
+    asm = gemv._DOT8.value
+    for line in ("shl.b32 t, $1, 2;", "and.b32 e, t, 0x1C1C1C1C;", "shl.b32 t, $1, 4;", "and.b32 t, t, 0x80808080;",
+                 "shr.u32 t, $1, 2;", "and.b32 o, t, 0x1C1C1C1C;", "and.b32 t, $1, 0x80808080;"):  # fmt: skip
+        assert line in asm
+
+
+CC_CASES = [
+    ("20b_T1", 1, 4, {}),
+    ("no_bias_not_interleaved_top3_T2", 2, 3, {"bias": False, "interleaved": False}),
+    ("scales_above_248_T1", 1, 4, {"scale_hi": 252}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,tokens,k,wkw", CC_CASES, ids=[c[0] for c in CC_CASES])
+def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills(monkeypatch, label, tokens, k, wkw):
+    from tokenspeed_kernel.testing import compile_launch
+    from triton.tools.disasm import get_sass
+
+    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, **wkw)
+    assert len(calls) == 2
+    for fn, _grid, args, kwargs in calls:
+        assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
+        ck = compile_launch(fn, args, dict(kwargs), "sm90")
+        ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
+        assert "cvt.rn.f16x2.e4m3x2" in ptx and "F2FP.F16.E4M3.UNPACK_B" in sass
+        assert not re.search(r"\b(HMMA|LDL|STL)\b", sass), label  # no MMA, no local memory (spills)
+        assert re.search(r"\bLDG\.E\.128\b", sass), label  # 16 bytes of codes a lane and row
+        assert re.search(r"\bLDS\.128\b", sass), label  # the activations from shared memory
+        if not kwargs["GATE_UP"]:
+            assert not re.search(r"\b(atom|red)\.", ptx), label  # the slots are summed in registers
+
+
+def test_the_largest_scale_byte_is_read_once_per_weights_object(monkeypatch):
+    """The scale bytes' maximum (which picks ``BIG_SCALES``) is read once per weights object."""
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    w = _weights(4, 64, 64)
+    reads = []
+    real = torch.Tensor.max
+
+    def counting(t, *a, **kw):
+        if t.dtype == torch.uint8:
+            reads.append(t.shape)
+        return real(t, *a, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "max", counting)
+    largest = layer._max_scale(w)
+    assert largest == max(int(real(w.w13_scale)), int(real(w.w2_scale))) and len(reads) == 2
+    assert layer._max_scale(w) == largest and len(reads) == 2
+    assert layer._two_step(w) is (largest > layer.ONE_STEP_MAX_SCALE)
