@@ -10,7 +10,6 @@ import re
 
 import pytest
 import torch
-
 from test_hopper_moe import _launches, _weights
 
 
@@ -71,7 +70,7 @@ def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus
     b = torch.arange(256, dtype=torch.int32)
     even = ((b & 7) << 2) | ((b & 8) << 4)
     odd = ((b >> 2) & 0x1C) | (b & 0x80)
-    as_e4m3 = lambda v: v.to(torch.uint8).view(torch.float8_e4m3fn).float()  # noqa: E731
+    as_e4m3 = lambda v: v.to(torch.uint8).view(torch.float8_e4m3fn).float()
     table = torch.tensor(E2M1_VALUES)
     assert torch.equal(as_e4m3(even) * 64, table[b & 15])
     assert torch.equal(as_e4m3(odd) * 64, table[b >> 4])
@@ -94,8 +93,9 @@ CC_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("label,tokens,k,wkw", CC_CASES, ids=[c[0] for c in CC_CASES])
 def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills(monkeypatch, label, tokens, k, wkw):
-    from tokenspeed_kernel.testing import compile_launch
     from triton.tools.disasm import get_sass
+
+    from tokenspeed_kernel.testing import compile_launch
 
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, **wkw)
     assert len(calls) == 2
