@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                 got = layer.moe_apply(x, tw, ids, w, act, tiles=gemv_tiles, graphs=False)
                 ref = base._ref(x, tw, ids, w, act)
                 rel = float((got.float() - ref).norm() / ref.norm())
-                other = layer.moe_apply(x, tw, ids, w, act, graphs=False)  # the MMA path (GEMV_MAX_TOKENS = 0)
+                other = layer.moe_apply(x, tw, ids, w, act, graphs=False, tiles=layer._tiles(t, layer._two_step(w)))
                 again = layer.moe_apply(x, tw, ids, w, act, tiles=gemv_tiles, graphs=False)
                 graph = torch.cuda.CUDAGraph()
                 out = torch.empty_like(got)
@@ -138,6 +138,8 @@ def main(argv=None) -> int:
 
     def apply_alone(w, x, tw, ids, tiles):
         out = torch.empty_like(x)
+        if tiles is None:  # the MMA decode path
+            tiles = layer._tiles(x.shape[0], layer._two_step(w))
 
         def fn():
             layer.moe_apply(x, tw, ids, w, act, tiles=tiles, graphs=False, out=out)
@@ -226,15 +228,17 @@ def main(argv=None) -> int:
         for e in experts:
             x, logits, _, _ = inputs(e, 1)
             out = torch.empty_like(x)
-            configs = {"mma": None, "gemv " + _name(best): best}
+            configs = {"mma": layer._tiles(1, layer._two_step(weights[e])), "gemv " + _name(best): best}
             base.layer_rounds(res, 1, list(configs), 2, deadline, lambda name, tw2, ids2: layer.moe_apply(
                 x, tw2, ids2, weights[e], act, out=out, tiles=configs[name], graphs=False), logits,
                 extra=lambda name: {"experts": e})  # fmt: skip
             save()
     if "eager" in stages and time.time() < deadline:
         if args.default_gemv:
-            layer.GEMV_MAX_TOKENS = 1
+            layer.GEMV_MAX_TOKENS = max(layer.GEMV_MAX_TOKENS, 1)
             layer.GEMV_TILES = best
+        else:
+            layer.GEMV_MAX_TOKENS = 0  # the MMA decode path
         for e in experts:
             x, _, tw, ids = inputs(e, 1)
 

@@ -155,19 +155,6 @@ def _rows(j, h, I: gl.constexpr, SPLIT_ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _sub_tile(ids_ptr, e0, pid, u: gl.constexpr, j0, f, h, FW: gl.constexpr, I: gl.constexpr, TOP_K: gl.constexpr,
-              GATE_UP: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """Sub-tile ``u``'s expert, weight rows ``[FW, 2]`` and their mask: gate/up, the pair's expert ``e0`` and the
-    ``u``-th tile of row pairs from ``j0``; down, slot ``u``'s expert and the program's rows."""
-    if GATE_UP:
-        j = j0 + u * FW + f
-        return e0, _rows(j, h, I, SPLIT), (j < I)[:, None] & (h < 2)[None, :]
-    j = j0 + f
-    e = e0 if u == 0 else gl.load(ids_ptr + pid * TOP_K + u)
-    return e, _rows(j, h, I, False), (j < I)[:, None] & (h < 2)[None, :]
-
-
-@gluon.jit
 def _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p: gl.constexpr, K: gl.constexpr,
                SROW: gl.constexpr):  # fmt: skip
     """Pass ``p``'s code words ``uint32 [F, 2, 32, 4]`` and scale bytes ``[F, 2, 32]`` of expert ``e``'s ``rows``."""
@@ -188,7 +175,6 @@ def moe_gemv(
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-    AHEAD: gl.constexpr = 3,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the next pass's codes and scales (the next sub-tile's first) before it
@@ -217,13 +203,13 @@ def moe_gemv(
         # The ids are the previous launch's output (the route): wait before reading them.
         _grid_wait(PDL)
         _grid_release(PDL)
-        e_first = gl.load(ids_ptr + pid)
+        e = gl.load(ids_ptr + pid)
         x_row0 = pid // TOP_K
         j0 = tile * (SUB * FW)
     else:
         # The ids and the routing weights were written two launches or more before this one, so they are complete
         # (.decode's module doc): the first codes are requested before the grid wait.
-        e_first = gl.load(ids_ptr + pid * TOP_K)
+        e = gl.load(ids_ptr + pid * TOP_K)
         x_row0 = pid * TOP_K
         j0 = tile * FW
     f = gl.arange(0, FW, layout=gl.SliceLayout(1, LR))
@@ -231,16 +217,12 @@ def moe_gemv(
     c = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     wi = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
     SPLIT: gl.constexpr = GATE_UP and not INTERLEAVED
-    # The first AHEAD steps' codes (a step: one pass of one sub-tile); each step then requests the one AHEAD after it.
-    S: gl.constexpr = SUB * NP
-    e_a, rows_a, ok_a = _sub_tile(ids_ptr, e_first, pid, 0, j0, f, h, FW, I, TOP_K, GATE_UP, SPLIT)
-    w0, s0 = _load_step(w_ptr, s_ptr, e_a, stride_we, stride_se, rows_a, ok_a, c, wi, 0, K, SROW)
-    if S > 1:
-        e_a, rows_a, ok_a = _sub_tile(ids_ptr, e_first, pid, 1 // NP, j0, f, h, FW, I, TOP_K, GATE_UP, SPLIT)
-        w1, s1 = _load_step(w_ptr, s_ptr, e_a, stride_we, stride_se, rows_a, ok_a, c, wi, 1 % NP, K, SROW)
-    if S > 2 and AHEAD > 2:
-        e_a, rows_a, ok_a = _sub_tile(ids_ptr, e_first, pid, 2 // NP, j0, f, h, FW, I, TOP_K, GATE_UP, SPLIT)
-        w2, s2 = _load_step(w_ptr, s_ptr, e_a, stride_we, stride_se, rows_a, ok_a, c, wi, 2 % NP, K, SROW)
+    rows = _rows(j0 + f, h, I, SPLIT)
+    row_ok = ((j0 + f) < I)[:, None] & (h < 2)[None, :]
+    words, sc = _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, 0, K, SROW)
+    if not GATE_UP:
+        _grid_wait(PDL)  # inter is the previous launch's output
+        _grid_release(PDL)
     # The activation rows once, as fp32, for every warp: [row, pass, lane, 32 values] (16-byte vectors swizzled by
     # lane: a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
     LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
@@ -255,48 +237,49 @@ def moe_gemv(
     gl.thread_barrier()
     LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
     y = gl.zeros([FW, 2], gl.float32, LR)
-    acc = gl.zeros([FW, 2, 32], gl.float32, L3)
-    for t in gl.static_range(S):
-        if (t % NP) == 0:
-            # A sub-tile starts: its expert, rows, bias and routing weight.
-            e, rows, row_ok = _sub_tile(ids_ptr, e_first, pid, (t // NP), j0, f, h, FW, I, TOP_K, GATE_UP, SPLIT)
-            if HAS_BIAS:
-                bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
-            if not GATE_UP:
-                tw = gl.load(tw_ptr + pid * TOP_K + (t // NP)).to(gl.float32)
-            acc = gl.zeros([FW, 2, 32], gl.float32, L3)
-        if t + AHEAD < S:
-            e_a, rows_a, ok_a = _sub_tile(
-                ids_ptr, e_first, pid, (t + AHEAD) // NP, j0, f, h, FW, I, TOP_K, GATE_UP, SPLIT
-            )
-            wn, sn = _load_step(w_ptr, s_ptr, e_a, stride_we, stride_se, rows_a, ok_a, c, wi, (t + AHEAD) % NP, K,
-                                SROW)  # fmt: skip
-        xf = gl.reshape(x_sm.index((0 if GATE_UP else (t // NP)) * NP + (t % NP)).load(LXS), [32, 4, 2, 2, 2])
-        x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xf, LD)
-        dots = _block_dots(w0, x0[None, None], x1[None, None], x2[None, None], x3[None, None], x4[None, None],
-                           x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
-        acc = _scaled_add(acc, dots, s0, BIG_SCALES)
-        # Rotate the in-flight steps.
-        if t + 1 < S:
-            w0, s0 = w1, s1
-        if AHEAD > 2:
-            if t + 2 < S:
-                w1, s1 = w2, s2
-            if t + 3 < S:
-                w2, s2 = wn, sn
-        else:
-            if t + 2 < S:
-                w1, s1 = wn, sn
-        if (t % NP) == NP - 1:
-            out = gl.sum(acc, axis=2)  # [feature, gate/up]
-            if HAS_BIAS:
-                out = out + bias.to(gl.float32)
+    for u in gl.static_range(SUB):
+        # This sub-tile's bias and routing weight, and the next sub-tile's expert and rows.
+        if HAS_BIAS:
+            bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
+        if not GATE_UP:
+            tw = gl.load(tw_ptr + pid * TOP_K + u).to(gl.float32)
+        if u + 1 < SUB:
             if GATE_UP:
-                gate, up = gl.split(out)
-                hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
-                jo = gl.convert_layout(j0 + (t // NP) * FW + f, hv.type.layout)
-                gl.store(y_ptr + pid.to(gl.int64) * stride_y + jo, hv.to(y_ptr.dtype.element_ty), mask=jo < I)
+                e_n = e
+                rows_n = _rows(j0 + (u + 1) * FW + f, h, I, SPLIT)
+                row_ok_n = ((j0 + (u + 1) * FW + f) < I)[:, None] & (h < 2)[None, :]
             else:
-                y += out * tw  # slot order
+                e_n = gl.load(ids_ptr + pid * TOP_K + u + 1)
+                rows_n = rows
+                row_ok_n = row_ok
+        acc = gl.zeros([FW, 2, 32], gl.float32, L3)
+        for p in gl.static_range(NP):
+            if p + 1 < NP:
+                words_n, sc_n = _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p + 1, K, SROW)
+            elif u + 1 < SUB:
+                words_n, sc_n = _load_step(w_ptr, s_ptr, e_n, stride_we, stride_se, rows_n, row_ok_n, c, wi, 0, K,
+                                           SROW)  # fmt: skip
+            xf = gl.reshape(x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS), [32, 4, 2, 2, 2])
+            x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xf, LD)
+            dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None],
+                               x4[None, None], x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
+            acc = _scaled_add(acc, dots, sc, BIG_SCALES)
+            if (p + 1 < NP) or (u + 1 < SUB):
+                words = words_n
+                sc = sc_n
+        out = gl.sum(acc, axis=2)  # [feature, gate/up]
+        if HAS_BIAS:
+            out = out + bias.to(gl.float32)
+        if GATE_UP:
+            gate, up = gl.split(out)
+            hv = _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT).to(gl.bfloat16)
+            jo = gl.convert_layout(j0 + u * FW + f, hv.type.layout)
+            gl.store(y_ptr + pid.to(gl.int64) * stride_y + jo, hv.to(y_ptr.dtype.element_ty), mask=jo < I)
+        else:
+            y += out * tw  # slot order
+        if u + 1 < SUB:
+            e = e_n
+            rows = rows_n
+            row_ok = row_ok_n
     if not GATE_UP:
         gl.store(y_ptr + pid.to(gl.int64) * stride_y + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
