@@ -51,6 +51,17 @@ def test_packed_weights_and_wide_routing_keep_the_mma_path_and_forced_tiles_refu
     assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
 
 
+def test_experts_too_wide_to_stage_keep_the_mma_path_and_forced_tiles_name_the_weights(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
+
+    # 8 slots of 8192 intermediate values: 8 x 8 passes x 4 KB of fp32 rows, above MAX_STAGED_BYTES.
+    assert gemv.staged_bytes(8, 8192) > gemv.MAX_STAGED_BYTES >= gemv.staged_bytes(4, 2880)
+    calls = _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8)
+    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    with pytest.raises(ValueError, match="^weights: the GEMV kernel stages 8 activation rows of 8192 values"):
+        _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8, tiles=(layer.GemvTile(1), layer.GemvTile(1)))
+
+
 def test_gemv_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 

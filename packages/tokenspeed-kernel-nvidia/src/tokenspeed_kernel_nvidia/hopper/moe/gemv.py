@@ -39,12 +39,21 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .decode import _grid_release, _grid_wait
+from .decode import _grid_release, _grid_wait, _swiglu
 
-__all__ = ["moe_gemv", "MAX_SLOTS", "ONE_STEP_MAX_SCALE"]
+__all__ = ["moe_gemv", "MAX_SLOTS", "MAX_STAGED_BYTES", "ONE_STEP_MAX_SCALE", "staged_bytes"]
 
-#: The down GEMM runs one warp a slot: ``TOP_K`` up to this many.
+#: A down program walks its token's slots (unrolled): ``TOP_K`` up to this many.
 MAX_SLOTS = 8
+#: The shared memory a program may stage its activation rows in (H100/H200: 227 KB a block).
+MAX_STAGED_BYTES = 160 * 1024
+
+
+def staged_bytes(rows: int, k: int) -> int:
+    """The shared memory a program stages ``rows`` activation rows of ``k`` values in: fp32, whole passes of 32 MX
+    blocks (the gate/up program 1 row, the down program ``TOP_K``)."""
+    return rows * -(-k // 1024) * 1024 * 4
+
 
 #: ``$0 = sum_i decode(code i of word $1) * $(2 + i)``: the 8 E2M1 codes of a word (code i in bits 4 i .. 4 i + 3,
 #: K order) as ``E2M1 * 2**-6`` through e4m3 bytes (even codes: nibble << 2 for the magnitude, the sign bit << 4;
@@ -136,14 +145,6 @@ def _scaled_add(acc, dots, sc, BIG_SCALES: gl.constexpr):
         factor = (gl.where(big, s, s + 6) << 23).to(gl.float32, bitcast=True)
         return gl.fma(gl.where(big, dots * 64.0, dots), factor, acc)
     return gl.fma(dots, ((s + 6) << 23).to(gl.float32, bitcast=True), acc)
-
-
-@gluon.jit
-def _swiglu(gate, up, alpha, limit, up_offset, HAS_LIMIT: gl.constexpr):
-    if HAS_LIMIT:
-        gate = gl.minimum(gate, limit)
-        up = gl.minimum(gl.maximum(up, -limit), limit)
-    return (up + up_offset) * gate * (1.0 / (1.0 + gl.exp(-(alpha * gate))))
 
 
 @gluon.jit

@@ -485,7 +485,7 @@ def moe_apply(
     if t == 0 or h == 0:
         return out if out is not None else result
     prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
-    if isinstance(tiles[0], GemvTile) if tiles else (t <= GEMV_MAX_TOKENS and k <= gemv.MAX_SLOTS and not is_packed):
+    if isinstance(tiles[0], GemvTile) if tiles else (t <= GEMV_MAX_TOKENS and not is_packed and _gemv_fits(k, weights)):
         if is_packed:
             raise ValueError("tiles: the GEMV kernel reads the canonical layout (hopper.moe_apply), got packed weights")
         _run_gemv(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result,
@@ -559,12 +559,24 @@ def moe_apply(
     return result
 
 
+def _gemv_fits(k: int, weights: MoEWeights) -> bool:
+    """Whether the GEMV kernel takes ``k`` slots a token of these weights: at most :data:`.gemv.MAX_SLOTS`, and every
+    program's staged activation rows within :data:`.gemv.MAX_STAGED_BYTES`."""
+    return k <= gemv.MAX_SLOTS and max(gemv.staged_bytes(1, weights.hidden),
+                                       gemv.staged_bytes(k, weights.intermediate)) <= gemv.MAX_STAGED_BYTES  # fmt: skip
+
+
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
     """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into ``inter``, then down + bias + the slots' sum."""
     gu, dn = tiles
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots a token, got {k}")
+    if not _gemv_fits(k, weights):
+        raise ValueError(
+            f"weights: the GEMV kernel stages {k} activation rows of {weights.intermediate} values a program, more "
+            f"than {gemv.MAX_STAGED_BYTES} bytes of shared memory (hidden {weights.hidden})"
+        )
     ids = topk_ids.reshape(-1).contiguous()
     inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.float32, device=x.device)
     _gemv_gate_up(x, ids, weights, activation, inter, gu, k)
