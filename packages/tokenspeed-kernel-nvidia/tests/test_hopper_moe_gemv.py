@@ -6,10 +6,14 @@ canonical weights, and a forced ``GemvTile`` case) and ``test_hopper_moe_pdl.py`
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import pytest
 import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
 from test_hopper_moe import _launches, _weights
 
 
