@@ -21,8 +21,9 @@ weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is bu
   decode's ``2**-6``), one FMA into the row's accumulator; weights with a scale byte above
   :data:`ONE_STEP_MAX_SCALE` take ``BIG_SCALES`` (two steps there). Products of bf16 activations and E2M1 values are
   exact in fp32, as in the MMA path; only the fp32 summation order differs from it.
-- **Few registers** (64 at the shipped tiles: no operand tiles, no ring), so 32 warps share an SM; the next pass's
-  codes and scales are requested before the current pass is decoded.
+- **Few registers** (no operand tiles, no ring; sm90 cross-compile at the shipped tiles: 64 for gate/up, so 32
+  warps share an SM, and 72 for down, whose four staged activation rows, 48 KB a 4-warp program, allow 16); the
+  next pass's codes and scales are requested before the current pass is decoded.
 
 Gate/up, program (pair, group of ``SUB`` row tiles): ``inter[pair, j] = bf16(swiglu(x[token] @ W13[e].T +
 b13[e]))`` (fp32 storage). Down, program (token, row tile): it walks the token's ``TOP_K`` slots over the same rows
