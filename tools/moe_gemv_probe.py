@@ -1,28 +1,29 @@
 #!/usr/bin/env python3
 """``hopper.moe_apply``'s GEMV path (``hopper/moe/gemv.py``) against its MMA decode path: an H100/H200 probe (issue 13).
 
-    python tools/moe_gemv_probe.py --out OUT [--stages numerics,apply,sweep,layer,eager] [--experts 32,128]
-        [--tokens 1,2] [--gate-up "2,4;4,4;..."] [--down "2;4;8"] [--default-gemv] [--budget-s 300]
+    python tools/moe_gemv_probe.py --out OUT [--stages numerics,kernels,apply,sweep,layer,eager] [--experts 32,128]
+        [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
+        [--default-gemv] [--tag=-x] [--budget-s 300]
 
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 =
 20B, 128 = 120B). Stages, in order (each row is written to ``OUT/moe_gemv_probe.json`` as it comes):
 
-- ``numerics``: the GEMV path against the fp32 reference (relative Frobenius error, bound 1e-2) and the MMA path
-  (largest absolute difference), its determinism and a CUDA-graph replay, on: 1 token (20B and 120B), no bias and
-  gate/up not interleaved, 3 tokens, top-3 and top-2 routing, scale bytes 246-252 (6 * 2**125 is the largest fp32
-  weight the reference can hold) (the two-step scale) with
-  activations scaled by 2**-124;
+- ``numerics``: the GEMV path (``GEMV_TILES``, or ``--gemv-tiles``) against the fp32 reference (relative Frobenius
+  error, bound 1e-2) and the MMA path (largest absolute difference), its determinism and a CUDA-graph replay, on:
+  1 token (20B and 120B), no bias and gate/up not interleaved, 3 tokens, top-3 and top-2 routing, and gate/up scale
+  bytes 246-252 (the two-step scale; 6 * 2**125 is the largest fp32 weight the reference can hold) with activations
+  scaled by 2**-124;
 - ``kernels``: each GEMV kernel alone (one CUDA graph, programmatic launch off), L2 flushed and not, 20B layer, one
   token: the ``GemvTile`` s (``feats,warps[,sub]``) of ``--kernel-gate-up`` and ``--kernel-down``;
-- ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA table against
-  ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
+- ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA decode tiles
+  (``DECODE_TILES``, forced) against ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
 - ``sweep``: the gate/up tiles of ``--gate-up`` with the table's down tile, then the down tiles of ``--down`` with the
   fastest gate/up (flushed), at one token, first ``--experts``;
 - ``layer``: ``moe_route`` + ``moe_apply`` (one graph, L2 flushed), MMA against the sweep's best, two rounds taking
   turns;
 - ``eager``: the public ``tk.moe_apply`` (``override="hopper.moe_apply"``) 400 calls back to back then one sync, median
-  of 5 rounds, at one token; with ``--default-gemv`` the process first sets ``GEMV_MAX_TOKENS = 1`` (and the sweep's
-  best tiles when the sweep ran), so the public call takes the GEMV path.
+  of 5 rounds, at one token: the MMA path (the process sets ``GEMV_MAX_TOKENS = 0``), or with ``--default-gemv`` the
+  GEMV path (``GEMV_MAX_TOKENS`` at least 1, and the sweep's best tiles when the sweep ran).
 """
 
 # ruff: noqa: B023 - every closure below is timed within the loop iteration that defines it
