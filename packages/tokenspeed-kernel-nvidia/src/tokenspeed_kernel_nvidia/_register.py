@@ -153,7 +153,8 @@ def register_hopper() -> None:
             "gate_up_interleaved": (False, True),
             "up_offset": ANY,  # a launch argument
         },
-        # Every token count: the decode path below PREFILL_MIN_TOKENS, the wgmma grouped GEMMs above.
+        # Every token count: the GEMV kernel at 1-2 tokens (canonical layout), the MMA decode path below
+        # PREFILL_MIN_TOKENS, the wgmma grouped GEMMs above.
         capability=Capability(vendors=frozenset({"nvidia"}), min_arch="sm90", max_arch="sm90"),
         priority=Priority.PERFORMANT,
         # No atomics: the k slots are summed in slot order.
@@ -163,10 +164,11 @@ def register_hopper() -> None:
         "moe_apply",
         name="hopper.moe_apply",
         impl="tokenspeed_kernel_nvidia.hopper.moe.layer:moe_apply",
-        # GPU tests, numerics and bench on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe.
+        # GPU tests, numerics and bench on an H200: docs/benchmarks/h200-2026-12-01/hopper-moe; the GEMV kernel's
+        # on an H100: docs/benchmarks/h200-2026-12-01/host-cost/s30-call7.
         hardware_validated=True,
-        doc="Hopper MXFP4 MoE (Gluon): weights decoded in registers into mma.sync (decode) or wgmma (prefill), "
-        "canonical layout",
+        doc="Hopper MXFP4 MoE (Gluon), canonical layout: fp32 FMAs on CUDA cores at 1-2 tokens (GEMV), weights decoded "
+        "in registers into mma.sync (decode) or wgmma (prefill) above",
         **bf16_moe,
     )
     register_kernel(
