@@ -50,6 +50,8 @@ def test_packed_weights_and_wide_routing_keep_the_mma_path_and_forced_tiles_refu
         _launches(monkeypatch, 1, e=32, gemv=True, packed=True, tiles=tiles)
     with pytest.raises(ValueError, match=f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots"):
         _launches(monkeypatch, 1, e=32, gemv=True, k=gemv.MAX_SLOTS + 1, tiles=tiles)
+    with pytest.raises(ValueError, match="tiles: the down GemvTile's program walks the token's slots"):
+        _launches(monkeypatch, 1, e=32, gemv=True, tiles=(layer.GemvTile(1, 8), layer.GemvTile(1, 4, 2)))
     # Forced tiles also serve more tokens than the table (each token reads its experts again).
     calls = _launches(monkeypatch, 5, e=32, gemv=True, tiles=tiles)
     assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]

@@ -569,6 +569,10 @@ def _gemv_fits(k: int, weights: MoEWeights) -> bool:
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
     """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into ``inter``, then down + bias + the slots' sum."""
     gu, dn = tiles
+    if dn.sub != 1:
+        raise ValueError(
+            f"tiles: the down GemvTile's program walks the token's slots, so its sub must be 1, got {dn!r}"
+        )
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots a token, got {k}")
