@@ -43,16 +43,34 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hopper_moe_h200 as base
 
 
-def _gemv_tiles(gate_up: str, down: str):
-    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+def _tile(text: str):
+    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``."""
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
-    gus = [GemvTile(*[int(v) for v in p.split(",")]) for p in gate_up.split(";") if p.strip()]
-    dns = [GemvTile(*[int(v) for v in p.split(",")]) for p in down.split(";") if p.strip()]
+    text = text.strip()
+    if text.startswith("t"):
+        if ":" in text:
+            g, ks = text[1:].split(":")
+            return TcTile(int(g), None, int(ks))
+        return TcTile(*[int(v) for v in text[1:].split(",")])
+    return GemvTile(*[int(v) for v in text.split(",")])
+
+
+def _gemv_tiles(gate_up: str, down: str):
+    gus = [_tile(p) for p in gate_up.split(";") if p.strip()]
+    dns = [_tile(p) for p in down.split(";") if p.strip()]
     return gus, dns
 
 
 def _name(tiles) -> str:
-    return "/".join(",".join(str(v) for v in t if v is not None) for t in tiles)
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
+
+    def one(t):
+        if isinstance(t, TcTile):
+            return f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}:{t.ksplit}"
+        return ",".join(str(v) for v in t if v is not None)
+
+    return "/".join(one(t) for t in tiles)
 
 
 def main(argv=None) -> int:
@@ -108,7 +126,9 @@ def main(argv=None) -> int:
                  ("no_bias_not_interleaved_T1", experts[0], 1, 4, {"bias": False, "interleaved": False}, 1.0),
                  ("20b_T3", experts[0], 3, 4, {}, 1.0), ("top3_T2", experts[0], 2, 3, {}, 1.0),
                  ("top2_T1", experts[0], 1, 2, {}, 1.0),
-                 ("scales_246_252_T1", experts[0], 1, 4, {"scale_lo": 246, "scale_hi": 253}, 2.0**-124)]  # fmt: skip
+                 ("scales_246_252_T1", experts[0], 1, 4, {"scale_lo": 246, "scale_hi": 253}, 2.0**-124),
+                 ("x_times_2pow20_T1", experts[0], 1, 4, {}, 2.0**20), ("x_times_2pow-30_T2", experts[0], 2, 4, {},
+                                                                        2.0**-30)]  # fmt: skip
         for label, e, t, k, wkw, scale in cases:
             try:
                 w = weights[e] if not wkw and e in weights else base._weights(e, base.H, base.I, gen, **wkw)
@@ -175,18 +195,22 @@ def main(argv=None) -> int:
                 for v in filter(None, (q.strip() for q in variants.split(";"))):
                     if time.time() > deadline:
                         break
-                    tile = layer.GemvTile(*[int(q) for q in v.split(",")])
+                    tile = _tile(v)
+                    tc = isinstance(tile, layer.TcTile)
                     if gemm == "gate_up":
-                        inter = torch.empty(4, base.I, dtype=torch.float32, device="cuda")
+                        inter = torch.empty(4, base.I, dtype=torch.bfloat16 if tc else torch.float32, device="cuda")
+                        gate_up = layer._tc_gate_up if tc else layer._gemv_gate_up
 
                         def fn():
-                            layer._gemv_gate_up(x, flat_ids, weights[e], act, inter, tile, 4)
+                            gate_up(x, flat_ids, weights[e], act, inter, tile, 4)
                     else:
-                        inter = torch.randn(4, base.I, generator=gen).to(torch.bfloat16).float().cuda()
+                        inter = torch.randn(4, base.I, generator=gen).to(torch.bfloat16).cuda()
+                        inter = inter if tc else inter.float()
                         out = torch.empty_like(x)
+                        down = layer._tc_down if tc else layer._gemv_down
 
                         def fn():
-                            layer._gemv_down(inter, flat_ids, flat_tw, weights[e], out, tile, 4)
+                            down(inter, flat_ids, flat_tw, weights[e], out, tile, 4)
 
                     row = {"gemm": gemm, "variant": v}
                     for flush in (True, False):

@@ -36,9 +36,10 @@ from tokenspeed_kernel.graphs import GraphCache, in_place_key
 from tokenspeed_kernel.launch import cached, cdiv, next_power_of_2, stream_counters
 from tokenspeed_kernel.ops.moe import MoEActivation, MoEWeights
 
-from . import decode, gemv, packed
+from . import decode, gemv, gemv_tc, packed
 from .decode import MAX_PAIRS, combine_slots, moe_decode_gemm, pdl_kwargs, swiglu_splits
 from .gemv import moe_gemv
+from .gemv_tc import moe_gemv_tc
 from .prefill import PrefillTile, run_prefill
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "DecodeTile",
     "DECODE_TILES",
     "GemvTile",
+    "TcTile",
     "GEMV_MAX_TOKENS",
     "GEMV_TILES",
     "PrefillTile",
@@ -172,6 +174,37 @@ class GemvTile(tuple):
 
     @property
     def sub(self) -> int:
+        return self[2]
+
+
+class TcTile(tuple):
+    """``(groups, warps, ksplit)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups`` groups of 16
+    rows a warp; gate/up: ``warps`` warps a program (``ksplit`` 1); down: ``ksplit`` chunk ranges a slot, so a
+    program runs ``next_power_of_2(top_k) * ksplit`` warps (``warps`` None)."""
+
+    __slots__ = ()
+
+    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1):
+        if type(groups) is not int or groups not in (1, 2, 4):
+            raise ValueError(f"groups: expected 1, 2 or 4 (groups of 16 rows a warp), got {groups!r}")
+        if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8, 16)):
+            raise ValueError(f"warps: expected 1, 2, 4, 8 or 16 (or None for a down tile), got {warps!r}")
+        if type(ksplit) is not int or ksplit not in (1, 2, 4):
+            raise ValueError(f"ksplit: expected 1, 2 or 4, got {ksplit!r}")
+        if warps is not None and ksplit != 1:
+            raise ValueError(f"ksplit: a gate/up tile (warps given) takes all of K, so ksplit 1, got {ksplit!r}")
+        return super().__new__(cls, (groups, warps, ksplit))
+
+    @property
+    def groups(self) -> int:
+        return self[0]
+
+    @property
+    def warps(self) -> int | None:
+        return self[1]
+
+    @property
+    def ksplit(self) -> int:
         return self[2]
 
 
@@ -450,8 +483,10 @@ def moe_apply(
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
-                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, GemvTile))):  # fmt: skip
-        raise TypeError(f"tiles: expected two DecodeTile, PrefillTile or GemvTile (gate/up, down), got {tiles!r}")
+                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, GemvTile, TcTile))):  # fmt: skip
+        raise TypeError(
+            f"tiles: expected two DecodeTile, PrefillTile, GemvTile or TcTile (gate/up, down), got {tiles!r}"
+        )
     is_packed = _is_packed(weights)
     if fp8 and is_packed:
         raise ValueError(
@@ -485,11 +520,14 @@ def moe_apply(
     if t == 0 or h == 0:
         return out if out is not None else result
     prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
-    if isinstance(tiles[0], GemvTile) if tiles else (t <= GEMV_MAX_TOKENS and not is_packed and _gemv_fits(k, weights)):
+    if isinstance(tiles[0], (GemvTile, TcTile)) if tiles else (
+        t <= GEMV_MAX_TOKENS and not is_packed and _gemv_fits(k, weights)
+    ):
         if is_packed:
             raise ValueError("tiles: the GEMV kernel reads the canonical layout (hopper.moe_apply), got packed weights")
-        _run_gemv(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result,
-                  tiles or GEMV_TILES)  # fmt: skip
+        tiles = tiles or GEMV_TILES
+        run = _run_gemv_tc if isinstance(tiles[0], TcTile) else _run_gemv
+        run(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result, tiles)
         if out is not None and result is not out:
             out.copy_(result)
             return out
@@ -618,6 +656,60 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=k, num_warps=tile.warps,
         **_gemv_launch_options(weights),
+    )  # fmt: skip
+
+
+def _run_gemv_tc(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
+    """The tensor-core GEMV path (:mod:`.gemv_tc`): gate/up + SwiGLU into ``inter`` (bf16), then down + bias + the
+    slots' sum."""
+    gu, dn = tiles
+    if gu.warps is None or gu.ksplit != 1:
+        raise ValueError(f"tiles: the gate/up TcTile needs warps and ksplit 1, got {gu!r}")
+    if dn.warps is not None:
+        raise ValueError(f"tiles: the down TcTile runs a warp a slot and range (warps None), got {dn!r}")
+    k = topk_ids.shape[1]
+    if k > gemv_tc.MAX_SLOTS:
+        raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv_tc.MAX_SLOTS} slots a token, got {k}")
+    slotw = next_power_of_2(k)
+    if slotw * dn.ksplit > 16:
+        raise ValueError(f"tiles: {slotw} slot warps times ksplit {dn.ksplit} is more than 16 warps a program")
+    ids = topk_ids.reshape(-1).contiguous()
+    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.bfloat16, device=x.device)
+    _tc_gate_up(x, ids, weights, activation, inter, gu, k)
+    _tc_down(inter, ids, topk_weights.reshape(-1).contiguous(), weights, out, dn, k)
+
+
+def _tc_options(weights: MoEWeights) -> dict:
+    largest = _max_scale(weights)
+    return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > gemv_tc.ONE_STEP_MAX_SCALE}
+
+
+def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
+    """:func:`.gemv_tc.moe_gemv_tc` (gate/up) over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
+    w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
+    i = weights.intermediate
+    limit = activation.limit
+    cached(moe_gemv_tc)[(ids.shape[0], cdiv(i, 8 * tile.groups * tile.warps))](
+        x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
+        b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
+        float(limit if limit is not None else 0.0), float(activation.up_offset),
+        K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
+        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=tile.warps, KSPLIT=1,
+        num_warps=tile.warps, **_tc_options(weights),
+    )  # fmt: skip
+
+
+def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
+    """:func:`.gemv_tc.moe_gemv_tc` (down): ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each
+    token, a program a token and 16 ``groups`` rows."""
+    w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
+    h = out.shape[1]
+    warps = next_power_of_2(k) * tile.ksplit
+    cached(moe_gemv_tc)[(out.shape[0], cdiv(h, 16 * tile.groups))](
+        inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
+        b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
+        K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
+        HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps, **_tc_options(weights),
     )  # fmt: skip
 
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 31, call 1 (issue 13): the tensor-core GEMV (hopper/moe/gemv_tc.py, TcTile) against the fp32 GEMV and the
+# MMA decode path: 1. numerics + each kernel alone; 2. moe_apply alone (1 and 2 tokens, 20B and 120B) and the TC tile
+# sweep; the fp32 GEMV alone for reference; 3. the public call eager (MMA, fp32 GEMV, TC); 4. the triton_kernels anchor.
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s31-call1/call.sh", carry=[".whl", ".anchors"])
+bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+R=$PWD; W=/tmp/w; rm -rf $W; mkdir -p $W
+snap() { tar czf $OUT/r.tgz -C /tmp w; }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+TC="t1,4/t1:2"
+(cd /tmp && timeout 170 python3 $R/tools/moe_gemv_probe.py --out $W --stages numerics,kernels --experts 32 \
+  --gemv-tiles "$TC" --kernel-gate-up "1,8,1;t1,4;t2,2;t2,4;t1,8;t1,2;t4,2" \
+  --kernel-down "1,4;t1:1;t1:2;t1:4;t2:2;t2:1" --tag=-kernels --budget-s 150 > $W/kernels.txt 2>&1)
+echo "kernels rc $?"; grep -E "^(numerics|kernel)" $W/kernels.txt | cut -c1-300; grep -iE "error|Traceback" $W/kernels.txt | head -5; snap
+(cd /tmp && timeout 170 python3 $R/tools/moe_gemv_probe.py --out $W --stages apply,sweep --experts 32,128 \
+  --tokens 1,2 --gemv-tiles "$TC" --gate-up "t1,4;t2,2;t1,8;t1,2;t2,4" --down "t1:2;t1:1;t1:4;t2:2" \
+  --budget-s 150 > $W/probe.txt 2>&1)
+echo "probe rc $?"; grep -E "^(apply|best)" $W/probe.txt | cut -c1-250
+grep "^sweep" $W/probe.txt | tr '\n' '|'; echo; snap
+(cd /tmp && timeout 60 python3 $R/tools/moe_gemv_probe.py --out $W --stages apply --experts 32 --tokens 1 \
+  --gemv-tiles "1,8,1/1,4" --tag=-fp32gemv > $W/apply-fp32.txt 2>&1)
+echo "apply fp32 gemv rc $?"; grep -E "^apply" $W/apply-fp32.txt | cut -c1-200
+BEST=$(python3 -c "import json;print(json.load(open('$W/moe_gemv_probe.json')).get('best','$TC'))")
+for r in 1 2; do
+  (cd /tmp && timeout 60 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --tag=-mma-$r --experts 32 \
+    > $W/eager-mma-$r.txt 2>&1)
+  echo "eager mma $r rc $? $(grep ^eager $W/eager-mma-$r.txt | cut -c1-200 | tr '\n' '|')"
+  (cd /tmp && timeout 60 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --default-gemv \
+    --tag=-fp32gemv-$r --experts 32 > $W/eager-fp32gemv-$r.txt 2>&1)
+  echo "eager fp32 gemv $r rc $? $(grep ^eager $W/eager-fp32gemv-$r.txt | cut -c1-200 | tr '\n' '|')"
+  (cd /tmp && timeout 60 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --default-gemv --gemv-tiles "$BEST" \
+    --tag=-tc-$r --experts 32 > $W/eager-tc-$r.txt 2>&1)
+  echo "eager tc $r rc $? $(grep ^eager $W/eager-tc-$r.txt | cut -c1-200 | tr '\n' '|')"
+done; snap
+(mkdir -p $W/tk && cd $W/tk && OUT=$W/tk timeout 120 python3 $R/.anchors/tk_moe.py --tokens 1 > tk.log 2>&1)
+echo "tk anchor rc $?"; tail -3 $W/tk/tk.log; snap
