@@ -189,11 +189,13 @@ def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, tiles=None, gemv=False
     """The launches of one layer call at ``tokens`` (the MMA decode path unless ``gemv``: the GEMV path's tokens)."""
     from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
     from tokenspeed_kernel_nvidia.hopper.moe import gemv as gemv_module
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc
 
     calls = []
     for name in ("moe_decode_gemm", "swiglu_splits", "combine_slots"):
         monkeypatch.setattr(layer, name, _Recorder(getattr(decode, name), calls))
     monkeypatch.setattr(layer, "moe_gemv", _Recorder(gemv_module.moe_gemv, calls))
+    monkeypatch.setattr(layer, "moe_gemv_tc", _Recorder(gemv_tc.moe_gemv_tc, calls))
     if not gemv:
         monkeypatch.setattr(layer, "GEMV_MAX_TOKENS", 0)
     w = _weights(e, h, i, **wkw)

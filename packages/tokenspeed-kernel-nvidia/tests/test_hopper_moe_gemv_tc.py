@@ -1,0 +1,203 @@
+"""The tensor-core GEMV of ``hopper.moe_apply`` (:mod:`tokenspeed_kernel_nvidia.hopper.moe.gemv_tc`) on the CPU: its
+chunk's PTX (decode + eight ``mma.m16n8k16``) interpreted lane by lane against the PTX ISA's fragment layouts, its
+tile's argument checks, and its launches cross-compiled for sm_90. Numerics, determinism and graph replay run on the
+GPU in ``test_hopper_moe.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_hopper_moe import _launches
+
+def _e4m3(b):
+    sign = -1.0 if b & 0x80 else 1.0
+    e, m = (b >> 3) & 15, b & 7
+    return sign * (m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def _f16x2(lo, hi):
+    return int(np.float16(lo).view(np.uint16)) | (int(np.float16(hi).view(np.uint16)) << 16)
+
+
+def _halves(v):
+    return float(np.uint16(v & 0xFFFF).view(np.float16)), float(np.uint16(v >> 16).view(np.float16))
+
+
+def _run_warp(asm, operands):
+    """Interpret ``asm`` (the subset of PTX the chunk block uses) for 32 lanes in lockstep. ``operands[lane]``: the
+    ``$i`` input values (``$0..$3`` outputs). Returns each lane's ``$0..$3`` (fp32 as float)."""
+    regs = [dict(ops) for ops in operands]
+
+    def val(r, tok):
+        return int(tok, 16) if tok.startswith("0x") else (int(tok) if tok.isdigit() else r[tok])
+
+    for line in (s.strip().rstrip(";") for s in asm.splitlines()):
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if op.startswith("mma.sync"):
+            groups = [g.split(", ") for g in re.findall(r"\{([^}]*)\}", rest)]
+            d, a, b, c = groups
+            A, B = np.zeros((16, 16)), np.zeros((16, 8))
+            for lane, r in enumerate(regs):
+                g, t = lane // 4, lane % 4
+                for i, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+                    A[row, col:col + 2] = _halves(r[a[i]])
+                for i, row in enumerate((2 * t, 2 * t + 8)):
+                    B[row:row + 2, g] = _halves(r[b[i]])
+            C = np.zeros((16, 8))
+            for lane, r in enumerate(regs):
+                g, t = lane // 4, lane % 4
+                for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+                    C[row, col] = r[c[i]]
+            D = (A @ B + C).astype(np.float32)
+            for lane, r in enumerate(regs):
+                g, t = lane // 4, lane % 4
+                for i, (row, col) in enumerate(((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1))):
+                    r[d[i]] = float(D[row, col])
+            continue
+        args = [s.strip() for s in re.split(r",\s*(?![^{]*\})", rest)]
+        for r in regs:
+            if op == "mov.b32" and args[0].startswith("{"):
+                lo, hi = (s.strip() for s in args[0].strip("{}").split(","))
+                r[lo], r[hi] = r[args[1]] & 0xFFFF, r[args[1]] >> 16
+            elif op == "mov.b32":
+                r[args[0]] = 0.0 if args[0] in ("$0", "$1", "$2", "$3") else val(r, args[1])
+            elif op == "shl.b32":
+                r[args[0]] = (val(r, args[1]) << val(r, args[2])) & 0xFFFFFFFF
+            elif op == "shr.u32":
+                r[args[0]] = val(r, args[1]) >> val(r, args[2])
+            elif op == "and.b32":
+                r[args[0]] = val(r, args[1]) & val(r, args[2])
+            elif op == "or.b32":
+                r[args[0]] = val(r, args[1]) | val(r, args[2])
+            elif op == "cvt.rn.f16x2.e4m3x2":
+                h = val(r, args[1])
+                r[args[0]] = _f16x2(_e4m3(h & 255), _e4m3(h >> 8))
+            else:
+                raise AssertionError(f"unexpected instruction {line!r}")
+    return [[r[f"${i}"] for i in range(4)] for r in regs]
+
+
+def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column():
+    """Lane ``(r, c)`` holds the 16 code bytes of block ``c`` of rows ``r`` and ``r + 8`` and, where ``r == c``, that
+    block's activations as f16 pairs in the staged order; the interpreted block must return, in accumulator ``i``,
+    the dot product of row ``r`` (``i < 2``) or ``r + 8`` with block ``2 c + i % 2`` (zero for blocks 4..7), the
+    values ``E2M1 * 2**-6`` (the reference's E2M1 table)."""
+    from tokenspeed_kernel.numerics.inputs import E2M1_VALUES
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, size=(16, 64), dtype=np.uint8)  # 16 rows x 4 blocks of 16 bytes
+    x = rng.standard_normal(128).astype(np.float16).astype(np.float64)
+    vals = np.empty((16, 128))
+    table = np.array(E2M1_VALUES, dtype=np.float64)
+    vals[:, 0::2], vals[:, 1::2] = table[codes & 15], table[codes >> 4]
+    want = (vals * x).reshape(16, 4, 32).sum(-1) * 2.0**-6  # [row, block]
+    order = [4 * (p % 2) + 2 * h + p // 2 for p in range(4) for h in range(2)]  # the staged order of a word
+    operands = []
+    for lane in range(32):
+        r, c = lane // 4, lane % 4
+        ops = {}
+        for q in range(4):
+            ops[f"${4 + q}"] = int.from_bytes(codes[r, 16 * c + 4 * q:16 * c + 4 * q + 4].tobytes(), "little")
+            ops[f"${8 + q}"] = int.from_bytes(codes[r + 8, 16 * c + 4 * q:16 * c + 4 * q + 4].tobytes(), "little")
+            word = x[32 * c + 8 * q:32 * c + 8 * q + 8][order] if r == c else np.zeros(8)
+            for p in range(4):
+                ops[f"${12 + 4 * q + p}"] = _f16x2(word[2 * p], word[2 * p + 1])
+        operands.append(ops)
+    out = _run_warp(gemv_tc._mma_chunk_asm(), operands)
+    for lane in range(32):
+        r, c = lane // 4, lane % 4
+        for i, (row, blk) in enumerate(((r, 2 * c), (r, 2 * c + 1), (r + 8, 2 * c), (r + 8, 2 * c + 1))):
+            expect = want[row, blk] if blk < 4 else 0.0
+            assert out[lane][i] == pytest.approx(expect, rel=1e-6, abs=1e-6), (lane, i)
+
+
+def test_tc_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
+
+    assert TcTile(2, 4) == (2, 4, 1) and TcTile(1, None, 2).ksplit == 2 and TcTile(1).warps is None
+    for args, name in (((3,), "groups"), ((True,), "groups"), ((1, 3), "warps"), ((1, 32), "warps"),
+                       ((1, None, 3), "ksplit"), ((1, 4, 2), "ksplit")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            TcTile(*args)
+
+
+TC_TILES = None  # the forced tiles of the tests below (the layer's default when it takes this kernel)
+
+
+def _tc_tiles():
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
+
+    return TC_TILES or (TcTile(1, 4), TcTile(1, None, 2))
+
+
+def test_forced_tc_tiles_launch_two_kernels_with_their_grids_and_refuse_what_they_cannot_run(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc, layer
+
+    gu, dn = _tc_tiles()
+    for tokens, k in ((1, 4), (2, 4), (5, 3), (1, 8)):
+        calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=(gu, dn))
+        assert [(getattr(c[0], "__name__", ""), c[3]["GATE_UP"]) for c in calls] == [
+            ("moe_gemv_tc", True), ("moe_gemv_tc", False)]  # fmt: skip
+        (_, g_grid, _, g_kw), (_, d_grid, _, d_kw) = calls
+        assert g_grid == (tokens * k, -(-2880 // (8 * gu.groups * gu.warps))) and g_kw["num_warps"] == gu.warps
+        warps = (1 << (k - 1).bit_length()) * dn.ksplit
+        assert d_grid == (tokens, -(-2880 // (16 * dn.groups))) and d_kw["WARPS"] == d_kw["num_warps"] == warps
+    with pytest.raises(ValueError, match="tiles: the GEMV kernel reads the canonical layout"):
+        _launches(monkeypatch, 1, e=32, gemv=True, packed=True, tiles=(gu, dn))
+    with pytest.raises(ValueError, match=f"topk_ids: the GEMV kernel takes at most {gemv_tc.MAX_SLOTS} slots"):
+        _launches(monkeypatch, 1, e=32, gemv=True, k=gemv_tc.MAX_SLOTS + 1, tiles=(gu, dn))
+    with pytest.raises(ValueError, match="tiles: the down TcTile runs a warp a slot"):
+        _launches(monkeypatch, 1, e=32, gemv=True, tiles=(gu, layer.TcTile(1, 4)))
+    with pytest.raises(ValueError, match="tiles: the gate/up TcTile needs warps"):
+        _launches(monkeypatch, 1, e=32, gemv=True, tiles=(dn, dn))
+
+
+def _sass_loops(sass: str) -> str:
+    """The SASS of every loop: from a label to a later branch back to it."""
+    lines = sass.splitlines()
+    labels = {line.rstrip(":"): n for n, line in enumerate(lines) if re.match(r"^\.?L?\w+:$", line.strip())}
+    out = []
+    for n, line in enumerate(lines):
+        m = re.search(r"\bBRA\s+`?\(?\.?(\w+)", line)
+        if m and labels.get(m.group(1), n) < n:
+            out += lines[labels[m.group(1)] : n]
+    assert out, "no loop in the SASS"
+    return "\n".join(out)
+
+
+CC_CASES = [
+    ("20b_T1", 1, 4, {}),
+    ("no_bias_not_interleaved_top3_T2", 2, 3, {"bias": False, "interleaved": False}),
+    ("scales_above_220_T1", 1, 4, {"scale_hi": 230}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,tokens,k,wkw", CC_CASES, ids=[c[0] for c in CC_CASES])
+def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spills(monkeypatch, label, tokens, k, wkw):
+    from triton.tools.disasm import get_sass
+
+    from tokenspeed_kernel.testing import compile_launch
+
+    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=_tc_tiles(), **wkw)
+    assert len(calls) == 2
+    for fn, _grid, args, kwargs in calls:
+        assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
+        ck = compile_launch(fn, args, dict(kwargs), "sm90")
+        ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
+        assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 8 * kwargs["G"], label
+        assert len(re.findall(r"\bHMMA\.16816\.F32\b", sass)) == 8 * kwargs["G"], label
+        assert len(re.findall(r"\bF2FP\.F16\.E4M3\.UNPACK_B\b", sass)) == 32 * kwargs["G"], label
+        assert not re.search(r"\b(LDL|STL)\b", _sass_loops(sass)), label  # no spills in the K loop
+        assert re.search(r"\bLDG\.E\.128\b", sass), label  # 16 bytes of codes a lane and row
+        assert not re.search(r"\b(atom|red)\.", ptx), label  # no atomics: one fixed reduction order
