@@ -187,9 +187,8 @@ class _Recorder:
 
 def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, tiles=None, gemv=False, k=4, **wkw):
     """The launches of one layer call at ``tokens`` (the MMA decode path unless ``gemv``: the GEMV path's tokens)."""
-    from tokenspeed_kernel_nvidia.hopper.moe import decode, layer
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, gemv_tc, layer
     from tokenspeed_kernel_nvidia.hopper.moe import gemv as gemv_module
-    from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc
 
     calls = []
     for name in ("moe_decode_gemm", "swiglu_splits", "combine_slots"):

@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_hopper_moe import _launches
 
+
 def _e4m3(b):
     sign = -1.0 if b & 0x80 else 1.0
     e, m = (b >> 3) & 15, b & 7
@@ -49,9 +50,9 @@ def _run_warp(asm, operands):
             for lane, r in enumerate(regs):
                 g, t = lane // 4, lane % 4
                 for i, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
-                    A[row, col:col + 2] = _halves(r[a[i]])
+                    A[row, col : col + 2] = _halves(r[a[i]])
                 for i, row in enumerate((2 * t, 2 * t + 8)):
-                    B[row:row + 2, g] = _halves(r[b[i]])
+                    B[row : row + 2, g] = _halves(r[b[i]])
             C = np.zeros((16, 8))
             for lane, r in enumerate(regs):
                 g, t = lane // 4, lane % 4
@@ -107,9 +108,9 @@ def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column():
         r, c = lane // 4, lane % 4
         ops = {}
         for q in range(4):
-            ops[f"${4 + q}"] = int.from_bytes(codes[r, 16 * c + 4 * q:16 * c + 4 * q + 4].tobytes(), "little")
-            ops[f"${8 + q}"] = int.from_bytes(codes[r + 8, 16 * c + 4 * q:16 * c + 4 * q + 4].tobytes(), "little")
-            word = x[32 * c + 8 * q:32 * c + 8 * q + 8][order] if r == c else np.zeros(8)
+            ops[f"${4 + q}"] = int.from_bytes(codes[r, 16 * c + 4 * q : 16 * c + 4 * q + 4].tobytes(), "little")
+            ops[f"${8 + q}"] = int.from_bytes(codes[r + 8, 16 * c + 4 * q : 16 * c + 4 * q + 4].tobytes(), "little")
+            word = x[32 * c + 8 * q : 32 * c + 8 * q + 8][order] if r == c else np.zeros(8)
             for p in range(4):
                 ops[f"${12 + 4 * q + p}"] = _f16x2(word[2 * p], word[2 * p + 1])
         operands.append(ops)

@@ -520,8 +520,10 @@ def moe_apply(
     if t == 0 or h == 0:
         return out if out is not None else result
     prefill = isinstance(tiles[0], PrefillTile) if tiles else t >= PREFILL_MIN_TOKENS
-    if isinstance(tiles[0], (GemvTile, TcTile)) if tiles else (
-        t <= GEMV_MAX_TOKENS and not is_packed and _gemv_fits(k, weights)
+    if (
+        isinstance(tiles[0], (GemvTile, TcTile))
+        if tiles
+        else (t <= GEMV_MAX_TOKENS and not is_packed and _gemv_fits(k, weights))
     ):
         if is_packed:
             raise ValueError("tiles: the GEMV kernel reads the canonical layout (hopper.moe_apply), got packed weights")
