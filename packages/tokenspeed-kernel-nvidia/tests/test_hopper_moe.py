@@ -462,18 +462,25 @@ GPU_CASES = [
     ("k_split_4_T40_one_hot_expert", 128, 40, {"tiles": "split4"}, "hot"),  # 5 chunks of one expert's pairs
     # The GEMV kernel forced above the table's tokens, two sub-tiles a gate/up program, 2 row pairs a down thread.
     ("gemv_tiles_T5_no_bias_not_interleaved", 32, 5, {"tiles": "gemv", "bias": False, "interleaved": False}, "hot"),
+    # The tensor-core GEMV forced: two row groups a gate/up warp, 4 chunk ranges a down slot, top-3 (a masked slot
+    # warp); and scale bytes above its one-step limit (BIG_SCALES).
+    ("tc_tiles_T3_no_bias_not_interleaved", 32, 3, {"tiles": "tc", "bias": False, "interleaved": False}, "hot"),
+    ("tc_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc", "scale_hi": 230}, "random"),
 ]
 
 
 def _gpu_tiles(wkw):
-    """The tiles a GPU case forces (``wkw["tiles"]``: ``splitN`` MMA decode tiles, ``gemv`` GEMV tiles), or None."""
-    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+    """The tiles a GPU case forces (``wkw["tiles"]``: ``splitN`` MMA decode tiles, ``gemv`` GEMV tiles, ``tc``
+    tensor-core GEMV tiles), or None."""
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
     name = wkw.pop("tiles", None)
     if name is None:
         return None
     if name == "gemv":
         return GemvTile(1, 8, 2), GemvTile(2, 4)
+    if name == "tc":
+        return TcTile(2, 2), TcTile(1, None, 4)
     return _split_tiles(int(name[-1]))
 
 
@@ -487,7 +494,7 @@ def test_gpu_matches_the_reference_and_replays_in_a_graph(label, e, tokens, wkw,
     tk.load_plugins()
     wkw = dict(wkw)  # the parameters are shared by both layouts' runs
     tiles = _gpu_tiles(wkw)
-    if layout == "packed" and tiles is not None and isinstance(tiles[0], layer.GemvTile):
+    if layout == "packed" and tiles is not None and isinstance(tiles[0], (layer.GemvTile, layer.TcTile)):
         pytest.skip("the GEMV kernel reads the canonical layout")
     canonical, x, topk_w, topk_ids, g = gpu_inputs(e, tokens, wkw, routing)
     w, name = in_layout(canonical, layout)
