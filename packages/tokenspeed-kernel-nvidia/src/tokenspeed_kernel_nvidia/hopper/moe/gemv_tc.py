@@ -19,7 +19,8 @@ gate/up kernel is issue-bound. Here a warp decodes codes to f16 pairs with the s
   so the fp32 sums see the same terms as :mod:`.gemv`'s except for activations below that.
 - **Scale bytes up to** :data:`ONE_STEP_MAX_SCALE` keep the sums in the scaled domain (``|acc| < 2**127`` for K up
   to ``2**16``); weights with a larger byte take ``BIG_SCALES``: each chunk's sums are unscaled before the scale.
-- **Codes in flight**: a warp requests the codes and scales of the chunks two ahead of the one it decodes.
+- **Codes in flight**: a warp holds four chunks' codes and scales in registers (the loop is unrolled by four, each
+  buffer refilled with the chunk four ahead once decoded): four independent MMA chains, no register moves.
 
 Gate/up, program ``(pair, tile)``: warp ``w``'s ``G`` groups of 8 features (MMA row ``r`` the gate row of a
 feature, ``r + 8`` its up row) over all of K, then bias and SwiGLU: ``inter[pair, j] = bf16(swiglu(x[token] @
@@ -52,9 +53,9 @@ def _pow2(n: int) -> int:
 
 def staged_bytes(rows: int, k: int, ksplit: int = 1) -> int:
     """The shared memory a program stages ``rows`` activation rows of ``k`` values in (f16, chunks of 128 values a
-    row, each row's ``ksplit`` ranges padded to a power of two chunks)."""
-    nc = -(-k // 128)
-    return rows * ksplit * _pow2(-(-nc // ksplit)) * 256
+    row, each row's ``ksplit`` ranges padded to whole fours then a power of two chunks)."""
+    ncp = -(-(-(-k // 128)) // ksplit)
+    return rows * ksplit * _pow2(-(-ncp // 4) * 4) * 256
 
 
 def _decode(word: str, regs: tuple[str, str, str, str]) -> str:
@@ -171,6 +172,24 @@ def _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch, c, 
 
 
 @gluon.jit
+def _chunk(acc, wa, wb, sc, x_sm, i, diag, down5, LX: gl.constexpr, BIG_SCALES: gl.constexpr):
+    """``acc`` plus chunk ``i``'s scaled block sums: the B fragments from ``x_sm`` (activations where ``diag``),
+    eight MMAs a row group (:data:`_MMA_CHUNK`), then each accumulator times its E8M0 scale."""
+    b0 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i).load(LX), 1), 1), 0)
+    b1 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 1).load(LX), 1), 1), 0)
+    b2 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 2).load(LX), 1), 1), 0)
+    b3 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 3).load(LX), 1), 1), 0)
+    d = gl.inline_asm_elementwise(
+        _MMA_CHUNK, "=f,=f,=f,=f" + ",r" * 24,
+        [wa, wb, gl.broadcast(wa, b0)[1], gl.broadcast(wa, b1)[1], gl.broadcast(wa, b2)[1], gl.broadcast(wa, b3)[1]],
+        dtype=gl.float32, is_pure=True, pack=4,
+    )  # fmt: skip
+    if BIG_SCALES:
+        return _scaled_add(acc, d * down5, sc, True)
+    return _scaled_add(acc, d, sc, False)
+
+
+@gluon.jit
 def moe_gemv_tc(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
     alpha, limit, up_offset,
@@ -188,7 +207,7 @@ def moe_gemv_tc(
     NCH: gl.constexpr = K // 32  # MX blocks a row
     NC: gl.constexpr = (NCH + 3) // 4  # chunks of 4 blocks
     NCP: gl.constexpr = (NC + KSPLIT - 1) // KSPLIT  # chunks a warp
-    NCP2: gl.constexpr = _next_pow2(NCP)
+    NCP2: gl.constexpr = _next_pow2((NCP + 3) // 4 * 4)  # staged chunks (the loop runs whole fours)
     XW: gl.constexpr = 1 if GATE_UP else WARPS  # staged activation ranges (down: one a warp)
     SLOTW: gl.constexpr = WARPS // KSPLIT
     # [warp, row group, r (lane // 4), c (lane % 4), 4 per thread (code words / B pairs / accumulators)]
@@ -227,8 +246,13 @@ def moe_gemv_tc(
         ok = row_ok & slot_ok
         ch0 = kp * NCP
         x_row0 = pid * TOP_K
+    # Four chunks in flight: buffer u holds chunk i0 + u, refilled with chunk i0 + u + 4 once decoded.
     wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch0, c5, j5, K, SROW)
     wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 1), ch0 + 1, c5, j5,
+                                K, SROW)  # fmt: skip
+    wa2, wb2, sc2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 2), ch0 + 2, c5, j5,
+                                K, SROW)  # fmt: skip
+    wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 3), ch0 + 3, c5, j5,
                                 K, SROW)  # fmt: skip
     if not GATE_UP:
         _grid_wait(PDL)  # inter is the previous launch's output
@@ -269,25 +293,19 @@ def moe_gemv_tc(
     diag = r5 == c5  # the lanes whose B fragment holds activations
 
     acc = gl.zeros([WARPS, G, 8, 4, 4], gl.float32, LW)
-    for i in range(NCP):
-        wa2, wb2, sc2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i + 2 < NCP),
-                                    ch0 + i + 2, c5, j5, K, SROW)  # fmt: skip
-        b0 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i).load(LX), 1), 1), 0)
-        b1 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 1).load(LX), 1), 1), 0)
-        b2 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 2).load(LX), 1), 1), 0)
-        b3 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 3).load(LX), 1), 1), 0)
-        d = gl.inline_asm_elementwise(
-            _MMA_CHUNK, "=f,=f,=f,=f" + ",r" * 24,
-            [wa0, wb0, gl.broadcast(wa0, b0)[1], gl.broadcast(wa0, b1)[1], gl.broadcast(wa0, b2)[1],
-             gl.broadcast(wa0, b3)[1]],
-            dtype=gl.float32, is_pure=True, pack=4,
-        )  # fmt: skip
-        if BIG_SCALES:
-            acc = _scaled_add(acc, d * down5, sc0, True)
-        else:
-            acc = _scaled_add(acc, d, sc0, False)
-        wa0, wb0, sc0 = wa1, wb1, sc1
-        wa1, wb1, sc1 = wa2, wb2, sc2
+    for i0 in range(0, NCP, 4):
+        acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES)
+        wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 4 < NCP),
+                                    ch0 + i0 + 4, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES)
+        wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 5 < NCP),
+                                    ch0 + i0 + 5, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES)
+        wa2, wb2, sc2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 6 < NCP),
+                                    ch0 + i0 + 6, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa3, wb3, sc3, x_sm, i0 + 3, diag, down5, LX, BIG_SCALES)
+        wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 7 < NCP),
+                                    ch0 + i0 + 7, c5, j5, K, SROW)  # fmt: skip
     if not BIG_SCALES:
         acc = acc * down5
     # [W, G, 8, 4, (row, block col)] -> row sums [W, G, 8, 2 (row a, row b)], all four lanes of a quad
