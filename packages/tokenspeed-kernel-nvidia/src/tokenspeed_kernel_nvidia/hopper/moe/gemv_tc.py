@@ -54,7 +54,8 @@ def _pow2(n: int) -> int:
 def staged_bytes(rows: int, k: int, ksplit: int = 1) -> int:
     """The shared memory a program stages ``rows`` activation rows of ``k`` values in (f16, chunks of 128 values a
     row, each row's ``ksplit`` ranges padded to whole fours then a power of two chunks)."""
-    ncp = -(-(-(-k // 128)) // ksplit)
+    chunks = -(-k // 128)
+    ncp = -(-chunks // ksplit)
     return rows * ksplit * _pow2(-(-ncp // 4) * 4) * 256
 
 
