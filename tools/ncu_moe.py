@@ -29,17 +29,25 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", action="store_true", help="allow fp8 activations (the W4A8 kernels)")
     p.add_argument("--graphs", action="store_true", help="per-launch device times of a graph replay (torch profiler)")
     p.add_argument("--json", help="with --graphs: write the rows here")
-    p.add_argument("--gemv", default="", help="hopper.moe_apply's GEMV path at 1 token, tiles 'feats,warps/feats'")
+    p.add_argument(
+        "--gemv",
+        default="",
+        help="hopper.moe_apply's GEMV path at 1 token, tiles 'feats,warps/feats' "
+        "(a TcTile: 'tG,W' gate/up, 'tG:KS' down)",
+    )
     args = p.parse_args(argv)
     if args.gemv:
         from tokenspeed_kernel_nvidia.hopper.moe import layer
 
+        def tile(text):  # feats,warps[,sub] (GemvTile); tG,W (gate/up TcTile); tG:KS (down TcTile)
+            if text.startswith("t"):
+                g, _, ks = text[1:].partition(":")
+                return layer.TcTile(int(g), None, int(ks)) if ks else layer.TcTile(*(int(v) for v in g.split(",")))
+            return layer.GemvTile(*(int(v) for v in text.split(",")))
+
         gu, dn = args.gemv.split("/")
         layer.GEMV_MAX_TOKENS = 1
-        layer.GEMV_TILES = (
-            layer.GemvTile(*(int(v) for v in gu.split(","))),
-            layer.GemvTile(*(int(v) for v in dn.split(","))),
-        )
+        layer.GEMV_TILES = (tile(gu), tile(dn))
 
     import tokenspeed_kernel as tk
 

@@ -482,10 +482,13 @@ def moe_apply(
     pairs = t * k
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
-    if tiles is not None and (len(tiles) != 2 or len({type(v) for v in tiles}) != 1
-                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, GemvTile, TcTile))):  # fmt: skip
+    gemv_types = (GemvTile, TcTile)  # either GEMV kernel for either GEMM
+    if tiles is not None and (len(tiles) != 2
+                              or (len({type(v) for v in tiles}) != 1 and not all(isinstance(v, gemv_types) for v in tiles))
+                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, *gemv_types))):  # fmt: skip
         raise TypeError(
-            f"tiles: expected two DecodeTile, PrefillTile, GemvTile or TcTile (gate/up, down), got {tiles!r}"
+            "tiles: expected two DecodeTile, two PrefillTile, or a GemvTile or TcTile each (gate/up, down), "
+            f"got {tiles!r}"
         )
     is_packed = _is_packed(weights)
     if fp8 and is_packed:
@@ -527,9 +530,8 @@ def moe_apply(
     ):
         if is_packed:
             raise ValueError("tiles: the GEMV kernel reads the canonical layout (hopper.moe_apply), got packed weights")
-        tiles = tiles or GEMV_TILES
-        run = _run_gemv_tc if isinstance(tiles[0], TcTile) else _run_gemv
-        run(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result, tiles)
+        _run_gemv(x if x.stride(-1) == 1 else x.contiguous(), topk_weights, topk_ids, weights, activation, result,
+                  tiles or GEMV_TILES)  # fmt: skip
         if out is not None and result is not out:
             out.copy_(result)
             return out
@@ -607,24 +609,32 @@ def _gemv_fits(k: int, weights: MoEWeights) -> bool:
 
 
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
-    """The GEMV path (:mod:`.gemv`): gate/up + SwiGLU into ``inter``, then down + bias + the slots' sum."""
+    """The GEMV path: gate/up + SwiGLU into ``inter`` (bf16), then down + bias + the slots' sum, each GEMM on the
+    kernel of its tile (:class:`GemvTile`: fp32 FMAs, :mod:`.gemv`; :class:`TcTile`: tensor cores, :mod:`.gemv_tc`)."""
     gu, dn = tiles
-    if dn.sub != 1:
-        raise ValueError(
-            f"tiles: the down GemvTile's program walks the token's slots, so its sub must be 1, got {dn!r}"
-        )
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots a token, got {k}")
+    if isinstance(gu, TcTile) and (gu.warps is None or gu.ksplit != 1):
+        raise ValueError(f"tiles: the gate/up TcTile needs warps and ksplit 1, got {gu!r}")
+    if isinstance(dn, TcTile) and dn.warps is not None:
+        raise ValueError(f"tiles: the down TcTile runs a warp a slot and range (warps None), got {dn!r}")
+    if isinstance(dn, TcTile) and next_power_of_2(k) * dn.ksplit > 16:
+        raise ValueError(f"tiles: {next_power_of_2(k)} slot warps times ksplit {dn.ksplit} is more than 16 warps")
+    if isinstance(dn, GemvTile) and dn.sub != 1:
+        raise ValueError(
+            f"tiles: the down GemvTile's program walks the token's slots, so its sub must be 1, got {dn!r}"
+        )
     if not _gemv_fits(k, weights):
         raise ValueError(
             f"weights: the GEMV kernel stages {k} activation rows of {weights.intermediate} values a program, more "
             f"than {gemv.MAX_STAGED_BYTES} bytes of shared memory (hidden {weights.hidden})"
         )
     ids = topk_ids.reshape(-1).contiguous()
-    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.float32, device=x.device)
-    _gemv_gate_up(x, ids, weights, activation, inter, gu, k)
-    _gemv_down(inter, ids, topk_weights.reshape(-1).contiguous(), weights, out, dn, k)
+    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.bfloat16, device=x.device)
+    (_tc_gate_up if isinstance(gu, TcTile) else _gemv_gate_up)(x, ids, weights, activation, inter, gu, k)
+    tw = topk_weights.reshape(-1).contiguous()
+    (_tc_down if isinstance(dn, TcTile) else _gemv_down)(inter, ids, tw, weights, out, dn, k)
 
 
 def _gemv_launch_options(weights: MoEWeights) -> dict:
@@ -659,26 +669,6 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=k, num_warps=tile.warps,
         **_gemv_launch_options(weights),
     )  # fmt: skip
-
-
-def _run_gemv_tc(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
-    """The tensor-core GEMV path (:mod:`.gemv_tc`): gate/up + SwiGLU into ``inter`` (bf16), then down + bias + the
-    slots' sum."""
-    gu, dn = tiles
-    if gu.warps is None or gu.ksplit != 1:
-        raise ValueError(f"tiles: the gate/up TcTile needs warps and ksplit 1, got {gu!r}")
-    if dn.warps is not None:
-        raise ValueError(f"tiles: the down TcTile runs a warp a slot and range (warps None), got {dn!r}")
-    k = topk_ids.shape[1]
-    if k > gemv_tc.MAX_SLOTS:
-        raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv_tc.MAX_SLOTS} slots a token, got {k}")
-    slotw = next_power_of_2(k)
-    if slotw * dn.ksplit > 16:
-        raise ValueError(f"tiles: {slotw} slot warps times ksplit {dn.ksplit} is more than 16 warps a program")
-    ids = topk_ids.reshape(-1).contiguous()
-    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.bfloat16, device=x.device)
-    _tc_gate_up(x, ids, weights, activation, inter, gu, k)
-    _tc_down(inter, ids, topk_weights.reshape(-1).contiguous(), weights, out, dn, k)
 
 
 def _tc_options(weights: MoEWeights) -> dict:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 31, call 3 (issue 13): 1. ncu of the tensor-core GEMV launches at one token (why it streams at ~1.2 TB/s);
+# 2. the fp32 GEMV gate/up with the tensor-core down (inter bf16 now on both paths): numerics, moe_apply alone at one
+# token against the fp32 pair, then the public call eager for both.
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s31-call3/call.sh", carry=[".whl", ".anchors"])
+bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+R=$PWD; W=/tmp/w; rm -rf $W; mkdir -p $W
+snap() { tar czf $OUT/r.tgz -C /tmp w; }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+MIX="1,8,1/t1:1"; FP="1,8,1/1,4"
+(cd /tmp && timeout 60 python3 $R/tools/moe_gemv_probe.py --out $W --stages numerics --experts 32 --gemv-tiles "$MIX" \
+  --tag=-numerics-mix > $W/numerics-mix.txt 2>&1); echo "numerics mix rc $?"; grep "^numerics" $W/numerics-mix.txt | cut -c1-170; snap
+for n in fp32:$FP mix:$MIX; do
+  (cd /tmp && timeout 50 python3 $R/tools/moe_gemv_probe.py --out $W --stages apply --experts 32 --tokens 1 \
+    --gemv-tiles "${n#*:}" --tag=-apply-${n%%:*} > $W/apply-${n%%:*}.txt 2>&1)
+  echo "apply ${n%%:*} rc $? $(grep ^apply $W/apply-${n%%:*}.txt | tr '\n' '|')"
+done; snap
+for n in fp32:$FP mix:$MIX; do
+  (cd /tmp && timeout 45 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --default-gemv --gemv-tiles "${n#*:}" \
+    --tag=-eager-${n%%:*} --experts 32 > $W/eager-${n%%:*}.txt 2>&1)
+  echo "eager ${n%%:*} rc $? $(grep ^eager $W/eager-${n%%:*}.txt | cut -c1-230)"
+done; snap
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1); echo "ncu: $NCU"
+SECS="--section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis"
+(cd /tmp && timeout 100 $NCU --profile-from-start off --clock-control none -k regex:moe_gemv $SECS python3 \
+  $R/tools/ncu_moe.py --tokens 1 --gemv "t1,4/t1:1" > $W/ncu-tc.txt 2>&1); echo "ncu rc $?"
+grep -E "moe_gemv|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|DRAM Throughput|Memory Throughput|Eligible Warps|Active Warps Per|No Eligible|Stall|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" $W/ncu-tc.txt | head -50 | cut -c1-150; snap
