@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 31, call 3 (issue 13): 1. ncu of the tensor-core GEMV launches at one token (why it streams at ~1.2 TB/s);
 # 2. the fp32 GEMV gate/up with the tensor-core down (inter bf16 now on both paths): numerics, moe_apply alone at one
-# token against the fp32 pair, then the public call eager for both.
+# token against the fp32 pair, then the public call eager for both; 3. ncu of the fp32 GEMV for comparison.
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s31-call3/call.sh", carry=[".whl", ".anchors"])
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -26,3 +26,6 @@ SECS="--section SpeedOfLight --section Occupancy --section SchedulerStats --sect
 (cd /tmp && timeout 100 $NCU --profile-from-start off --clock-control none -k regex:moe_gemv $SECS python3 \
   $R/tools/ncu_moe.py --tokens 1 --gemv "t1,4/t1:1" > $W/ncu-tc.txt 2>&1); echo "ncu rc $?"
 grep -E "moe_gemv|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|DRAM Throughput|Memory Throughput|Eligible Warps|Active Warps Per|No Eligible|Stall|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" $W/ncu-tc.txt | head -50 | cut -c1-150; snap
+(cd /tmp && timeout 70 $NCU --profile-from-start off --clock-control none -k regex:moe_gemv $SECS python3 \
+  $R/tools/ncu_moe.py --tokens 1 --gemv "1,8,1/1,4" > $W/ncu-fp32.txt 2>&1); echo "ncu fp32 rc $?"
+grep -E "moe_gemv|Duration|DRAM Throughput|Memory Throughput|Eligible Warps|No Eligible|L2 Hit|Mem Busy|Max Bandwidth" $W/ncu-fp32.txt | head -30 | cut -c1-150; snap
