@@ -24,27 +24,36 @@ def _kernels(calls):
 def test_calls_of_few_tokens_on_canonical_weights_take_the_gemv_kernel(monkeypatch):
     from tokenspeed_kernel_nvidia.hopper.moe import layer
 
+    gu_tile, dn_tile = layer.GEMV_TILES
+    names = tuple("moe_gemv_tc" if isinstance(t, layer.TcTile) else "moe_gemv" for t in layer.GEMV_TILES)
     for tokens in range(1, layer.GEMV_MAX_TOKENS + 1):
         calls = _launches(monkeypatch, tokens, e=32, gemv=True)
-        assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)], tokens
+        assert _kernels(calls) == [(names[0], True), (names[1], False)], tokens
         gate_up, down = calls
-        gu_tile, dn_tile = layer.GEMV_TILES
-        assert gate_up[1] == (4 * tokens, -(-2880 // (gu_tile.feats * gu_tile.warps * gu_tile.sub)))
-        assert down[1] == (tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
-        assert down[3]["SUB"] == 4 and down[3]["num_warps"] == dn_tile.warps
+        if isinstance(gu_tile, layer.TcTile):
+            assert gate_up[1] == (4 * tokens, -(-2880 // (8 * gu_tile.groups * gu_tile.warps)))
+        else:
+            assert gate_up[1] == (4 * tokens, -(-2880 // (gu_tile.feats * gu_tile.warps * gu_tile.sub)))
+        if isinstance(dn_tile, layer.TcTile):
+            assert down[1] == (tokens, -(-2880 // (16 * dn_tile.groups)))
+            assert down[3]["num_warps"] == 4 * dn_tile.ksplit  # a warp a slot (top-4) and chunk range
+        else:
+            assert down[1] == (tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
+            assert down[3]["SUB"] == 4 and down[3]["num_warps"] == dn_tile.warps
     # More tokens: the MMA decode path.
     calls = _launches(monkeypatch, layer.GEMV_MAX_TOKENS + 1, e=32, gemv=True)
     assert {name for name, _ in _kernels(calls)} >= {"moe_decode_gemm"}
-    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    assert not {"moe_gemv", "moe_gemv_tc"} & {name for name, _ in _kernels(calls)}
 
 
 def test_packed_weights_and_wide_routing_keep_the_mma_path_and_forced_tiles_refuse_them(monkeypatch):
     from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
 
+    gemv_kernels = {"moe_gemv", "moe_gemv_tc"}
     calls = _launches(monkeypatch, 1, e=32, gemv=True, packed=True)
-    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    assert not gemv_kernels & {name for name, _ in _kernels(calls)}
     calls = _launches(monkeypatch, 1, e=32, gemv=True, k=gemv.MAX_SLOTS + 1)
-    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    assert not gemv_kernels & {name for name, _ in _kernels(calls)}
     tiles = (layer.GemvTile(1, 8), layer.GemvTile(1, 4))
     with pytest.raises(ValueError, match="tiles: the GEMV kernel reads the canonical layout"):
         _launches(monkeypatch, 1, e=32, gemv=True, packed=True, tiles=tiles)
@@ -63,7 +72,7 @@ def test_experts_too_wide_to_stage_keep_the_mma_path_and_forced_tiles_name_the_w
     # 8 slots of 8192 intermediate values: 8 x 8 passes x 4 KB of fp32 rows, above MAX_STAGED_BYTES.
     assert gemv.staged_bytes(8, 8192) > gemv.MAX_STAGED_BYTES >= gemv.staged_bytes(4, 2880)
     calls = _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8)
-    assert "moe_gemv" not in {name for name, _ in _kernels(calls)}
+    assert not {"moe_gemv", "moe_gemv_tc"} & {name for name, _ in _kernels(calls)}
     with pytest.raises(ValueError, match="^weights: the GEMV kernel stages 8 activation rows of 8192 values"):
         _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8, tiles=(layer.GemvTile(1), layer.GemvTile(1)))
 
@@ -114,7 +123,9 @@ def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills
 
     from tokenspeed_kernel.testing import compile_launch
 
-    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, **wkw)
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=(GemvTile(1, 8), GemvTile(1, 4)), **wkw)
     assert len(calls) == 2
     for fn, _grid, args, kwargs in calls:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte

@@ -71,7 +71,7 @@ def _before(ptx: str, pattern: str, barrier: str) -> bool:
 
 def _check_order(fn, kwargs, ptx):
     """The grid-control order of one kernel's PTX (module doc), on every path through its control flow."""
-    from tokenspeed_kernel_nvidia.hopper.moe import decode, gemv, prefill
+    from tokenspeed_kernel_nvidia.hopper.moe import decode, gemv, gemv_tc, prefill
 
     name = getattr(fn, "__name__", repr(fn))
     assert ptx.count(WAIT) == 1 and ptx.count(RELEASE) == 1, name
@@ -80,8 +80,8 @@ def _check_order(fn, kwargs, ptx):
     if fn is decode.moe_decode_gemm and not kwargs["GATE_UP"]:
         # The down GEMM: the ids and the first weight blocks before the wait (cp.async into its ring).
         assert _before(ptx, r"cp\.async\.cg\.shared\.global", WAIT), name
-    elif fn is gemv.moe_gemv and not kwargs["GATE_UP"]:
-        # The GEMV down GEMM: the ids and the first code words before the wait, the activations after it.
+    elif fn in (gemv.moe_gemv, gemv_tc.moe_gemv_tc) and not kwargs["GATE_UP"]:
+        # A GEMV down GEMM: the ids and the first code words before the wait, the activations after it.
         assert _before(ptx, r"ld\.global", WAIT), name
         assert not _before(ptx, r"st\.shared", WAIT), name
     elif fn is prefill.moe_prefill_gemm:
@@ -94,6 +94,7 @@ def _check_order(fn, kwargs, ptx):
 
 LAYER_CASES = [
     ("gemv_T1", "gemv", 1, {}),
+    ("gemv_tc_T1", "gemv", 1, {"tiles": "tc"}),  # the tensor-core GEMV for both GEMMs
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
     ("decode_T2_fused_epilogues", "decode", 2, {"tiles": "fused4"}),  # the counters' atomics after the wait
@@ -123,7 +124,10 @@ def _layer_check(label: str) -> None:
     path, tokens, kw = {c[0]: c[1:] for c in LAYER_CASES}[label]
     kw = dict(kw)
     if path == "gemv":
-        calls = _launches(_Patch(), tokens, gemv=True)
+        from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
+
+        tiles = (TcTile(1, 4), TcTile(1, None, 2)) if kw.pop("tiles", None) == "tc" else None
+        calls = _launches(_Patch(), tokens, gemv=True, tiles=tiles)
     elif path == "decode":
         tiles = {"split1": _split_tiles(1), "fused4": _split_tiles(4, True), None: None}[kw.pop("tiles", None)]
         calls = _launches(_Patch(), tokens, tiles=tiles)
