@@ -122,7 +122,6 @@ def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
-
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=(GemvTile(1, 8), GemvTile(1, 4)), **wkw)
