@@ -466,12 +466,15 @@ GPU_CASES = [
     # warp); and scale bytes above its one-step limit (BIG_SCALES).
     ("tc_tiles_T3_no_bias_not_interleaved", 32, 3, {"tiles": "tc", "bias": False, "interleaved": False}, "hot"),
     ("tc_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc", "scale_hi": 230}, "random"),
+    # The fp32 GEMV gate/up with the tensor-core down (either kernel takes either GEMM), 120B at one and two tokens.
+    ("mixed_gemv_tiles_T1", 128, 1, {"tiles": "mixed"}, "random"),
+    ("mixed_gemv_tiles_T2_not_interleaved", 128, 2, {"tiles": "mixed", "interleaved": False}, "random"),
 ]
 
 
 def _gpu_tiles(wkw):
     """The tiles a GPU case forces (``wkw["tiles"]``: ``splitN`` MMA decode tiles, ``gemv`` GEMV tiles, ``tc``
-    tensor-core GEMV tiles), or None."""
+    tensor-core GEMV tiles, ``mixed`` one of each), or None."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
     name = wkw.pop("tiles", None)
@@ -481,6 +484,8 @@ def _gpu_tiles(wkw):
         return GemvTile(1, 8, 2), GemvTile(2, 4)
     if name == "tc":
         return TcTile(2, 2), TcTile(1, None, 4)
+    if name == "mixed":
+        return GemvTile(1, 8), TcTile(1, None, 1)
     return _split_tiles(int(name[-1]))
 
 
