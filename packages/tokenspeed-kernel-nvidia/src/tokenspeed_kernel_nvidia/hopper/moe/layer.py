@@ -601,11 +601,22 @@ def moe_apply(
     return result
 
 
-def _gemv_fits(k: int, weights: MoEWeights) -> bool:
-    """Whether the GEMV kernel takes ``k`` slots a token of these weights: at most :data:`.gemv.MAX_SLOTS`, and every
-    program's staged activation rows within :data:`.gemv.MAX_STAGED_BYTES`."""
-    return k <= gemv.MAX_SLOTS and max(gemv.staged_bytes(1, weights.hidden),
-                                       gemv.staged_bytes(k, weights.intermediate)) <= gemv.MAX_STAGED_BYTES  # fmt: skip
+def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
+    """Whether the GEMV kernels of ``tiles`` (default :data:`GEMV_TILES`) take ``k`` slots a token of these weights:
+    at most :data:`.gemv.MAX_SLOTS`, and every program's staged activation rows within
+    :data:`.gemv.MAX_STAGED_BYTES` (fp32 rows for a :class:`GemvTile`, f16 ranges for a :class:`TcTile`)."""
+    gu, dn = tiles or GEMV_TILES
+    if k > gemv.MAX_SLOTS:
+        return False
+    if isinstance(gu, TcTile):
+        gate_up = gemv_tc.staged_bytes(1, weights.hidden)
+    else:
+        gate_up = gemv.staged_bytes(1, weights.hidden)
+    if isinstance(dn, TcTile):
+        down = gemv_tc.staged_bytes(next_power_of_2(k), weights.intermediate, dn.ksplit)
+    else:
+        down = gemv.staged_bytes(k, weights.intermediate)
+    return max(gate_up, down) <= gemv.MAX_STAGED_BYTES
 
 
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
@@ -625,7 +636,7 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
         raise ValueError(
             f"tiles: the down GemvTile's program walks the token's slots, so its sub must be 1, got {dn!r}"
         )
-    if not _gemv_fits(k, weights):
+    if not _gemv_fits(k, weights, tiles):
         raise ValueError(
             f"weights: the GEMV kernel stages {k} activation rows of {weights.intermediate} values a program, more "
             f"than {gemv.MAX_STAGED_BYTES} bytes of shared memory (hidden {weights.hidden})"
