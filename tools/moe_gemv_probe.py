@@ -44,19 +44,15 @@ import hopper_moe_h200 as base
 
 
 def _tile(text: str):
-    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``; a TC tile
-    may end in ``@8`` (chunks in flight a warp)."""
+    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
     text = text.strip()
     if text.startswith("t"):
-        text, _, ahead = text[1:].partition("@")
-        ahead = int(ahead or 4)
         if ":" in text:
-            g, ks = text.split(":")
-            return TcTile(int(g), None, int(ks), ahead)
-        g, w = (int(v) for v in text.split(","))
-        return TcTile(g, w, 1, ahead)
+            g, ks = text[1:].split(":")
+            return TcTile(int(g), None, int(ks))
+        return TcTile(*[int(v) for v in text[1:].split(",")])
     return GemvTile(*[int(v) for v in text.split(",")])
 
 
@@ -71,8 +67,7 @@ def _name(tiles) -> str:
 
     def one(t):
         if isinstance(t, TcTile):
-            name = f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}:{t.ksplit}"
-            return name + (f"@{t.ahead}" if t.ahead != 4 else "")
+            return f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}:{t.ksplit}"
         return ",".join(str(v) for v in t if v is not None)
 
     return "/".join(one(t) for t in tiles)

@@ -19,9 +19,8 @@ gate/up kernel is issue-bound. Here a warp decodes codes to f16 pairs with the s
   so the fp32 sums see the same terms as :mod:`.gemv`'s except for activations below that.
 - **Scale bytes up to** :data:`ONE_STEP_MAX_SCALE` keep the sums in the scaled domain (``|acc| < 2**127`` for K up
   to ``2**16``); weights with a larger byte take ``BIG_SCALES``: each chunk's sums are unscaled before the scale.
-- **Codes in flight**: a warp holds ``AHEAD`` (4 or 8) chunks' codes and scales in registers (the loop is unrolled
-  by ``AHEAD``, each buffer refilled with the chunk ``AHEAD`` ahead once decoded): independent MMA chains, no
-  register moves.
+- **Codes in flight**: a warp holds four chunks' codes and scales in registers (the loop is unrolled by four, each
+  buffer refilled with the chunk four ahead once decoded): four independent MMA chains, no register moves.
 
 Gate/up, program ``(pair, tile)``: warp ``w``'s ``G`` groups of 8 features (MMA row ``r`` the gate row of a
 feature, ``r + 8`` its up row) over all of K, then bias and SwiGLU: ``inter[pair, j] = bf16(swiglu(x[token] @
@@ -52,12 +51,12 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def staged_bytes(rows: int, k: int, ksplit: int = 1, ahead: int = 4) -> int:
+def staged_bytes(rows: int, k: int, ksplit: int = 1) -> int:
     """The shared memory a program stages ``rows`` activation rows of ``k`` values in (f16, chunks of 128 values a
-    row, each row's ``ksplit`` ranges padded to whole loop trips of ``ahead`` chunks, then to a power of two)."""
+    row, each row's ``ksplit`` ranges padded to whole fours then a power of two chunks)."""
     chunks = -(-k // 128)
     ncp = -(-chunks // ksplit)
-    return rows * ksplit * _pow2(-(-ncp // ahead) * ahead) * 256
+    return rows * ksplit * _pow2(-(-ncp // 4) * 4) * 256
 
 
 def _decode(word: str, regs: tuple[str, str, str, str]) -> str:
@@ -192,24 +191,12 @@ def _chunk(acc, wa, wb, sc, x_sm, i, diag, down5, LX: gl.constexpr, BIG_SCALES: 
 
 
 @gluon.jit
-def _step(acc, wa, wb, sc, x_sm, i, AHEAD: gl.constexpr, NCP: gl.constexpr, w_ptr, s_ptr, e, stride_we, stride_se,
-          row_a, row_b, ok, ch0, c5, j5, diag, down5, LX: gl.constexpr, K: gl.constexpr, SROW: gl.constexpr,
-          BIG_SCALES: gl.constexpr):  # fmt: skip
-    """Chunk ``i`` from its buffer (:func:`_chunk`), then the buffer refilled with chunk ``i + AHEAD``."""
-    acc = _chunk(acc, wa, wb, sc, x_sm, i, diag, down5, LX, BIG_SCALES)
-    wa, wb, sc = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i + AHEAD < NCP),
-                             ch0 + i + AHEAD, c5, j5, K, SROW)  # fmt: skip
-    return acc, wa, wb, sc
-
-
-@gluon.jit
 def moe_gemv_tc(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
     alpha, limit, up_offset,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, G: gl.constexpr,
     WARPS: gl.constexpr, KSPLIT: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-    AHEAD: gl.constexpr = 4,
 ):  # fmt: skip
     """One GEMM (module doc). ``w``: uint8 ``[E, rows, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
     ``[E, rows, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, rows]`` bias. ``N``: gate/up features (``I``;
@@ -221,7 +208,7 @@ def moe_gemv_tc(
     NCH: gl.constexpr = K // 32  # MX blocks a row
     NC: gl.constexpr = (NCH + 3) // 4  # chunks of 4 blocks
     NCP: gl.constexpr = (NC + KSPLIT - 1) // KSPLIT  # chunks a warp
-    NCP2: gl.constexpr = _next_pow2((NCP + AHEAD - 1) // AHEAD * AHEAD)  # staged chunks (the loop's whole trips)
+    NCP2: gl.constexpr = _next_pow2((NCP + 3) // 4 * 4)  # staged chunks (the loop runs whole fours)
     XW: gl.constexpr = 1 if GATE_UP else WARPS  # staged activation ranges (down: one a warp)
     SLOTW: gl.constexpr = WARPS // KSPLIT
     # [warp, row group, r (lane // 4), c (lane % 4), 4 per thread (code words / B pairs / accumulators)]
@@ -260,7 +247,7 @@ def moe_gemv_tc(
         ok = row_ok & slot_ok
         ch0 = kp * NCP
         x_row0 = pid * TOP_K
-    # AHEAD chunks in flight: buffer u holds chunk i0 + u, refilled with chunk i0 + u + AHEAD once decoded.
+    # Four chunks in flight: buffer u holds chunk i0 + u, refilled with chunk i0 + u + 4 once decoded.
     wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch0, c5, j5, K, SROW)
     wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 1), ch0 + 1, c5, j5,
                                 K, SROW)  # fmt: skip
@@ -268,15 +255,6 @@ def moe_gemv_tc(
                                 K, SROW)  # fmt: skip
     wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 3), ch0 + 3, c5, j5,
                                 K, SROW)  # fmt: skip
-    if AHEAD == 8:
-        wa4, wb4, sc4 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 4), ch0 + 4, c5,
-                                    j5, K, SROW)  # fmt: skip
-        wa5, wb5, sc5 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 5), ch0 + 5, c5,
-                                    j5, K, SROW)  # fmt: skip
-        wa6, wb6, sc6 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 6), ch0 + 6, c5,
-                                    j5, K, SROW)  # fmt: skip
-        wa7, wb7, sc7 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 7), ch0 + 7, c5,
-                                    j5, K, SROW)  # fmt: skip
     if not GATE_UP:
         _grid_wait(PDL)  # inter is the previous launch's output
         _grid_release(PDL)
@@ -316,31 +294,19 @@ def moe_gemv_tc(
     diag = r5 == c5  # the lanes whose B fragment holds activations
 
     acc = gl.zeros([WARPS, G, 8, 4, 4], gl.float32, LW)
-    for i0 in range(0, NCP, AHEAD):
-        acc, wa0, wb0, sc0 = _step(acc, wa0, wb0, sc0, x_sm, i0, AHEAD, NCP, w_ptr, s_ptr, e, stride_we, stride_se,
-                                   row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW, BIG_SCALES)  # fmt: skip
-        acc, wa1, wb1, sc1 = _step(acc, wa1, wb1, sc1, x_sm, i0 + 1, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                   stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                   BIG_SCALES)  # fmt: skip
-        acc, wa2, wb2, sc2 = _step(acc, wa2, wb2, sc2, x_sm, i0 + 2, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                   stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                   BIG_SCALES)  # fmt: skip
-        acc, wa3, wb3, sc3 = _step(acc, wa3, wb3, sc3, x_sm, i0 + 3, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                   stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                   BIG_SCALES)  # fmt: skip
-        if AHEAD == 8:
-            acc, wa4, wb4, sc4 = _step(acc, wa4, wb4, sc4, x_sm, i0 + 4, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                       stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                       BIG_SCALES)  # fmt: skip
-            acc, wa5, wb5, sc5 = _step(acc, wa5, wb5, sc5, x_sm, i0 + 5, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                       stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                       BIG_SCALES)  # fmt: skip
-            acc, wa6, wb6, sc6 = _step(acc, wa6, wb6, sc6, x_sm, i0 + 6, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                       stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                       BIG_SCALES)  # fmt: skip
-            acc, wa7, wb7, sc7 = _step(acc, wa7, wb7, sc7, x_sm, i0 + 7, AHEAD, NCP, w_ptr, s_ptr, e, stride_we,
-                                       stride_se, row_a, row_b, ok, ch0, c5, j5, diag, down5, LX, K, SROW,
-                                       BIG_SCALES)  # fmt: skip
+    for i0 in range(0, NCP, 4):
+        acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES)
+        wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 4 < NCP),
+                                    ch0 + i0 + 4, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES)
+        wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 5 < NCP),
+                                    ch0 + i0 + 5, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES)
+        wa2, wb2, sc2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 6 < NCP),
+                                    ch0 + i0 + 6, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa3, wb3, sc3, x_sm, i0 + 3, diag, down5, LX, BIG_SCALES)
+        wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 7 < NCP),
+                                    ch0 + i0 + 7, c5, j5, K, SROW)  # fmt: skip
     if not BIG_SCALES:
         acc = acc * down5
     # [W, G, 8, 4, (row, block col)] -> row sums [W, G, 8, 2 (row a, row b)], all four lanes of a quad

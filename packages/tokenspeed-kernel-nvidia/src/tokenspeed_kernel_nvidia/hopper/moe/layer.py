@@ -178,14 +178,13 @@ class GemvTile(tuple):
 
 
 class TcTile(tuple):
-    """``(groups, warps, ksplit, ahead)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups``
-    groups of 16 rows a warp; gate/up: ``warps`` warps a program (``ksplit`` 1); down: ``ksplit`` chunk ranges a
-    slot, so a program runs ``next_power_of_2(top_k) * ksplit`` warps (``warps`` None); ``ahead`` chunks of codes
-    in flight a warp (4 or 8)."""
+    """``(groups, warps, ksplit)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups`` groups of 16
+    rows a warp; gate/up: ``warps`` warps a program (``ksplit`` 1); down: ``ksplit`` chunk ranges a slot, so a
+    program runs ``next_power_of_2(top_k) * ksplit`` warps (``warps`` None)."""
 
     __slots__ = ()
 
-    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1, ahead: int = 4):
+    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1):
         if type(groups) is not int or groups not in (1, 2, 4):
             raise ValueError(f"groups: expected 1, 2 or 4 (groups of 16 rows a warp), got {groups!r}")
         if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8, 16)):
@@ -194,9 +193,7 @@ class TcTile(tuple):
             raise ValueError(f"ksplit: expected 1, 2 or 4, got {ksplit!r}")
         if warps is not None and ksplit != 1:
             raise ValueError(f"ksplit: a gate/up tile (warps given) takes all of K, so ksplit 1, got {ksplit!r}")
-        if type(ahead) is not int or ahead not in (4, 8):
-            raise ValueError(f"ahead: expected 4 or 8 (chunks in flight a warp), got {ahead!r}")
-        return super().__new__(cls, (groups, warps, ksplit, ahead))
+        return super().__new__(cls, (groups, warps, ksplit))
 
     @property
     def groups(self) -> int:
@@ -209,10 +206,6 @@ class TcTile(tuple):
     @property
     def ksplit(self) -> int:
         return self[2]
-
-    @property
-    def ahead(self) -> int:
-        return self[3]
 
 
 #: Calls of at most this many tokens take the GEMV kernel (:mod:`.gemv`) on canonical weights with at most
@@ -616,11 +609,11 @@ def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
     if k > gemv.MAX_SLOTS:
         return False
     if isinstance(gu, TcTile):
-        gate_up = gemv_tc.staged_bytes(1, weights.hidden, 1, gu.ahead)
+        gate_up = gemv_tc.staged_bytes(1, weights.hidden)
     else:
         gate_up = gemv.staged_bytes(1, weights.hidden)
     if isinstance(dn, TcTile):
-        down = gemv_tc.staged_bytes(next_power_of_2(k), weights.intermediate, dn.ksplit, dn.ahead)
+        down = gemv_tc.staged_bytes(next_power_of_2(k), weights.intermediate, dn.ksplit)
     else:
         down = gemv.staged_bytes(k, weights.intermediate)
     return max(gate_up, down) <= gemv.MAX_STAGED_BYTES
@@ -705,7 +698,7 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=tile.warps, KSPLIT=1,
-        num_warps=tile.warps, AHEAD=tile.ahead, **_tc_options(weights),
+        num_warps=tile.warps, **_tc_options(weights),
     )  # fmt: skip
 
 
@@ -719,8 +712,7 @@ def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
         b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
-        HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps, AHEAD=tile.ahead,
-        **_tc_options(weights),
+        HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps, **_tc_options(weights),
     )  # fmt: skip
 
 
