@@ -19,6 +19,8 @@ gate/up kernel is issue-bound. Here a warp decodes codes to f16 pairs with the s
   so the fp32 sums see the same terms as :mod:`.gemv`'s except for activations below that.
 - **Scale bytes up to** :data:`ONE_STEP_MAX_SCALE` keep the sums in the scaled domain (``|acc| < 2**127`` for K up
   to ``2**16``); weights with a larger byte take ``BIG_SCALES``: each chunk's sums are unscaled before the scale.
+  That gate/up variant spills a few registers in its loop (sm90, Triton 3.6: 14 local accesses a trip of four
+  chunks), a cost only such weights pay.
 - **Codes in flight**: a warp holds four chunks' codes and scales in registers (the loop is unrolled by four, each
   buffer refilled with the chunk four ahead once decoded): four independent MMA chains, no register moves.
 
