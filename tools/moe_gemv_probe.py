@@ -5,6 +5,9 @@
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
         [--default-gemv] [--tag=-x] [--budget-s 300]
 
+Tiles: ``feats,warps[,sub]`` a ``GemvTile`` (fp32 GEMV), ``tG,W`` a gate/up ``TcTile`` and ``tG:KS`` a down one
+(tensor-core GEMV, ``hopper/moe/gemv_tc.py``); a pair is ``gate_up/down``, and may mix the two kernels.
+
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 =
 20B, 128 = 120B). Stages, in order (each row is written to ``OUT/moe_gemv_probe.json`` as it comes):
 
@@ -12,9 +15,9 @@ GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, inter
   error, bound 1e-2) and the MMA path (largest absolute difference), its determinism and a CUDA-graph replay, on:
   1 token (20B and 120B), no bias and gate/up not interleaved, 3 tokens, top-3 and top-2 routing, and gate/up scale
   bytes 246-252 (the two-step scale; 6 * 2**125 is the largest fp32 weight the reference can hold) with activations
-  scaled by 2**-124;
+  scaled by 2**-124, and activations scaled by 2**20 and 2**-30 (the tensor-core GEMV's f16 row scale);
 - ``kernels``: each GEMV kernel alone (one CUDA graph, programmatic launch off), L2 flushed and not, 20B layer, one
-  token: the ``GemvTile`` s (``feats,warps[,sub]``) of ``--kernel-gate-up`` and ``--kernel-down``;
+  token: the tiles of ``--kernel-gate-up`` and ``--kernel-down`` (either kernel's);
 - ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA decode tiles
   (``DECODE_TILES``, forced) against ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
 - ``sweep``: the gate/up tiles of ``--gate-up`` with the table's down tile, then the down tiles of ``--down`` with the

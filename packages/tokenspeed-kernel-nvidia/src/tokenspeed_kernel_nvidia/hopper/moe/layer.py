@@ -5,7 +5,7 @@ the canonical MXFP4 layout (``hopper.moe_apply``: no weight preprocessing) or th
 decode instructions); one weights object serves every call of either.
 
 Up to ``GEMV_MAX_TOKENS`` tokens on canonical weights: the GEMV kernel (:mod:`.gemv`), two launches, fp32 FMAs
-instead of MMAs. Otherwise the decode path: three or four launches, no host sync (each launched with programmatic
+instead of MMAs (forced :class:`TcTile` tiles put either GEMM on the tensor-core GEMV, :mod:`.gemv_tc`). Otherwise the decode path: three or four launches, no host sync (each launched with programmatic
 dependent launch: :mod:`.decode`):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
