@@ -38,13 +38,13 @@ from triton.experimental.gluon import language as gl
 from triton.runtime.jit import constexpr_function
 
 from .decode import _grid_release, _grid_wait, _swiglu
+from .gemv import _scaled_add  # the same block scale: 2**(s - 121), bytes above 248 in two steps
 
 __all__ = ["moe_gemv_tc", "ONE_STEP_MAX_SCALE", "MAX_SLOTS", "staged_bytes"]
 
 #: Scale bytes up to this keep the scaled sums within fp32 for K up to 2**16; weights with a larger byte take the
 #: kernel's ``BIG_SCALES`` variant (chosen from the largest byte, read once per weights object).
 ONE_STEP_MAX_SCALE = 220
-_ONE_STEP_MAX: gl.constexpr = gl.constexpr(248)  # the two-step threshold inside _scaled_add (2**(s + 6 - 127))
 #: A down program runs a warp a slot (times ``KSPLIT``): ``TOP_K`` up to this many.
 MAX_SLOTS = 8
 
@@ -143,18 +143,6 @@ def _iota4(N: gl.constexpr, D: gl.constexpr, L: gl.constexpr):
     else:
         v = gl.arange(0, N, layout=gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, L))))
         return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 0), 0)
-
-
-@gluon.jit
-def _scaled_add(acc, dots, sc, BIG_SCALES: gl.constexpr):
-    """``acc + dots * 2**(sc - 121)`` for E8M0 bytes ``sc`` (``2**6`` undoes the decode's ``2**-6``);
-    ``BIG_SCALES``: bytes above 248 (whose ``2**(sc - 121)`` is no fp32) take ``(dots * 64) * 2**(sc - 127)``."""
-    s = sc.to(gl.uint32)
-    if BIG_SCALES:
-        big = s > _ONE_STEP_MAX
-        factor = (gl.where(big, s, s + 6) << 23).to(gl.float32, bitcast=True)
-        return gl.fma(gl.where(big, dots * 64.0, dots), factor, acc)
-    return gl.fma(dots, ((s + 6) << 23).to(gl.float32, bitcast=True), acc)
 
 
 @gluon.jit
