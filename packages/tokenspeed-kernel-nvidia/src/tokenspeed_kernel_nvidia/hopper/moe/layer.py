@@ -5,8 +5,9 @@ the canonical MXFP4 layout (``hopper.moe_apply``: no weight preprocessing) or th
 decode instructions); one weights object serves every call of either.
 
 Up to ``GEMV_MAX_TOKENS`` tokens on canonical weights: the GEMV kernel (:mod:`.gemv`), two launches, fp32 FMAs
-instead of MMAs (forced :class:`TcTile` tiles put either GEMM on the tensor-core GEMV, :mod:`.gemv_tc`). Otherwise the decode path: three or four launches, no host sync (each launched with programmatic
-dependent launch: :mod:`.decode`):
+instead of MMAs (forced :class:`TcTile` tiles put either GEMM on the tensor-core GEMV, :mod:`.gemv_tc`).
+Otherwise the decode path: three or four launches, no host sync (each launched with programmatic dependent
+launch: :mod:`.decode`):
 
 1. gate/up GEMM + bias + SwiGLU into ``inter [T*k, I]`` (bf16), one program per
    (pair, N tile, K split), working for the first pair of each touched expert; with K
@@ -620,7 +621,7 @@ def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
 
 
 def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> None:
-    """The GEMV path: gate/up + SwiGLU into ``inter`` (bf16), then down + bias + the slots' sum, each GEMM on the
+    """The GEMV path: gate/up + SwiGLU into ``inter`` (bf16 values), then down + bias + the slots' sum, each GEMM on the
     kernel of its tile (:class:`GemvTile`: fp32 FMAs, :mod:`.gemv`; :class:`TcTile`: tensor cores, :mod:`.gemv_tc`)."""
     gu, dn = tiles
     k = topk_ids.shape[1]
@@ -642,7 +643,10 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
             f"than {gemv.MAX_STAGED_BYTES} bytes of shared memory (hidden {weights.hidden})"
         )
     ids = topk_ids.reshape(-1).contiguous()
-    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=torch.bfloat16, device=x.device)
+    # inter holds bf16 values: stored as bf16 for the TC down (validated so on the GPU, session 31), as fp32 for the
+    # fp32 down (session 30's validated default).
+    dtype = torch.bfloat16 if isinstance(dn, TcTile) else torch.float32
+    inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=dtype, device=x.device)
     (_tc_gate_up if isinstance(gu, TcTile) else _gemv_gate_up)(x, ids, weights, activation, inter, gu, k)
     tw = topk_weights.reshape(-1).contiguous()
     (_tc_down if isinstance(dn, TcTile) else _gemv_down)(inter, ids, tw, weights, out, dn, k)
