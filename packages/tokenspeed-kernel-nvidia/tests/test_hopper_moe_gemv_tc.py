@@ -161,6 +161,13 @@ def test_forced_tc_tiles_launch_two_kernels_with_their_grids_and_refuse_what_the
         _launches(monkeypatch, 1, e=32, gemv=True, tiles=(gu, layer.TcTile(1, 4)))
     with pytest.raises(ValueError, match="tiles: the gate/up TcTile needs warps"):
         _launches(monkeypatch, 1, e=32, gemv=True, tiles=(dn, dn))
+    # A GemvTile and a TcTile mix (either GEMV kernel a GEMM); a GEMV tile with an MMA tile does not.
+    calls = _launches(monkeypatch, 1, e=32, gemv=True, tiles=(layer.GemvTile(1, 8), dn))
+    assert [getattr(c[0], "__name__", "") for c in calls] == ["moe_gemv", "moe_gemv_tc"]
+    decode_tile = layer.DECODE_TILES[0][1][1]
+    for tiles in ((gu, decode_tile), (decode_tile, dn), (gu,)):
+        with pytest.raises(TypeError, match="^tiles: expected two DecodeTile"):
+            _launches(monkeypatch, 1, e=32, gemv=True, tiles=tiles)
 
 
 def _sass_loops(sass: str) -> str:

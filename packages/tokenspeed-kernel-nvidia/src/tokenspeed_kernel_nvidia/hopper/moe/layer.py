@@ -484,9 +484,11 @@ def moe_apply(
     if k > MAX_PAIRS:
         raise ValueError(f"topk_ids: hopper.moe_apply takes at most {MAX_PAIRS} slots a token, got {k}")
     gemv_types = (GemvTile, TcTile)  # either GEMV kernel for either GEMM
-    if tiles is not None and (len(tiles) != 2
-                              or (len({type(v) for v in tiles}) != 1 and not all(isinstance(v, gemv_types) for v in tiles))
-                              or not isinstance(tiles[0], (DecodeTile, PrefillTile, *gemv_types))):  # fmt: skip
+    if tiles is not None and (
+        len(tiles) != 2
+        or not (len({type(v) for v in tiles}) == 1 or all(isinstance(v, gemv_types) for v in tiles))
+        or not isinstance(tiles[0], (DecodeTile, PrefillTile, *gemv_types))
+    ):
         raise TypeError(
             "tiles: expected two DecodeTile, two PrefillTile, or a GemvTile or TcTile each (gate/up, down), "
             f"got {tiles!r}"
@@ -652,9 +654,10 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
     (_tc_down if isinstance(dn, TcTile) else _gemv_down)(inter, ids, tw, weights, out, dn, k)
 
 
-def _gemv_launch_options(weights: MoEWeights) -> dict:
+def _gemv_launch_options(weights: MoEWeights, one_step_max: int = gemv.ONE_STEP_MAX_SCALE) -> dict:
+    """PDL, and ``BIG_SCALES`` when some scale byte exceeds the kernel's one-step limit (or is unknown)."""
     largest = _max_scale(weights)
-    return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > gemv.ONE_STEP_MAX_SCALE}
+    return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > one_step_max}
 
 
 def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
@@ -686,11 +689,6 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
     )  # fmt: skip
 
 
-def _tc_options(weights: MoEWeights) -> dict:
-    largest = _max_scale(weights)
-    return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > gemv_tc.ONE_STEP_MAX_SCALE}
-
-
 def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
     """:func:`.gemv_tc.moe_gemv_tc` (gate/up) over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
     w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
@@ -702,7 +700,7 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=tile.warps, KSPLIT=1,
-        num_warps=tile.warps, **_tc_options(weights),
+        num_warps=tile.warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
     )  # fmt: skip
 
 
@@ -716,7 +714,8 @@ def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
         b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
-        HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps, **_tc_options(weights),
+        HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps,
+        **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
     )  # fmt: skip
 
 
