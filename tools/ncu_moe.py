@@ -37,17 +37,16 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.gemv:
+        import os
+
         from tokenspeed_kernel_nvidia.hopper.moe import layer
 
-        def tile(text):  # feats,warps[,sub] (GemvTile); tG,W (gate/up TcTile); tG:KS (down TcTile)
-            if text.startswith("t"):
-                g, _, ks = text[1:].partition(":")
-                return layer.TcTile(int(g), None, int(ks)) if ks else layer.TcTile(*(int(v) for v in g.split(",")))
-            return layer.GemvTile(*(int(v) for v in text.split(",")))
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from moe_gemv_probe import _tile  # the probe's tile syntax
 
         gu, dn = args.gemv.split("/")
         layer.GEMV_MAX_TOKENS = 1
-        layer.GEMV_TILES = (tile(gu), tile(dn))
+        layer.GEMV_TILES = (_tile(gu), _tile(dn))
 
     import tokenspeed_kernel as tk
 
