@@ -47,15 +47,14 @@ import hopper_moe_h200 as base
 
 
 def _tile(text: str):
-    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``."""
+    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W[:KS]``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
     text = text.strip()
     if text.startswith("t"):
-        if ":" in text:
-            g, ks = text[1:].split(":")
-            return TcTile(int(g), None, int(ks))
-        return TcTile(*[int(v) for v in text[1:].split(",")])
+        head, _, ks = text[1:].partition(":")
+        g, _, w = head.partition(",")
+        return TcTile(int(g), int(w) if w else None, int(ks or 1))
     return GemvTile(*[int(v) for v in text.split(",")])
 
 
@@ -70,7 +69,8 @@ def _name(tiles) -> str:
 
     def one(t):
         if isinstance(t, TcTile):
-            return f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}:{t.ksplit}"
+            head = f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}"
+            return head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
         return ",".join(str(v) for v in t if v is not None)
 
     return "/".join(one(t) for t in tiles)

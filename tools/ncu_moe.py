@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         "--gemv",
         default="",
         help="hopper.moe_apply's GEMV path at 1 token, tiles 'feats,warps/feats' "
-        "(a TcTile: 'tG,W' gate/up, 'tG:KS' down)",
+        "(a TcTile: 'tG,W[:KS]' gate/up, 'tG:KS' down)",
     )
     args = p.parse_args(argv)
     if args.gemv:

@@ -466,6 +466,11 @@ GPU_CASES = [
     # warp); and scale bytes above its one-step limit (BIG_SCALES).
     ("tc_tiles_T3_no_bias_not_interleaved", 32, 3, {"tiles": "tc", "bias": False, "interleaved": False}, "hot"),
     ("tc_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc", "scale_hi": 230}, "random"),
+    # K split in the gate/up too: 2 feature warps x 2 ranges, 4 ranges a down slot (120B; 20B top-3 not interleaved;
+    # one feature warp x 4 ranges with scale bytes above 220).
+    ("tc_ksplit_tiles_T1", 128, 1, {"tiles": "tc_ksplit"}, "random"),
+    ("tc_ksplit_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "tc_ksplit", "interleaved": False}, "hot"),
+    ("tc_ksplit4_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc_ksplit4", "scale_hi": 230}, "random"),
     # The fp32 GEMV gate/up with the tensor-core down (either kernel takes either GEMM), 120B at one and two tokens.
     ("mixed_gemv_tiles_T1", 128, 1, {"tiles": "mixed"}, "random"),
     ("mixed_gemv_tiles_T2_not_interleaved", 128, 2, {"tiles": "mixed", "interleaved": False}, "random"),
@@ -484,6 +489,10 @@ def _gpu_tiles(wkw):
         return GemvTile(1, 8, 2), GemvTile(2, 4)
     if name == "tc":
         return TcTile(2, 2), TcTile(1, None, 4)
+    if name == "tc_ksplit":
+        return TcTile(1, 2, 2), TcTile(1, None, 2)
+    if name == "tc_ksplit4":
+        return TcTile(1, 1, 4), TcTile(2, None, 4)
     if name == "mixed":
         return GemvTile(1, 8), TcTile(1, None, 1)
     return _split_tiles(int(name[-1]))

@@ -126,8 +126,9 @@ def test_tc_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
 
     assert TcTile(2, 4) == (2, 4, 1) and TcTile(1, None, 2).ksplit == 2 and TcTile(1).warps is None
+    assert TcTile(1, 4, 4) == (1, 4, 4)  # 16 warps: a gate/up tile's K split too
     for args, name in (((3,), "groups"), ((True,), "groups"), ((1, 3), "warps"), ((1, 32), "warps"),
-                       ((1, None, 3), "ksplit"), ((1, 4, 2), "ksplit")):  # fmt: skip
+                       ((1, None, 3), "ksplit"), ((1, 8, 4), "ksplit"), ((1, 16, 2), "ksplit")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}: "):
             TcTile(*args)
 
@@ -145,14 +146,18 @@ def test_forced_tc_tiles_launch_two_kernels_with_their_grids_and_refuse_what_the
     from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc, layer
 
     gu, dn = _tc_tiles()
-    for tokens, k in ((1, 4), (2, 4), (5, 3), (1, 8)):
-        calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=(gu, dn))
-        assert [(getattr(c[0], "__name__", ""), c[3]["GATE_UP"]) for c in calls] == [
-            ("moe_gemv_tc", True), ("moe_gemv_tc", False)]  # fmt: skip
-        (_, g_grid, _, g_kw), (_, d_grid, _, d_kw) = calls
-        assert g_grid == (tokens * k, -(-2880 // (8 * gu.groups * gu.warps))) and g_kw["num_warps"] == gu.warps
-        warps = (1 << (k - 1).bit_length()) * dn.ksplit
-        assert d_grid == (tokens, -(-2880 // (16 * dn.groups))) and d_kw["WARPS"] == d_kw["num_warps"] == warps
+    for tiles in ((gu, dn), (layer.TcTile(2, 2, 4), layer.TcTile(1, None, 2))):
+        for tokens, k in ((1, 4), (2, 4), (5, 3), (1, 8)):
+            g_t, d_t = tiles
+            calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles)
+            assert [(getattr(c[0], "__name__", ""), c[3]["GATE_UP"]) for c in calls] == [
+                ("moe_gemv_tc", True), ("moe_gemv_tc", False)]  # fmt: skip
+            (_, g_grid, _, g_kw), (_, d_grid, _, d_kw) = calls
+            # a program: warps feature tiles of 8 groups features, each over ksplit ranges of K
+            assert g_grid == (tokens * k, -(-2880 // (8 * g_t.groups * g_t.warps)))
+            assert g_kw["WARPS"] == g_kw["num_warps"] == g_t.warps * g_t.ksplit and g_kw["KSPLIT"] == g_t.ksplit
+            warps = (1 << (k - 1).bit_length()) * d_t.ksplit
+            assert d_grid == (tokens, -(-2880 // (16 * d_t.groups))) and d_kw["WARPS"] == d_kw["num_warps"] == warps
     with pytest.raises(ValueError, match="tiles: the GEMV kernel reads the canonical layout"):
         _launches(monkeypatch, 1, e=32, gemv=True, packed=True, tiles=(gu, dn))
     with pytest.raises(ValueError, match=f"topk_ids: the GEMV kernel takes at most {gemv_tc.MAX_SLOTS} slots"):
@@ -187,6 +192,8 @@ CC_CASES = [
     ("20b_T1", 1, 4, {}),
     ("no_bias_not_interleaved_top3_T2", 2, 3, {"bias": False, "interleaved": False}),
     ("scales_above_220_T1", 1, 4, {"scale_hi": 230}),
+    ("ksplit_T1", 1, 4, {"tiles": ((1, 2, 2), (1, None, 4))}),
+    ("ksplit_scales_above_220_T1", 1, 4, {"tiles": ((1, 1, 4), (1, None, 2)), "scale_hi": 230}),
 ]
 
 
@@ -198,8 +205,11 @@ def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spill
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
 
-    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=_tc_tiles(), **wkw)
+    wkw = dict(wkw)
+    tiles = tuple(TcTile(*t) for t in wkw.pop("tiles")) if "tiles" in wkw else _tc_tiles()
+    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
     assert len(calls) == 2
     for fn, _grid, args, kwargs in calls:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte

@@ -196,16 +196,17 @@ def moe_gemv_tc(
     """One GEMM (module doc). ``w``: uint8 ``[E, rows, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
     ``[E, rows, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, rows]`` bias. ``N``: gate/up features (``I``;
     ``INTERLEAVED``: feature ``j``'s rows ``2 j``, ``2 j + 1``, else ``j``, ``I + j``) or down output rows.
-    ``GATE_UP``: ``KSPLIT`` 1, ``WARPS`` any; down: ``WARPS = SLOTW * KSPLIT``, ``SLOTW`` a power of two at least
-    ``TOP_K``."""
+    ``WARPS = FW * KSPLIT``: warp ``w`` takes row warp ``w % FW`` (gate/up: a feature tile; down: a slot, ``FW`` a
+    power of two at least ``TOP_K``) and chunk range ``w // FW``."""
     pid = gl.program_id(0)
     tile = gl.program_id(1)
     NCH: gl.constexpr = K // 32  # MX blocks a row
     NC: gl.constexpr = (NCH + 3) // 4  # chunks of 4 blocks
     NCP: gl.constexpr = (NC + KSPLIT - 1) // KSPLIT  # chunks a warp
     NCP2: gl.constexpr = _next_pow2((NCP + 3) // 4 * 4)  # staged chunks (the loop runs whole fours)
-    XW: gl.constexpr = 1 if GATE_UP else WARPS  # staged activation ranges (down: one a warp)
-    SLOTW: gl.constexpr = WARPS // KSPLIT
+    # staged activation ranges: one a warp, except the gate/up's one row when it is not split
+    XW: gl.constexpr = 1 if GATE_UP and KSPLIT == 1 else WARPS
+    FW: gl.constexpr = WARPS // KSPLIT  # row warps (gate/up: feature tiles; down: slots)
     # [warp, row group, r (lane // 4), c (lane % 4), 4 per thread (code words / B pairs / accumulators)]
     LW: gl.constexpr = gl.BlockedLayout([1, G, 1, 1, 4], [1, 1, 8, 4, 1], [WARPS, 1, 1, 1, 1], [4, 3, 2, 1, 0])
     w5 = _iota(WARPS, 0, LW)
@@ -218,7 +219,7 @@ def moe_gemv_tc(
         _grid_wait(PDL)
         _grid_release(PDL)
         e = gl.load(ids_ptr + pid)
-        feat = ((tile * WARPS + w5) * G + g5) * 8 + r5  # [W, G, 8, 1, 1]
+        feat = ((tile * FW + w5 % FW) * G + g5) * 8 + r5  # [W, G, 8, 1, 1]
         row_ok = feat < N
         if INTERLEAVED:
             row_a = 2 * feat
@@ -227,21 +228,19 @@ def moe_gemv_tc(
             row_a = feat
             row_b = N + feat
         ok = row_ok
-        ch0 = 0
         x_row0 = pid // TOP_K
     else:
         # The ids and the routing weights were written two launches or more before this one (.decode's module doc):
         # the first codes are requested before the grid wait.
-        slot = w5 % SLOTW
-        kp = w5 // SLOTW
+        slot = w5 % FW
         slot_ok = slot < TOP_K
         e = gl.load(ids_ptr + pid * TOP_K + slot, mask=slot_ok, other=0)  # [W, 1, 1, 1, 1]
         row_a = (tile * G + g5) * 16 + 2 * r5  # [1, G, 8, 1, 1]
         row_b = row_a + 1
         row_ok = row_a < N
         ok = row_ok & slot_ok
-        ch0 = kp * NCP
         x_row0 = pid * TOP_K
+    ch0 = (w5 // FW) * NCP  # the warp's first chunk
     # Four chunks in flight: buffer u holds chunk i0 + u, refilled with chunk i0 + u + 4 once decoded.
     wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch0, c5, j5, K, SROW)
     wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 1), ch0 + 1, c5, j5,
@@ -255,31 +254,47 @@ def moe_gemv_tc(
         _grid_release(PDL)
 
     # Stage the activations: [range, chunk, block, word, 8 values] in K order, times 2**t, as f16 pairs in the decode's
-    # order, into x_sm [chunk * 4 + word, range, block, pair].
+    # order, into x_sm [chunk * 4 + word, range, block, pair]. In pieces of four chunks a range, after a first pass for
+    # each range's largest magnitude: a warp holds 16 values a piece, not its whole range.
     LS: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 8], [1, 2, 4, 4, 1], [XW, WARPS // XW, 1, 1, 1], [4, 3, 2, 1, 0])
     sw = _iota(XW, 0, LS)
-    si = _iota(NCP2, 1, LS)
     if GATE_UP:
-        sch = si
         s_row = x_row0 + sw * 0
-        s_ok = si < NCP
+        s_ok0 = sw >= 0
     else:
-        sch = (sw // SLOTW) * NCP + si
-        s_row = x_row0 + sw % SLOTW
-        s_ok = (sw % SLOTW < TOP_K) & (si < NCP) & (sch < NC)
-    sk = ((sch * 4 + _iota(4, 2, LS)) * 32 + _iota(4, 3, LS) * 8) + _iota(8, 4, LS)
-    s_ok = s_ok & (sk < K)
-    xv = gl.load(x_ptr + s_row.to(gl.int64) * stride_x + sk, mask=s_ok, other=0.0).to(gl.float32)
-    amax = gl.max(gl.max(gl.max(gl.max(gl.abs(xv), 4), 3), 2), 1)  # [XW]
+        s_row = x_row0 + sw % FW
+        s_ok0 = sw % FW < TOP_K
+    xs_ptr = x_ptr + s_row.to(gl.int64) * stride_x
+    if XW == 1:
+        sch0 = sw * 0
+    else:
+        sch0 = (sw // FW) * NCP
+    sk0 = (_iota(4, 2, LS) * 32 + _iota(4, 3, LS) * 8) + _iota(8, 4, LS)
+    NPIECE: gl.constexpr = NCP2 // 4
+    for p in gl.static_range(NPIECE):
+        si = p * 4 + _iota(4, 1, LS)
+        sk = (sch0 + si) * 128 + sk0
+        xv = gl.load(xs_ptr + sk, mask=s_ok0 & (si < NCP) & (sk < K), other=0.0).to(gl.float32)
+        m = gl.max(gl.max(gl.max(gl.max(gl.abs(xv), 4), 3), 2), 1)  # [XW]
+        if p == 0:
+            amax = m
+        else:
+            amax = gl.maximum(amax, m)
     t = gl.minimum(gl.maximum(141 - (amax.to(gl.int32, bitcast=True) >> 23), -126), 126)
     up = ((t + 127) << 23).to(gl.float32, bitcast=True)
-    xh = (xv * up[:, None, None, None, None]).to(gl.float16)
-    # value i = 4 a + 2 b + p1 of a word -> pair p = 2 p1 + a, half b
-    xh = gl.permute(gl.reshape(xh, [XW, NCP2, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 6, 4, 5])
-    lo, hi = gl.split(gl.reshape(xh, [XW, NCP2, 4, 4, 4, 2]))
-    pairs = lo.to(gl.uint16, bitcast=True).to(gl.uint32) | (hi.to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
-    x_st = gl.allocate_shared_memory(gl.uint32, [NCP2 * 4, XW, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
-    x_st.store(gl.reshape(gl.permute(pairs, [1, 3, 0, 2, 4]), [NCP2 * 4, XW, 4, 4]))
+    up5 = up[:, None, None, None, None]
+    x_st = gl.allocate_shared_memory(gl.uint32, [NPIECE, 16, XW, 4, 4],
+                                     gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))  # fmt: skip
+    for p in gl.static_range(NPIECE):
+        si = p * 4 + _iota(4, 1, LS)
+        sk = (sch0 + si) * 128 + sk0
+        xv = gl.load(xs_ptr + sk, mask=s_ok0 & (si < NCP) & (sk < K), other=0.0).to(gl.float32)
+        xh = (xv * up5).to(gl.float16)
+        # value i = 4 a + 2 b + p1 of a word -> pair p = 2 p1 + a, half b
+        xh = gl.permute(gl.reshape(xh, [XW, 4, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 6, 4, 5])
+        lo, hi = gl.split(gl.reshape(xh, [XW, 4, 4, 4, 4, 2]))
+        pairs = lo.to(gl.uint16, bitcast=True).to(gl.uint32) | (hi.to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
+        x_st.index(p).store(gl.reshape(gl.permute(pairs, [1, 3, 0, 2, 4]), [16, XW, 4, 4]))
     # the same (unswizzled, row-major) bytes as a buffer of [range, block, pair] tiles
     x_sm = x_st._reinterpret(gl.uint32, [NCP2 * 4, XW, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     gl.thread_barrier()
@@ -312,7 +327,17 @@ def moe_gemv_tc(
     er = _iota4(8, 2, LE)
     eh = _iota4(2, 3, LE)
     if GATE_UP:
-        feat = ((tile * WARPS + ew) * G + eg) * 8 + er  # [W, G, 8, 1]
+        if KSPLIT > 1:
+            # the ranges' partial rows, summed in range order: [FW, G, 8, 2]
+            LE5: gl.constexpr = gl.BlockedLayout([1, 1, G, 1, 2], [1, 1, 1, 8, 4], [KSPLIT, FW, 1, 1, 1],
+                                                 [4, 3, 2, 1, 0])  # fmt: skip
+            ab = gl.sum(gl.convert_layout(gl.reshape(ab, [KSPLIT, FW, G, 8, 2]), LE5), 0)
+            LF: gl.constexpr = gl.SliceLayout(0, LE5)
+            ew = _iota4(FW, 0, LF)
+            eg = _iota4(G, 1, LF)
+            er = _iota4(8, 2, LF)
+            eh = _iota4(2, 3, LF)
+        feat = ((tile * FW + ew) * G + eg) * 8 + er  # [FW, G, 8, 1]
         if INTERLEAVED:
             rows = 2 * feat + eh
         else:
@@ -324,13 +349,13 @@ def moe_gemv_tc(
         fo, _ = gl.split(gl.broadcast(feat, rows)[0])
         gl.store(y_ptr + pid.to(gl.int64) * stride_y + fo, hv.to(y_ptr.dtype.element_ty), mask=fo < N)
     else:
-        slot = ew % SLOTW
+        slot = ew % FW
         s_ok = slot < TOP_K
         tw = gl.load(tw_ptr + pid * TOP_K + slot, mask=s_ok, other=0.0).to(gl.float32)  # [W, 1, 1, 1]
         rows = (tile * G + eg) * 16 + 2 * er + eh  # [1, G, 8, 2]
         if HAS_BIAS:
             ee = gl.load(ids_ptr + pid * TOP_K + slot, mask=s_ok, other=0)
-            ab += gl.load(b_ptr + ee.to(gl.int64) * stride_be + rows, mask=s_ok & (ew < SLOTW) & (rows < N),
+            ab += gl.load(b_ptr + ee.to(gl.int64) * stride_be + rows, mask=s_ok & (ew < FW) & (rows < N),
                           other=0.0).to(gl.float32)  # fmt: skip
         out = gl.sum(tw * ab, 0)  # [G, 8, 2]: the warps' (slots', ranges') partial rows, one fixed order
         ro = gl.sum(rows, 0)

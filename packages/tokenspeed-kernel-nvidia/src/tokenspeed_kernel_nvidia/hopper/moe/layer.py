@@ -180,8 +180,9 @@ class GemvTile(tuple):
 
 class TcTile(tuple):
     """``(groups, warps, ksplit)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups`` groups of 16
-    rows a warp; gate/up: ``warps`` warps a program (``ksplit`` 1); down: ``ksplit`` chunk ranges a slot, so a
-    program runs ``next_power_of_2(top_k) * ksplit`` warps (``warps`` None)."""
+    rows a warp, K in ``ksplit`` chunk ranges, a warp each. Gate/up: ``warps`` feature tiles a program, so
+    ``warps * ksplit`` warps (at most 16); down: a warp a slot and range, so ``next_power_of_2(top_k) * ksplit``
+    warps (``warps`` None)."""
 
     __slots__ = ()
 
@@ -192,8 +193,8 @@ class TcTile(tuple):
             raise ValueError(f"warps: expected 1, 2, 4, 8 or 16 (or None for a down tile), got {warps!r}")
         if type(ksplit) is not int or ksplit not in (1, 2, 4):
             raise ValueError(f"ksplit: expected 1, 2 or 4, got {ksplit!r}")
-        if warps is not None and ksplit != 1:
-            raise ValueError(f"ksplit: a gate/up tile (warps given) takes all of K, so ksplit 1, got {ksplit!r}")
+        if warps is not None and warps * ksplit > 16:
+            raise ValueError(f"ksplit: a gate/up tile runs warps * ksplit <= 16 warps, got {warps} * {ksplit!r}")
         return super().__new__(cls, (groups, warps, ksplit))
 
     @property
@@ -611,8 +612,8 @@ def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
     gu, dn = tiles or GEMV_TILES
     if k > gemv.MAX_SLOTS:
         return False
-    if isinstance(gu, TcTile):
-        gate_up = gemv_tc.staged_bytes(1, weights.hidden)
+    if isinstance(gu, TcTile):  # one row, or a copy of its range a warp when K is split
+        gate_up = gemv_tc.staged_bytes(gu.warps if gu.ksplit > 1 else 1, weights.hidden, gu.ksplit)
     else:
         gate_up = gemv.staged_bytes(1, weights.hidden)
     if isinstance(dn, TcTile):
@@ -629,8 +630,8 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
     k = topk_ids.shape[1]
     if k > gemv.MAX_SLOTS:
         raise ValueError(f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots a token, got {k}")
-    if isinstance(gu, TcTile) and (gu.warps is None or gu.ksplit != 1):
-        raise ValueError(f"tiles: the gate/up TcTile needs warps and ksplit 1, got {gu!r}")
+    if isinstance(gu, TcTile) and gu.warps is None:
+        raise ValueError(f"tiles: the gate/up TcTile needs warps, got {gu!r}")
     if isinstance(dn, TcTile) and dn.warps is not None:
         raise ValueError(f"tiles: the down TcTile runs a warp a slot and range (warps None), got {dn!r}")
     if isinstance(dn, TcTile) and next_power_of_2(k) * dn.ksplit > 16:
@@ -699,8 +700,8 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
-        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=tile.warps, KSPLIT=1,
-        num_warps=tile.warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
+        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=tile.warps * tile.ksplit,
+        KSPLIT=tile.ksplit, num_warps=tile.warps * tile.ksplit, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
     )  # fmt: skip
 
 
