@@ -24,11 +24,15 @@ gate/up kernel is issue-bound. Here a warp decodes codes to f16 pairs with the s
 - **Codes in flight**: a warp holds four chunks' codes and scales in registers (the loop is unrolled by four, each
   buffer refilled with the chunk four ahead once decoded): four independent MMA chains, no register moves.
 
-Gate/up, program ``(pair, tile)``: warp ``w``'s ``G`` groups of 8 features (MMA row ``r`` the gate row of a
-feature, ``r + 8`` its up row) over all of K, then bias and SwiGLU: ``inter[pair, j] = bf16(swiglu(x[token] @
-W13[e].T + b13[e]))``. Down, program ``(token, tile)`` of ``16 G`` output rows: warp ``w`` takes slot ``w % SLOTW``
-and the ``w // SLOTW``-th of ``KSPLIT`` chunk ranges, and the program sums its warps' partial rows, each times its
-slot's routing weight (biases in the first range), in one fixed reduction order: deterministic, no atomics.
+A program runs ``WARPS = FW * KSPLIT`` warps: warp ``w`` takes row warp ``w % FW`` and the ``w // FW``-th of
+``KSPLIT`` chunk ranges of K, and the program sums its ranges' partial rows in one fixed order: deterministic, no
+atomics. Gate/up, program ``(pair, tile)``: row warp ``f`` holds ``G`` groups of 8 features (MMA row ``r`` the gate
+row of a feature, ``r + 8`` its up row); after the sum, bias and SwiGLU: ``inter[pair, j] = bf16(swiglu(x[token] @
+W13[e].T + b13[e]))``. Down, program ``(token, tile)`` of ``16 G`` output rows: row warp ``f`` is slot ``f``, and the
+sum takes each slot's rows times its routing weight (biases in the first range).
+
+Each warp stages its own chunk range of activations (the gate/up's one row is staged once when K is not split), in
+pieces of four chunks after a first pass for the range's largest magnitude, so staging holds 16 values a thread.
 
 Measured on an H100 (host-cost report, session 31): numerically right, but not faster where it counts. With the L2
 flushed its gate/up took 27.9 us against :mod:`.gemv`'s 24.4 (ncu: 1.74 TB/s, 10 warps an SM waiting on loads), and
