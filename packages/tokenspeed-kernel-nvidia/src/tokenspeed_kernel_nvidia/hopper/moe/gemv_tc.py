@@ -31,8 +31,7 @@ row of a feature, ``r + 8`` its up row); after the sum, bias and SwiGLU: ``inter
 W13[e].T + b13[e]))``. Down, program ``(token, tile)`` of ``16 G`` output rows: row warp ``f`` is slot ``f``, and the
 sum takes each slot's rows times its routing weight (biases in the first range).
 
-Each warp stages its own chunk range of activations (the gate/up's one row is staged once when K is not split), in
-pieces of four chunks after a first pass for the range's largest magnitude, so staging holds 16 values a thread.
+Each warp stages its own chunk range of activations (the gate/up's one row is staged once when K is not split).
 
 Measured on an H100 (host-cost report, session 31): numerically right, but not faster where it counts. With the L2
 flushed its gate/up took 27.9 us against :mod:`.gemv`'s 24.4 (ncu: 1.74 TB/s, 10 warps an SM waiting on loads), and
@@ -223,7 +222,10 @@ def moe_gemv_tc(
         _grid_wait(PDL)
         _grid_release(PDL)
         e = gl.load(ids_ptr + pid)
-        feat = ((tile * FW + w5 % FW) * G + g5) * 8 + r5  # [W, G, 8, 1, 1]
+        if KSPLIT == 1:
+            feat = ((tile * WARPS + w5) * G + g5) * 8 + r5  # [W, G, 8, 1, 1]
+        else:
+            feat = ((tile * FW + w5 % FW) * G + g5) * 8 + r5
         row_ok = feat < N
         if INTERLEAVED:
             row_a = 2 * feat
@@ -244,7 +246,10 @@ def moe_gemv_tc(
         row_ok = row_a < N
         ok = row_ok & slot_ok
         x_row0 = pid * TOP_K
-    ch0 = (w5 // FW) * NCP  # the warp's first chunk
+    if KSPLIT == 1:
+        ch0 = 0
+    else:
+        ch0 = (w5 // FW) * NCP  # the warp's first chunk
     # Four chunks in flight: buffer u holds chunk i0 + u, refilled with chunk i0 + u + 4 once decoded.
     wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch0, c5, j5, K, SROW)
     wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 1), ch0 + 1, c5, j5,
@@ -258,47 +263,34 @@ def moe_gemv_tc(
         _grid_release(PDL)
 
     # Stage the activations: [range, chunk, block, word, 8 values] in K order, times 2**t, as f16 pairs in the decode's
-    # order, into x_sm [chunk * 4 + word, range, block, pair]. In pieces of four chunks a range, after a first pass for
-    # each range's largest magnitude: a warp holds 16 values a piece, not its whole range.
+    # order, into x_sm [chunk * 4 + word, range, block, pair]. All of a range's loads are issued at once: staging in
+    # pieces (one latency each) made every launch 3-5 us slower (session 32, call 1).
     LS: gl.constexpr = gl.BlockedLayout([1, 1, 1, 1, 8], [1, 2, 4, 4, 1], [XW, WARPS // XW, 1, 1, 1], [4, 3, 2, 1, 0])
     sw = _iota(XW, 0, LS)
+    si = _iota(NCP2, 1, LS)
+    if XW == 1:
+        sch = si
+    else:
+        sch = (sw // FW) * NCP + si
     if GATE_UP:
         s_row = x_row0 + sw * 0
-        s_ok0 = sw >= 0
+        s_ok = si < NCP
     else:
         s_row = x_row0 + sw % FW
-        s_ok0 = sw % FW < TOP_K
-    xs_ptr = x_ptr + s_row.to(gl.int64) * stride_x
-    if XW == 1:
-        sch0 = sw * 0
-    else:
-        sch0 = (sw // FW) * NCP
-    sk0 = (_iota(4, 2, LS) * 32 + _iota(4, 3, LS) * 8) + _iota(8, 4, LS)
-    NPIECE: gl.constexpr = NCP2 // 4
-    for p in gl.static_range(NPIECE):
-        si = p * 4 + _iota(4, 1, LS)
-        sk = (sch0 + si) * 128 + sk0
-        xv = gl.load(xs_ptr + sk, mask=s_ok0 & (si < NCP) & (sk < K), other=0.0).to(gl.float32)
-        m = gl.max(gl.max(gl.max(gl.max(gl.abs(xv), 4), 3), 2), 1)  # [XW]
-        if p == 0:
-            amax = m
-        else:
-            amax = gl.maximum(amax, m)
+        s_ok = (sw % FW < TOP_K) & (si < NCP)
+    sk = ((sch * 4 + _iota(4, 2, LS)) * 32 + _iota(4, 3, LS) * 8) + _iota(8, 4, LS)
+    s_ok = s_ok & (sk < K)
+    xv = gl.load(x_ptr + s_row.to(gl.int64) * stride_x + sk, mask=s_ok, other=0.0).to(gl.float32)
+    amax = gl.max(gl.max(gl.max(gl.max(gl.abs(xv), 4), 3), 2), 1)  # [XW]
     t = gl.minimum(gl.maximum(141 - (amax.to(gl.int32, bitcast=True) >> 23), -126), 126)
     up = ((t + 127) << 23).to(gl.float32, bitcast=True)
-    up5 = up[:, None, None, None, None]
-    x_st = gl.allocate_shared_memory(gl.uint32, [NPIECE, 16, XW, 4, 4],
-                                     gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))  # fmt: skip
-    for p in gl.static_range(NPIECE):
-        si = p * 4 + _iota(4, 1, LS)
-        sk = (sch0 + si) * 128 + sk0
-        xv = gl.load(xs_ptr + sk, mask=s_ok0 & (si < NCP) & (sk < K), other=0.0).to(gl.float32)
-        xh = (xv * up5).to(gl.float16)
-        # value i = 4 a + 2 b + p1 of a word -> pair p = 2 p1 + a, half b
-        xh = gl.permute(gl.reshape(xh, [XW, 4, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 6, 4, 5])
-        lo, hi = gl.split(gl.reshape(xh, [XW, 4, 4, 4, 4, 2]))
-        pairs = lo.to(gl.uint16, bitcast=True).to(gl.uint32) | (hi.to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
-        x_st.index(p).store(gl.reshape(gl.permute(pairs, [1, 3, 0, 2, 4]), [16, XW, 4, 4]))
+    xh = (xv * up[:, None, None, None, None]).to(gl.float16)
+    # value i = 4 a + 2 b + p1 of a word -> pair p = 2 p1 + a, half b
+    xh = gl.permute(gl.reshape(xh, [XW, NCP2, 4, 4, 2, 2, 2]), [0, 1, 2, 3, 6, 4, 5])
+    lo, hi = gl.split(gl.reshape(xh, [XW, NCP2, 4, 4, 4, 2]))
+    pairs = lo.to(gl.uint16, bitcast=True).to(gl.uint32) | (hi.to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
+    x_st = gl.allocate_shared_memory(gl.uint32, [NCP2 * 4, XW, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))
+    x_st.store(gl.reshape(gl.permute(pairs, [1, 3, 0, 2, 4]), [NCP2 * 4, XW, 4, 4]))
     # the same (unswizzled, row-major) bytes as a buffer of [range, block, pair] tiles
     x_sm = x_st._reinterpret(gl.uint32, [NCP2 * 4, XW, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     gl.thread_barrier()
