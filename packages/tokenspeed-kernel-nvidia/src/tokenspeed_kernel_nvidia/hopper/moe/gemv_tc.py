@@ -33,10 +33,10 @@ sum takes each slot's rows times its routing weight (biases in the first range).
 
 Each warp stages its own chunk range of activations (the gate/up's one row is staged once when K is not split).
 
-Measured on an H100 (host-cost report, session 31): numerically right, but not faster where it counts. With the L2
-flushed its gate/up took 27.9 us against :mod:`.gemv`'s 24.4 (ncu: 1.74 TB/s, 10 warps an SM waiting on loads), and
-the fp32 gate/up with this down made ``moe_apply`` slower (42.2 against 39.6). So the layer takes it only for forced
-:class:`.layer.TcTile` tiles.
+Measured on an H100 (host-cost report, sessions 31-32): numerically right, but not faster where it counts. With the
+L2 flushed its gate/up took 27.9 us against :mod:`.gemv`'s 24.4 (ncu: 1.74 TB/s, 10 warps an SM waiting on loads);
+splitting its K across warps made it slower still (30.3-33.0 us), and the public call took 35.9 us against the fp32
+pair's 31.8. So the layer takes it only for forced :class:`.layer.TcTile` tiles.
 """
 
 from __future__ import annotations
