@@ -5,7 +5,7 @@
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
         [--default-gemv] [--tag=-x] [--budget-s 300]
 
-Tiles: ``feats,warps[,sub]`` a ``GemvTile`` (fp32 GEMV), ``tG,W`` a gate/up ``TcTile`` and ``tG:KS`` a down one
+Tiles: ``feats,warps[,sub]`` a ``GemvTile`` (fp32 GEMV), ``tG,W[:KS]`` a gate/up ``TcTile`` and ``tG:KS`` a down one
 (tensor-core GEMV, ``hopper/moe/gemv_tc.py``); a pair is ``gate_up/down``, and may mix the two kernels.
 
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 =

@@ -466,8 +466,8 @@ GPU_CASES = [
     # warp); and scale bytes above its one-step limit (BIG_SCALES).
     ("tc_tiles_T3_no_bias_not_interleaved", 32, 3, {"tiles": "tc", "bias": False, "interleaved": False}, "hot"),
     ("tc_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc", "scale_hi": 230}, "random"),
-    # K split in the gate/up too: 2 feature warps x 2 ranges, 4 ranges a down slot (120B; 20B top-3 not interleaved;
-    # one feature warp x 4 ranges with scale bytes above 220).
+    # K split in the gate/up too: 2 feature warps x 2 ranges with 2 ranges a down slot (120B; 20B top-3 not
+    # interleaved), and one feature warp x 4 ranges with 2 row groups x 4 ranges a down slot and scale bytes above 220.
     ("tc_ksplit_tiles_T1", 128, 1, {"tiles": "tc_ksplit"}, "random"),
     ("tc_ksplit_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "tc_ksplit", "interleaved": False}, "hot"),
     ("tc_ksplit4_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc_ksplit4", "scale_hi": 230}, "random"),

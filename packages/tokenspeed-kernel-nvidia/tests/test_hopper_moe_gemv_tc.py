@@ -153,7 +153,7 @@ def test_forced_tc_tiles_launch_two_kernels_with_their_grids_and_refuse_what_the
             assert [(getattr(c[0], "__name__", ""), c[3]["GATE_UP"]) for c in calls] == [
                 ("moe_gemv_tc", True), ("moe_gemv_tc", False)]  # fmt: skip
             (_, g_grid, _, g_kw), (_, d_grid, _, d_kw) = calls
-            # a program: warps feature tiles of 8 groups features, each over ksplit ranges of K
+            # a gate/up program: `warps` tiles of 8 * groups features, each over `ksplit` ranges of K
             assert g_grid == (tokens * k, -(-2880 // (8 * g_t.groups * g_t.warps)))
             assert g_kw["WARPS"] == g_kw["num_warps"] == g_t.warps * g_t.ksplit and g_kw["KSPLIT"] == g_t.ksplit
             warps = (1 << (k - 1).bit_length()) * d_t.ksplit

@@ -695,13 +695,14 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
     w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
     i = weights.intermediate
     limit = activation.limit
+    warps = tile.warps * tile.ksplit
     cached(moe_gemv_tc)[(ids.shape[0], cdiv(i, 8 * tile.groups * tile.warps))](
         x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
         b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
-        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=tile.warps * tile.ksplit,
-        KSPLIT=tile.ksplit, num_warps=tile.warps * tile.ksplit, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
+        HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit,
+        num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
     )  # fmt: skip
 
 
