@@ -5,7 +5,7 @@
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
         [--default-gemv] [--tag=-x] [--budget-s 300]
 
-Tiles: ``feats,warps[,sub]`` a ``GemvTile`` (fp32 GEMV), ``tG,W[:KS][@R]`` a gate/up ``TcTile`` and ``tG:KS[@R]`` a down one
+Tiles: ``feats,warps[,sub]`` a ``GemvTile`` (fp32 GEMV), ``tG,W[:KS]`` a gate/up ``TcTile`` and ``tG:KS`` a down one
 (tensor-core GEMV, ``hopper/moe/gemv_tc.py``); a pair is ``gate_up/down``, and may mix the two kernels.
 
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 =
@@ -47,16 +47,14 @@ import hopper_moe_h200 as base
 
 
 def _tile(text: str):
-    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W[:KS][@R]``: a gate/up ``TcTile``; ``tG:KS[@R]``: a down
-    ``TcTile`` (``@R``: its ``maxnreg``)."""
+    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W[:KS]``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
     text = text.strip()
     if text.startswith("t"):
-        text, _, reg = text[1:].partition("@")
-        head, _, ks = text.partition(":")
+        head, _, ks = text[1:].partition(":")
         g, _, w = head.partition(",")
-        return TcTile(int(g), int(w) if w else None, int(ks or 1), int(reg) if reg else None)
+        return TcTile(int(g), int(w) if w else None, int(ks or 1))
     return GemvTile(*[int(v) for v in text.split(",")])
 
 
@@ -72,8 +70,7 @@ def _name(tiles) -> str:
     def one(t):
         if isinstance(t, TcTile):
             head = f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}"
-            head = head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
-            return head if t.maxnreg is None else f"{head}@{t.maxnreg}"
+            return head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
         return ",".join(str(v) for v in t if v is not None)
 
     return "/".join(one(t) for t in tiles)

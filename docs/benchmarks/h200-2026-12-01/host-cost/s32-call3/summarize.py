@@ -1,3 +1,5 @@
+"""Session 32, call 3: per-kernel stall samples of ncu's --page source CSV (by reason, before/in/after the loop,
+the top instructions).  python3 summarize.py r/ncu-tc-sass.csv ...  (gunzip the CSVs first)."""
 import csv, sys, re, collections
 def kernels(path):
     rows = list(csv.reader(open(path)))

@@ -179,15 +179,14 @@ class GemvTile(tuple):
 
 
 class TcTile(tuple):
-    """``(groups, warps, ksplit, maxnreg)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups``
-    groups of 16 rows a warp, K in ``ksplit`` chunk ranges, a warp each. Gate/up: ``warps`` feature tiles a program,
-    so ``warps * ksplit`` warps (at most 16); down: a warp a slot and range, so ``next_power_of_2(top_k) * ksplit``
-    warps (``warps`` None). ``maxnreg`` (None: ptxas's choice) is Triton's register cap of the launch: with more
-    registers than it needs by default, ptxas issues the next chunks' loads before the current chunks' MMAs."""
+    """``(groups, warps, ksplit)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups`` groups of 16
+    rows a warp, K in ``ksplit`` chunk ranges, a warp each. Gate/up: ``warps`` feature tiles a program, so
+    ``warps * ksplit`` warps (at most 16); down: a warp a slot and range, so ``next_power_of_2(top_k) * ksplit``
+    warps (``warps`` None)."""
 
     __slots__ = ()
 
-    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1, maxnreg: int | None = None):
+    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1):
         if type(groups) is not int or groups not in (1, 2, 4):
             raise ValueError(f"groups: expected 1, 2 or 4 (groups of 16 rows a warp), got {groups!r}")
         if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8, 16)):
@@ -196,9 +195,7 @@ class TcTile(tuple):
             raise ValueError(f"ksplit: expected 1, 2 or 4, got {ksplit!r}")
         if warps is not None and warps * ksplit > 16:
             raise ValueError(f"ksplit: a gate/up tile runs warps * ksplit <= 16 warps, got {warps} * {ksplit!r}")
-        if maxnreg is not None and (type(maxnreg) is not int or not 32 <= maxnreg <= 255):
-            raise ValueError(f"maxnreg: expected None or an int from 32 to 255 (registers a thread), got {maxnreg!r}")
-        return super().__new__(cls, (groups, warps, ksplit, maxnreg))
+        return super().__new__(cls, (groups, warps, ksplit))
 
     @property
     def groups(self) -> int:
@@ -211,10 +208,6 @@ class TcTile(tuple):
     @property
     def ksplit(self) -> int:
         return self[2]
-
-    @property
-    def maxnreg(self) -> int | None:
-        return self[3]
 
 
 #: Calls of at most this many tokens take the GEMV kernel (:mod:`.gemv`) on canonical weights with at most
@@ -417,7 +410,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     )  # fmt: skip
 
 
-def _reg_cap(tile) -> dict[str, int]:
+def _reg_cap(tile: DecodeTile) -> dict[str, int]:
     """The ``maxnreg`` launch option of a tile that caps its registers (none otherwise: the launch key is unchanged)."""
     return {} if tile.maxnreg is None else {"maxnreg": tile.maxnreg}
 
@@ -709,7 +702,7 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit,
-        num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
+        num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
     )  # fmt: skip
 
 
@@ -724,7 +717,7 @@ def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
         b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
         HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps,
-        **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
+        **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
     )  # fmt: skip
 
 
