@@ -143,7 +143,7 @@ def _tc_tiles():
 
 
 def test_forced_tc_tiles_launch_two_kernels_with_their_grids_and_refuse_what_they_cannot_run(monkeypatch):
-    from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc, layer
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
 
     gu, dn = _tc_tiles()
     for tiles in ((gu, dn), (layer.TcTile(2, 2, 4), layer.TcTile(1, None, 2))):
@@ -160,8 +160,8 @@ def test_forced_tc_tiles_launch_two_kernels_with_their_grids_and_refuse_what_the
             assert d_grid == (tokens, -(-2880 // (16 * d_t.groups))) and d_kw["WARPS"] == d_kw["num_warps"] == warps
     with pytest.raises(ValueError, match="tiles: the GEMV kernel reads the canonical layout"):
         _launches(monkeypatch, 1, e=32, gemv=True, packed=True, tiles=(gu, dn))
-    with pytest.raises(ValueError, match=f"topk_ids: the GEMV kernel takes at most {gemv_tc.MAX_SLOTS} slots"):
-        _launches(monkeypatch, 1, e=32, gemv=True, k=gemv_tc.MAX_SLOTS + 1, tiles=(gu, dn))
+    with pytest.raises(ValueError, match=f"topk_ids: the GEMV kernel takes at most {gemv.MAX_SLOTS} slots"):
+        _launches(monkeypatch, 1, e=32, gemv=True, k=gemv.MAX_SLOTS + 1, tiles=(gu, dn))
     with pytest.raises(ValueError, match="tiles: the down TcTile runs a warp a slot"):
         _launches(monkeypatch, 1, e=32, gemv=True, tiles=(gu, layer.TcTile(1, 4)))
     with pytest.raises(ValueError, match="tiles: the gate/up TcTile needs warps"):

@@ -48,13 +48,11 @@ from triton.runtime.jit import constexpr_function
 from .decode import _grid_release, _grid_wait, _swiglu
 from .gemv import _scaled_add  # the same block scale: 2**(s - 121), bytes above 248 in two steps
 
-__all__ = ["moe_gemv_tc", "ONE_STEP_MAX_SCALE", "MAX_SLOTS", "staged_bytes"]
+__all__ = ["moe_gemv_tc", "ONE_STEP_MAX_SCALE", "staged_bytes"]
 
 #: Scale bytes up to this keep the scaled sums within fp32 for K up to 2**16; weights with a larger byte take the
 #: kernel's ``BIG_SCALES`` variant (chosen from the largest byte, read once per weights object).
 ONE_STEP_MAX_SCALE = 220
-#: A down program runs a warp a slot (times ``KSPLIT``): ``TOP_K`` up to this many.
-MAX_SLOTS = 8
 
 
 def _pow2(n: int) -> int:
