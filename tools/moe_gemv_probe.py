@@ -5,8 +5,9 @@
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
         [--default-gemv] [--tag=-x] [--budget-s 300]
 
-Tiles: ``feats,warps[,sub]`` a ``GemvTile`` (fp32 GEMV), ``tG,W[:KS]`` a gate/up ``TcTile`` and ``tG:KS`` a down one
-(tensor-core GEMV, ``hopper/moe/gemv_tc.py``); a pair is ``gate_up/down``, and may mix the two kernels.
+Tiles: ``[d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``d``: activations not staged), ``tG,W[:KS]`` a
+gate/up ``TcTile`` and ``tG:KS`` a down one (tensor-core GEMV, ``hopper/moe/gemv_tc.py``), each with an optional
+``@R`` (its ``maxnreg``); a pair is ``gate_up/down``, and may mix the two kernels.
 
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 =
 20B, 128 = 120B). Stages, in order (each row is written to ``OUT/moe_gemv_probe.json`` as it comes):
@@ -47,15 +48,19 @@ import hopper_moe_h200 as base
 
 
 def _tile(text: str):
-    """``feats,warps[,sub]``: a ``GemvTile``; ``tG,W[:KS]``: a gate/up ``TcTile``; ``tG:KS``: a down ``TcTile``."""
+    """``[d]feats,warps[,sub[,ahead]][@R]``: a ``GemvTile`` (``d``: not staged); ``tG,W[:KS][@R]``: a gate/up
+    ``TcTile``; ``tG:KS[@R]``: a down ``TcTile`` (``@R``: the tile's ``maxnreg``)."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
-    text = text.strip()
+    text, _, reg = text.strip().partition("@")
+    maxnreg = int(reg) if reg else None
     if text.startswith("t"):
         head, _, ks = text[1:].partition(":")
         g, _, w = head.partition(",")
-        return TcTile(int(g), int(w) if w else None, int(ks or 1))
-    return GemvTile(*[int(v) for v in text.split(",")])
+        return TcTile(int(g), int(w) if w else None, int(ks or 1), maxnreg)
+    staged = not text.startswith("d")
+    fields = [int(v) for v in text.removeprefix("d").split(",")]
+    return GemvTile(*fields, *(1, 8, 1, 1)[len(fields) :], maxnreg, staged)
 
 
 def _gemv_tiles(gate_up: str, down: str):
@@ -70,8 +75,10 @@ def _name(tiles) -> str:
     def one(t):
         if isinstance(t, TcTile):
             head = f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}"
-            return head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
-        return ",".join(str(v) for v in t if v is not None)
+            head = head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
+            return head if t.maxnreg is None else f"{head}@{t.maxnreg}"
+        head = ("" if t.staged else "d") + ",".join(str(v) for v in (t[:3] if t.ahead == 1 else t[:4]))
+        return head if t.maxnreg is None else f"{head}@{t.maxnreg}"
 
     return "/".join(one(t) for t in tiles)
 
@@ -208,7 +215,7 @@ def main(argv=None) -> int:
                             gate_up(x, flat_ids, weights[e], act, inter, tile, 4)
                     else:
                         inter = torch.randn(4, base.I, generator=gen).to(torch.bfloat16).cuda()
-                        inter = inter if tc else inter.float()
+                        inter = inter if tc or not tile.staged else inter.float()  # as the layer stores it
                         out = torch.empty_like(x)
                         down = layer._tc_down if tc else layer._gemv_down
 

@@ -474,6 +474,12 @@ GPU_CASES = [
     # The fp32 GEMV gate/up with the tensor-core down (either kernel takes either GEMM), 120B at one and two tokens.
     ("mixed_gemv_tiles_T1", 128, 1, {"tiles": "mixed"}, "random"),
     ("mixed_gemv_tiles_T2_not_interleaved", 128, 2, {"tiles": "mixed", "interleaved": False}, "random"),
+    # The fp32 GEMV requesting steps ahead under a register cap: a gate/up ring of 3 across two sub-tiles, a down
+    # ring of 4 across top-3's slots; then the activations not staged (each lane loads its own, inter in bf16):
+    # 2 row pairs a gate/up thread with a ring of 2, a down ring of 3 (120B, scale bytes up to 140), and top-3.
+    ("gemv_ahead_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_ahead", "interleaved": False}, "hot"),
+    ("gemv_unstaged_tiles_T1_scales_above_128", 128, 1, {"tiles": "gemv_unstaged", "scale_hi": 140}, "random"),
+    ("gemv_unstaged_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_unstaged", "interleaved": False}, "hot"),
 ]
 
 
@@ -495,6 +501,10 @@ def _gpu_tiles(wkw):
         return TcTile(1, 1, 4), TcTile(2, None, 4)
     if name == "mixed":
         return GemvTile(1, 8), TcTile(1, None, 1)
+    if name == "gemv_ahead":
+        return GemvTile(1, 8, 2, 3, 128), GemvTile(1, 4, 1, 4, 128)
+    if name == "gemv_unstaged":
+        return GemvTile(2, 4, 1, 2, staged=False), GemvTile(1, 4, 1, 3, 128, staged=False)
     return _split_tiles(int(name[-1]))
 
 

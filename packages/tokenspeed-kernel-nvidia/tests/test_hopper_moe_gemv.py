@@ -66,23 +66,32 @@ def test_packed_weights_and_wide_routing_keep_the_mma_path_and_forced_tiles_refu
     assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
 
 
-def test_experts_too_wide_to_stage_keep_the_mma_path_and_forced_tiles_name_the_weights(monkeypatch):
+def test_experts_too_wide_to_stage_refuse_staged_tiles_naming_the_weights(monkeypatch):
     from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
 
     # 8 slots of 8192 intermediate values: 8 x 8 passes x 4 KB of fp32 rows, above MAX_STAGED_BYTES.
     assert gemv.staged_bytes(8, 8192) > gemv.MAX_STAGED_BYTES >= gemv.staged_bytes(4, 2880)
+    staged = (layer.GemvTile(1), layer.GemvTile(1))
+    w = _weights(8, 64, 8192)
+    assert not layer._gemv_fits(8, w, staged)
+    # The default down reads its rows from global memory (nothing to stage): such experts take the GEMV path.
+    assert not layer.GEMV_TILES[1].staged and layer._gemv_fits(8, w)
     calls = _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8)
-    assert not {"moe_gemv", "moe_gemv_tc"} & {name for name, _ in _kernels(calls)}
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
     with pytest.raises(ValueError, match="^weights: the GEMV kernel stages 8 activation rows of 8192 values"):
-        _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8, tiles=(layer.GemvTile(1), layer.GemvTile(1)))
+        _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8, tiles=staged)
 
 
 def test_gemv_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
-    assert GemvTile(2, 4, 3) == (2, 4, 3) and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
+    assert GemvTile(2, 4, 3) == (2, 4, 3, 1, None, True) and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
+    assert GemvTile(1, 4, 1, 3, 128).ahead == 3 and GemvTile(1, 4, 1, 3, 128).maxnreg == 128
+    assert GemvTile(1) == (1, 8, 1, 1, None, True) and GemvTile(1, staged=False).staged is False
     for args, name in (((3,), "feats"), ((8,), "feats"), ((1, 3), "warps"), ((1, 32), "warps"), ((1, 8, 0), "sub"),
-                       ((1, 8, 9), "sub"), ((True,), "feats")):  # fmt: skip
+                       ((1, 8, 9), "sub"), ((True,), "feats"), ((1, 8, 1, 0), "ahead"), ((1, 8, 1, 5), "ahead"),
+                       ((1, 8, 1, 1, 16), "maxnreg"), ((1, 8, 1, 1, 256), "maxnreg"),
+                       ((1, 8, 1, 1, None, 0), "staged")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}: "):
             GemvTile(*args)
 
@@ -110,9 +119,21 @@ def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus
 
 
 CC_CASES = [
-    ("20b_T1", 1, 4, {}),
+    ("20b_T1", 1, 4, {}),  # the default tiles (GEMV_TILES)
+    ("staged_one_step_T1", 1, 4, {"tiles": ((1, 8), (1, 4))}),
     ("no_bias_not_interleaved_top3_T2", 2, 3, {"bias": False, "interleaved": False}),
     ("scales_above_248_T1", 1, 4, {"scale_hi": 252}),
+    # steps requested ahead under a register cap (a ring of 3 across two gate/up sub-tiles, 4 across the slots)
+    ("ahead_maxnreg_T1", 1, 4, {"tiles": ((1, 8, 2, 3, 128), (1, 4, 1, 4, 128))}),
+    ("ahead_top3_scales_above_248_T2", 2, 3, {"tiles": ((2, 4, 1, 2), (1, 4, 1, 4, 128)), "scale_hi": 252}),
+    # the activations not staged: each lane loads its own with the codes
+    ("unstaged_T1", 1, 4, {"tiles": ((1, 8, 1, 2, None, False), (1, 4, 1, 3, 128, False))}),
+    (
+        "unstaged_top3_big_scales_T2",
+        2,
+        3,
+        {"tiles": ((2, 4, 1, 2, 128, False), (1, 4, 1, 1, None, False)), "scale_hi": 252},
+    ),
 ]
 
 
@@ -122,9 +143,12 @@ def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
-    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=(GemvTile(1, 8), GemvTile(1, 4)), **wkw)
+    wkw = dict(wkw)
+    tiles = tuple(GemvTile(*t) for t in wkw.pop("tiles", ())) or layer.GEMV_TILES
+    calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
     assert len(calls) == 2
     for fn, _grid, args, kwargs in calls:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
@@ -133,7 +157,12 @@ def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills
         assert "cvt.rn.f16x2.e4m3x2" in ptx and "F2FP.F16.E4M3.UNPACK_B" in sass
         assert not re.search(r"\b(HMMA|LDL|STL)\b", sass), label  # no MMA, no local memory (spills)
         assert re.search(r"\bLDG\.E\.128\b", sass), label  # 16 bytes of codes a lane and row
-        assert re.search(r"\bLDS\.128\b", sass), label  # the activations from shared memory
+        tile = tiles[0] if kwargs["GATE_UP"] else tiles[1]
+        assert kwargs.get("AHEAD", 1) == tile.ahead and kwargs.get("maxnreg") == tile.maxnreg
+        assert kwargs.get("STAGED", True) is tile.staged
+        # the activations from shared memory when staged; else no shared memory, no barrier
+        assert bool(re.search(r"\bLDS\.128\b", sass)) is tile.staged, label
+        assert bool(re.search(r"\bBAR\.SYNC", sass)) is tile.staged, label
         if not kwargs["GATE_UP"]:
             assert not re.search(r"\b(atom|red)\.", ptx), label  # the slots are summed in registers
 

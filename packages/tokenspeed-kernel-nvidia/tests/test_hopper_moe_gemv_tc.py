@@ -125,10 +125,12 @@ def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column():
 def test_tc_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
 
-    assert TcTile(2, 4) == (2, 4, 1) and TcTile(1, None, 2).ksplit == 2 and TcTile(1).warps is None
-    assert TcTile(1, 4, 4) == (1, 4, 4)  # 16 warps: a gate/up tile's K split too
+    assert TcTile(2, 4) == (2, 4, 1, None) and TcTile(1, None, 2).ksplit == 2 and TcTile(1).warps is None
+    assert TcTile(1, 4, 4) == (1, 4, 4, None)  # 16 warps: a gate/up tile's K split too
+    assert TcTile(1, 4, 1, 168).maxnreg == 168
     for args, name in (((3,), "groups"), ((True,), "groups"), ((1, 3), "warps"), ((1, 32), "warps"),
-                       ((1, None, 3), "ksplit"), ((1, 8, 4), "ksplit"), ((1, 16, 2), "ksplit")):  # fmt: skip
+                       ((1, None, 3), "ksplit"), ((1, 8, 4), "ksplit"), ((1, 16, 2), "ksplit"),
+                       ((1, 4, 1, 300), "maxnreg"), ((1, 4, 1, 16), "maxnreg")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}: "):
             TcTile(*args)
 
@@ -194,6 +196,7 @@ CC_CASES = [
     ("scales_above_220_T1", 1, 4, {"scale_hi": 230}),
     ("ksplit_T1", 1, 4, {"tiles": ((1, 2, 2), (1, None, 4))}),
     ("ksplit_scales_above_220_T1", 1, 4, {"tiles": ((1, 1, 4), (1, None, 2)), "scale_hi": 230}),
+    ("maxnreg_168_T1", 1, 4, {"tiles": ((1, 4, 1, 168), (1, None, 1))}),
 ]
 
 
@@ -227,4 +230,11 @@ def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spill
         else:
             assert spills == 0, (label, spills)  # no spills in the K loop
         assert re.search(r"\bLDG\.E\.128\b", sass), label  # 16 bytes of codes a lane and row
+        if kwargs.get("maxnreg") and kwargs["GATE_UP"]:
+            # With the register cap, ptxas requests most of the next trip's codes before this trip's first MMA
+            # (without it, after the last: the module doc).
+            loop = _sass_loops(sass).splitlines()
+            first_mma = next(n for n, line in enumerate(loop) if re.search(r"\bHMMA\b", line))
+            early = sum(1 for line in loop[:first_mma] if re.search(r"\bLDG\.E\.128\b", line))
+            assert early >= 6, (label, early)
         assert not re.search(r"\b(atom|red)\.", ptx), label  # no atomics: one fixed reduction order

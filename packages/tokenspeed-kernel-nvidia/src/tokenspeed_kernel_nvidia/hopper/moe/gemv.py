@@ -9,9 +9,11 @@ weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is bu
   byte. Lane ``c`` of a warp takes block ``32 p + c`` of each of its rows in pass ``p`` (``cdiv(K / 32, 32)``
   passes; GPT-OSS's K = 2880 is 90 blocks, 3 passes, the last one 26 lanes wide). A thread holds ``FEATS`` row
   pairs (a gate/up feature's gate and up rows; two consecutive output rows of the down GEMM).
-- **The activations are staged once a program** in shared memory as fp32 (``[row, pass, lane, 32]``, 16-byte
-  vectors swizzled by lane, so a lane's eight 16-byte reads meet no other lane's bank), and a pass reads its 32
-  values a lane from there for every row the thread owns.
+- **The activations**, staged (``STAGED``, the gate/up default): once a program in shared memory as fp32 (``[row,
+  pass, lane, 32]``, 16-byte vectors swizzled by lane, so a lane's eight 16-byte reads meet no other lane's bank),
+  and a pass reads its 32 values a lane from there for every row the thread owns. Not staged (the down default):
+  each lane requests its pass's 32 values from global memory with the pass's codes (L1 serves the program's other
+  warps), so a program has no shared memory and no barrier, and the down GEMM's inter rows are stored as bf16.
 - **Decode through the hardware's e4m3 conversion**: a code's three magnitude bits, shifted to bits 2..4 of a byte,
   and its sign at bit 7 make the e4m3 byte of ``E2M1 * 2**-6`` (exactly, the E2M1 subnormal 0.5 included: e4m3's
   subnormals have the same step), and ``cvt.rn.f16x2.e4m3x2`` turns two such bytes into two f16. A 32-bit word
@@ -21,14 +23,18 @@ weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is bu
   decode's ``2**-6``), one FMA into the row's accumulator; weights with a scale byte above
   :data:`ONE_STEP_MAX_SCALE` take ``BIG_SCALES`` (two steps there). Products of bf16 activations and E2M1 values are
   exact in fp32, as in the MMA path; only the fp32 summation order differs from it.
-- **Few registers** (no operand tiles, no ring; sm90 cross-compile at the shipped tiles: 64 for gate/up, so 32
-  warps share an SM, and 72 for down, whose four staged activation rows, 48 KB a 4-warp program, allow 16); the
-  next pass's codes and scales are requested before the current pass is decoded.
+- **Requests ahead**: a program walks its steps (``SUB * passes``: a pass of each sub-tile, or of each slot in the
+  down GEMM) and requests each step's codes and scales (and, not staged, activations) ``AHEAD`` steps before it
+  decodes it, a ring of requests in registers. With its default register budget ptxas moves such loads towards
+  their first use (sm90, Triton 3.6), so a deeper ring pays only under a ``maxnreg`` cap (:class:`.layer.GemvTile`):
+  the down default requests three steps ahead under 128 registers (about 110 used, 10 warps an SM at one token).
+  The gate/up default stays at one step (62 registers, 32 warps an SM): its launches are bound by the instructions
+  they issue rather than by their requests (session 33: deeper rings and unstaged activations were slower).
 
 Gate/up, program (pair, group of ``SUB`` row tiles): ``inter[pair, j] = bf16(swiglu(x[token] @ W13[e].T +
-b13[e]))`` (fp32 storage). Down, program (token, row tile): it walks the token's ``TOP_K`` slots over the same rows
-(the next slot's first codes requested before the current slot's last pass) and sums them in registers in slot
-order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two launches a call, no
+b13[e]))`` (stored in inter's dtype: fp32 for a staged down, else bf16). Down, program (token, row tile): it walks
+the token's ``TOP_K`` slots over the same rows (its ring of requests runs on across the slots) and sums them in
+registers in slot order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two launches a call, no
 atomics, no split sums, deterministic.
 
 Every weight byte is read once a token, so a call of T tokens reads its experts T times: the layer takes this path
@@ -171,12 +177,40 @@ def _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p: gl
 
 
 @gluon.jit
+def _load_at(w_ptr, s_ptr, ids_ptr, e0, stride_we, stride_se, pid, j0, f, h, c, wi, s: gl.constexpr,
+             NP: gl.constexpr, FW: gl.constexpr, I: gl.constexpr, K: gl.constexpr, SROW: gl.constexpr,
+             TOP_K: gl.constexpr, GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr):  # fmt: skip
+    """Step ``s``'s codes and scales (sub-tile ``s // NP``, pass ``s % NP``): gate/up, expert ``e0`` and the sub-tile's
+    rows; down, the same rows of slot ``s // NP``'s expert (``e0`` for slot 0)."""
+    u: gl.constexpr = s // NP
+    if GATE_UP:
+        e = e0
+        jf = j0 + u * FW + f
+    else:
+        e = e0 if u == 0 else gl.load(ids_ptr + pid * TOP_K + u)
+        jf = j0 + f
+    rows = _rows(jf, h, I, GATE_UP and not INTERLEAVED)
+    row_ok = (jf < I)[:, None] & (h < 2)[None, :]
+    return _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, s % NP, K, SROW)
+
+
+@gluon.jit
+def _load_x(x_ptr, stride_x, x_row0, kx, s: gl.constexpr, NP: gl.constexpr, K: gl.constexpr, GATE_UP: gl.constexpr):
+    """Step ``s``'s activations ``[lane, 32]`` (its pass of the gate/up's row, or of slot ``s // NP``'s row of inter),
+    in the activations' dtype."""
+    row = x_row0 if GATE_UP else x_row0 + s // NP
+    k = kx + (s % NP) * 1024
+    return gl.load(x_ptr + row.to(gl.int64) * stride_x + k, mask=k < K, other=0.0)
+
+
+@gluon.jit
 def moe_gemv(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
     alpha, limit, up_offset,
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
+    AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the next pass's codes and scales (the next sub-tile's first) before it
@@ -218,57 +252,74 @@ def moe_gemv(
     h = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))
     c = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     wi = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
-    SPLIT: gl.constexpr = GATE_UP and not INTERLEAVED
-    rows = _rows(j0 + f, h, I, SPLIT)
-    row_ok = ((j0 + f) < I)[:, None] & (h < 2)[None, :]
-    words, sc = _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, 0, K, SROW)
+    # The program's steps s = u * NP + p (sub-tile u, pass p): the codes and scales of each requested AHEAD steps
+    # before it is decoded (a ring of requests; the first AHEAD before the activations, the down's before its grid
+    # wait too).
+    S: gl.constexpr = SUB * NP
+    NA: gl.constexpr = AHEAD if AHEAD < S else S  # requests before the first decode
+    ring = ()
+    for s in gl.static_range(NA):
+        ring = ring + (_load_at(w_ptr, s_ptr, ids_ptr, e, stride_we, stride_se, pid, j0, f, h, c, wi, s, NP, FW, I, K,
+                                SROW, TOP_K, GATE_UP, INTERLEAVED),)  # fmt: skip
     if not GATE_UP:
         _grid_wait(PDL)  # inter is the previous launch's output
         _grid_release(PDL)
-    # The activation rows once, as fp32, for every warp: [row, pass, lane, 32 values] (16-byte vectors swizzled by
-    # lane: a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
-    LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
-    x_sm = gl.allocate_shared_memory(gl.float32, [XR * NP, 32, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
-    ks = (gl.arange(0, 32, layout=gl.SliceLayout(1, LS))[:, None] * 32
-          + gl.arange(0, 32, layout=gl.SliceLayout(0, LS))[None, :])  # fmt: skip
-    for r in gl.static_range(XR):
-        x_row = x_ptr + (x_row0 + r).to(gl.int64) * stride_x
-        for p in gl.static_range(NP):
-            x_sm.index(r * NP + p).store(gl.load(x_row + (ks + p * 1024), mask=ks + p * 1024 < K,
-                                                 other=0.0).to(gl.float32))  # fmt: skip
-    gl.thread_barrier()
+    # A lane's activations of a pass: the 32 values of its block [lane, 32] (every warp the same).
     LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
+    if STAGED:
+        # The activation rows once, as fp32, for every warp: [row, pass, lane, 32 values] (16-byte vectors swizzled
+        # by lane: a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
+        LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+        x_sm = gl.allocate_shared_memory(gl.float32, [XR * NP, 32, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+        ks = (gl.arange(0, 32, layout=gl.SliceLayout(1, LS))[:, None] * 32
+              + gl.arange(0, 32, layout=gl.SliceLayout(0, LS))[None, :])  # fmt: skip
+        for r in gl.static_range(XR):
+            x_row = x_ptr + (x_row0 + r).to(gl.int64) * stride_x
+            for p in gl.static_range(NP):
+                x_sm.index(r * NP + p).store(gl.load(x_row + (ks + p * 1024), mask=ks + p * 1024 < K,
+                                                     other=0.0).to(gl.float32))  # fmt: skip
+        gl.thread_barrier()
+    else:
+        # Each lane requests its own activations with the codes (a second ring; L1 serves the program's other warps).
+        kx = (gl.arange(0, 32, layout=gl.SliceLayout(1, LXS))[:, None] * 32
+              + gl.arange(0, 32, layout=gl.SliceLayout(0, LXS))[None, :])  # fmt: skip
+        xring = ()
+        for s in gl.static_range(NA):
+            xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, s, NP, K, GATE_UP),)
     y = gl.zeros([FW, 2], gl.float32, LR)
+    SPLIT: gl.constexpr = GATE_UP and not INTERLEAVED
     for u in gl.static_range(SUB):
-        # This sub-tile's bias and routing weight, and the next sub-tile's expert and rows.
+        # This sub-tile's expert, rows, bias and routing weight.
+        if GATE_UP:
+            rows = _rows(j0 + u * FW + f, h, I, SPLIT)
+            row_ok = ((j0 + u * FW + f) < I)[:, None] & (h < 2)[None, :]
+        else:
+            rows = _rows(j0 + f, h, I, False)
+            row_ok = ((j0 + f) < I)[:, None] & (h < 2)[None, :]
+            if u > 0:
+                e = gl.load(ids_ptr + pid * TOP_K + u)
         if HAS_BIAS:
             bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
         if not GATE_UP:
             tw = gl.load(tw_ptr + pid * TOP_K + u).to(gl.float32)
-        if u + 1 < SUB:
-            if GATE_UP:
-                e_n = e
-                rows_n = _rows(j0 + (u + 1) * FW + f, h, I, SPLIT)
-                row_ok_n = ((j0 + (u + 1) * FW + f) < I)[:, None] & (h < 2)[None, :]
-            else:
-                e_n = gl.load(ids_ptr + pid * TOP_K + u + 1)
-                rows_n = rows
-                row_ok_n = row_ok
         acc = gl.zeros([FW, 2, 32], gl.float32, L3)
         for p in gl.static_range(NP):
-            if p + 1 < NP:
-                words_n, sc_n = _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p + 1, K, SROW)
-            elif u + 1 < SUB:
-                words_n, sc_n = _load_step(w_ptr, s_ptr, e_n, stride_we, stride_se, rows_n, row_ok_n, c, wi, 0, K,
-                                           SROW)  # fmt: skip
-            xf = gl.reshape(x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS), [32, 4, 2, 2, 2])
-            x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(xf, LD)
+            if u * NP + p + AHEAD < S:
+                ring = ring + (_load_at(w_ptr, s_ptr, ids_ptr, e, stride_we, stride_se, pid, j0, f, h, c, wi,
+                                        u * NP + p + AHEAD, NP, FW, I, K, SROW, TOP_K, GATE_UP, INTERLEAVED),)  # fmt: skip
+                if not STAGED:
+                    xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, u * NP + p + AHEAD, NP, K, GATE_UP),)
+            words, sc = ring[0]
+            ring = ring[1:]
+            if STAGED:
+                xv = x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS)
+            else:
+                xv = xring[0].to(gl.float32)
+                xring = xring[1:]
+            x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv, [32, 4, 2, 2, 2]), LD)
             dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None],
                                x4[None, None], x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
             acc = _scaled_add(acc, dots, sc, BIG_SCALES)
-            if (p + 1 < NP) or (u + 1 < SUB):
-                words = words_n
-                sc = sc_n
         out = gl.sum(acc, axis=2)  # [feature, gate/up]
         if HAS_BIAS:
             out = out + bias.to(gl.float32)
@@ -279,9 +330,5 @@ def moe_gemv(
             gl.store(y_ptr + pid.to(gl.int64) * stride_y + jo, hv.to(y_ptr.dtype.element_ty), mask=jo < I)
         else:
             y += out * tw  # slot order
-        if u + 1 < SUB:
-            e = e_n
-            rows = rows_n
-            row_ok = row_ok_n
     if not GATE_UP:
         gl.store(y_ptr + pid.to(gl.int64) * stride_y + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)

@@ -21,8 +21,11 @@ gate/up kernel is issue-bound. Here a warp decodes codes to f16 pairs with the s
   to ``2**16``); weights with a larger byte take ``BIG_SCALES``: each chunk's sums are unscaled before the scale.
   That gate/up variant spills a few registers in its loop (sm90, Triton 3.6: 14 local accesses a trip of four
   chunks), a cost only such weights pay.
-- **Codes in flight**: a warp holds four chunks' codes and scales in registers (the loop is unrolled by four, each
-  buffer refilled with the chunk four ahead once decoded): four independent MMA chains, no register moves.
+- **Codes in flight**: a warp holds four chunks' codes and scales in registers, and each trip of the loop (unrolled by
+  four: four independent MMA chains) first requests the next trip's four chunks into fresh registers. With its
+  default register budget ptxas moves those loads to the end of the trip, after the MMAs (sm90, Triton 3.6; then
+  ncu found a warp waiting for them at the top of every trip: 38 % of the gate/up's stall samples, session 32); a
+  ``maxnreg`` cap above that budget (:class:`.layer.TcTile`) keeps most of them at the top.
 
 A program runs ``WARPS = FW * KSPLIT`` warps: warp ``w`` takes row warp ``w % FW`` and the ``w // FW``-th of
 ``KSPLIT`` chunk ranges of K, and the program sums its ranges' partial rows in one fixed order: deterministic, no
@@ -299,18 +302,22 @@ def moe_gemv_tc(
 
     acc = gl.zeros([WARPS, G, 8, 4, 4], gl.float32, LW)
     for i0 in range(0, NCP, 4):
-        acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES)
-        wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 4 < NCP),
+        na0, nb0, ns0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 4 < NCP),
                                     ch0 + i0 + 4, c5, j5, K, SROW)  # fmt: skip
-        acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES)
-        wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 5 < NCP),
+        na1, nb1, ns1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 5 < NCP),
                                     ch0 + i0 + 5, c5, j5, K, SROW)  # fmt: skip
-        acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES)
-        wa2, wb2, sc2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 6 < NCP),
+        na2, nb2, ns2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 6 < NCP),
                                     ch0 + i0 + 6, c5, j5, K, SROW)  # fmt: skip
-        acc = _chunk(acc, wa3, wb3, sc3, x_sm, i0 + 3, diag, down5, LX, BIG_SCALES)
-        wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 7 < NCP),
+        na3, nb3, ns3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 7 < NCP),
                                     ch0 + i0 + 7, c5, j5, K, SROW)  # fmt: skip
+        acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES)
+        acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES)
+        acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES)
+        acc = _chunk(acc, wa3, wb3, sc3, x_sm, i0 + 3, diag, down5, LX, BIG_SCALES)
+        wa0, wb0, sc0 = na0, nb0, ns0
+        wa1, wb1, sc1 = na1, nb1, ns1
+        wa2, wb2, sc2 = na2, nb2, ns2
+        wa3, wb3, sc3 = na3, nb3, ns3
     if not BIG_SCALES:
         acc = acc * down5
     # [W, G, 8, 4, (row, block col)] -> row sums [W, G, 8, 2 (row a, row b)], all four lanes of a quad

@@ -64,6 +64,12 @@ __all__ = [
 ONE_STEP_MAX_SCALE = 128
 
 
+def _check_maxnreg(maxnreg) -> None:
+    """A tile's ``maxnreg``: None or Triton's register cap of a launch (32 to 255 registers a thread)."""
+    if maxnreg is not None and (type(maxnreg) is not int or not 32 <= maxnreg <= 255):
+        raise ValueError(f"maxnreg: expected None or an int from 32 to 255 (registers a thread), got {maxnreg!r}")
+
+
 class DecodeTile(tuple):
     """``(block_m, tokens, warps, stages, ksplit, fused, maxnreg, scales_ahead)``: weight rows per program,
     token columns per MMA tile, warps, K blocks of codes in flight (the cp.async ring's depth), K splits (programs
@@ -89,8 +95,7 @@ class DecodeTile(tuple):
         if fused not in (False, True):  # 0 and 1 too (the benches' tile lists)
             raise TypeError(f"fused: expected a bool, got {fused!r}")
         fused = bool(fused)
-        if maxnreg is not None and (type(maxnreg) is not int or not 32 <= maxnreg <= 255):
-            raise ValueError(f"maxnreg: expected None or an int from 32 to 255 (registers a thread), got {maxnreg!r}")
+        _check_maxnreg(maxnreg)
         if scales_ahead not in (3, 6) or type(scales_ahead) is not int:
             raise ValueError(f"scales_ahead: expected 3 or 6 (K blocks), got {scales_ahead!r}")
         if stages < 2:
@@ -150,20 +155,31 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 
 
 class GemvTile(tuple):
-    """``(feats, warps, sub)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs a thread (a gate/up
-    feature's two rows; two output rows of the down GEMM), ``warps`` warps a program, and (gate/up) ``sub``
-    consecutive tiles a program walks (the down GEMM's program walks the token's slots)."""
+    """``(feats, warps, sub, ahead, maxnreg, staged)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs
+    a thread (a gate/up feature's two rows; two output rows of the down GEMM), ``warps`` warps a program, (gate/up)
+    ``sub`` consecutive tiles a program walks (the down GEMM's program walks the token's slots), ``ahead`` steps
+    (passes of 32 MX blocks) whose codes a thread requests before it decodes the current one (at most the program's
+    steps are ever in flight), ``maxnreg`` (None: ptxas's choice) Triton's register cap of the launch, and ``staged``
+    whether a program stages its activation rows in shared memory first (else each lane requests its own with the
+    codes: no staging, no barrier; the down's inter is then stored as bf16)."""
 
     __slots__ = ()
 
-    def __new__(cls, feats: int, warps: int = 8, sub: int = 1):
+    def __new__(
+        cls, feats: int, warps: int = 8, sub: int = 1, ahead: int = 1, maxnreg: int | None = None, staged: bool = True
+    ):
         if type(feats) is not int or feats not in (1, 2, 4):
             raise ValueError(f"feats: expected 1, 2 or 4 (row pairs a thread holds), got {feats!r}")
         if type(warps) is not int or warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"warps: expected 1, 2, 4, 8 or 16, got {warps!r}")
         if type(sub) is not int or not 1 <= sub <= 8:
             raise ValueError(f"sub: expected an int from 1 to 8 (tiles a program walks), got {sub!r}")
-        return super().__new__(cls, (feats, warps, sub))
+        if type(ahead) is not int or not 1 <= ahead <= 4:
+            raise ValueError(f"ahead: expected an int from 1 to 4 (steps requested ahead), got {ahead!r}")
+        _check_maxnreg(maxnreg)
+        if type(staged) is not bool:
+            raise ValueError(f"staged: expected a bool, got {staged!r}")
+        return super().__new__(cls, (feats, warps, sub, ahead, maxnreg, staged))
 
     @property
     def feats(self) -> int:
@@ -177,16 +193,29 @@ class GemvTile(tuple):
     def sub(self) -> int:
         return self[2]
 
+    @property
+    def ahead(self) -> int:
+        return self[3]
+
+    @property
+    def maxnreg(self) -> int | None:
+        return self[4]
+
+    @property
+    def staged(self) -> bool:
+        return self[5]
+
 
 class TcTile(tuple):
-    """``(groups, warps, ksplit)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups`` groups of 16
-    rows a warp, K in ``ksplit`` chunk ranges, a warp each. Gate/up: ``warps`` feature tiles a program, so
-    ``warps * ksplit`` warps (at most 16); down: a warp a slot and range, so ``next_power_of_2(top_k) * ksplit``
-    warps (``warps`` None)."""
+    """``(groups, warps, ksplit, maxnreg)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups``
+    groups of 16 rows a warp, K in ``ksplit`` chunk ranges, a warp each. Gate/up: ``warps`` feature tiles a program,
+    so ``warps * ksplit`` warps (at most 16); down: a warp a slot and range, so ``next_power_of_2(top_k) * ksplit``
+    warps (``warps`` None). ``maxnreg`` (None: ptxas's choice) is Triton's register cap of the launch: with more
+    registers than it needs by default, ptxas issues the next chunks' loads before the current chunks' MMAs."""
 
     __slots__ = ()
 
-    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1):
+    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1, maxnreg: int | None = None):
         if type(groups) is not int or groups not in (1, 2, 4):
             raise ValueError(f"groups: expected 1, 2 or 4 (groups of 16 rows a warp), got {groups!r}")
         if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8, 16)):
@@ -195,7 +224,8 @@ class TcTile(tuple):
             raise ValueError(f"ksplit: expected 1, 2 or 4, got {ksplit!r}")
         if warps is not None and warps * ksplit > 16:
             raise ValueError(f"ksplit: a gate/up tile runs warps * ksplit <= 16 warps, got {warps} * {ksplit!r}")
-        return super().__new__(cls, (groups, warps, ksplit))
+        _check_maxnreg(maxnreg)
+        return super().__new__(cls, (groups, warps, ksplit, maxnreg))
 
     @property
     def groups(self) -> int:
@@ -209,6 +239,10 @@ class TcTile(tuple):
     def ksplit(self) -> int:
         return self[2]
 
+    @property
+    def maxnreg(self) -> int | None:
+        return self[3]
+
 
 #: Calls of at most this many tokens take the GEMV kernel (:mod:`.gemv`) on canonical weights with at most
 #: :data:`.gemv.MAX_SLOTS` slots a token. Measured on an H100 (host-cost report, session 30, call 5; GPT-OSS
@@ -216,9 +250,12 @@ class TcTile(tuple):
 #: path's 47.6 / 39.6, at 2 tokens 64.2 / 58.0 against 76.7 / 69.1; 120B 39.6 / 32.8 against 47.4 / 39.5 and 64.5
 #: / 58.1 against 76.6 / 69.5. Above 2 tokens (each token reads its experts again) not measured.
 GEMV_MAX_TOKENS = 2
-#: (gate/up tile, down tile) of the GEMV path: the fastest pair of session 30's sweeps (calls 4-5; gate/up 1 row pair
-#: a thread, 8 warps, one tile a program; down 1 row pair a thread, 4 warps).
-GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4))
+#: (gate/up tile, down tile) of the GEMV path. Gate/up: the fastest of session 30's sweeps (calls 4-5; 1 row pair a
+#: thread, 8 warps, one tile a program, staged). Down: 1 row pair a thread, 4 warps, its activations not staged and
+#: three steps requested ahead under a 128-register cap (host-cost report, session 33, call 2, H100, 20B, one
+#: token: 16.99 / 14.37 us alone, L2 flushed / not, against the staged one-step tile's 20.61 / 18.88; the public
+#: call eager 30.23 against 33.98).
+GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
 
 
 #: Weights with scale bytes above 128 decode with two multiplies a value pair; these tiles keep
@@ -410,7 +447,7 @@ def _launch(a, ids, w, s, bias, tw, y, *, pairs, k, gate_up, interleaved, activa
     )  # fmt: skip
 
 
-def _reg_cap(tile: DecodeTile) -> dict[str, int]:
+def _reg_cap(tile) -> dict[str, int]:
     """The ``maxnreg`` launch option of a tile that caps its registers (none otherwise: the launch key is unchanged)."""
     return {} if tile.maxnreg is None else {"maxnreg": tile.maxnreg}
 
@@ -615,11 +652,11 @@ def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
     if isinstance(gu, TcTile):  # one row, or a copy of its range a warp when K is split
         gate_up = gemv_tc.staged_bytes(gu.warps if gu.ksplit > 1 else 1, weights.hidden, gu.ksplit)
     else:
-        gate_up = gemv.staged_bytes(1, weights.hidden)
+        gate_up = gemv.staged_bytes(1, weights.hidden) if gu.staged else 0
     if isinstance(dn, TcTile):
         down = gemv_tc.staged_bytes(next_power_of_2(k), weights.intermediate, dn.ksplit)
     else:
-        down = gemv.staged_bytes(k, weights.intermediate)
+        down = gemv.staged_bytes(k, weights.intermediate) if dn.staged else 0
     return max(gate_up, down) <= gemv.MAX_STAGED_BYTES
 
 
@@ -646,9 +683,9 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
             f"than {gemv.MAX_STAGED_BYTES} bytes of shared memory (hidden {weights.hidden})"
         )
     ids = topk_ids.reshape(-1).contiguous()
-    # inter holds bf16 values: stored as bf16 for the TC down (validated so on the GPU, session 31), as fp32 for the
-    # fp32 down (session 30's validated default).
-    dtype = torch.bfloat16 if isinstance(dn, TcTile) else torch.float32
+    # inter holds bf16 values: stored as bf16 for the TC down (validated so on the GPU, session 31) and the unstaged
+    # fp32 down (read once a lane), as fp32 for the staged fp32 down (session 30's validated default).
+    dtype = torch.float32 if isinstance(dn, GemvTile) and dn.staged else torch.bfloat16
     inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=dtype, device=x.device)
     (_tc_gate_up if isinstance(gu, TcTile) else _gemv_gate_up)(x, ids, weights, activation, inter, gu, k)
     tw = topk_weights.reshape(-1).contiguous()
@@ -659,6 +696,13 @@ def _gemv_launch_options(weights: MoEWeights, one_step_max: int = gemv.ONE_STEP_
     """PDL, and ``BIG_SCALES`` when some scale byte exceeds the kernel's one-step limit (or is unknown)."""
     largest = _max_scale(weights)
     return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > one_step_max}
+
+
+def _gemv_tile_options(tile: GemvTile) -> dict:
+    """The kernel's ``AHEAD`` and ``STAGED`` where a tile departs from the defaults (one step ahead, staged), and its
+    ``maxnreg``: none for the default tiles, whose launch key is then unchanged."""
+    return {**({} if tile.ahead == 1 else {"AHEAD": tile.ahead}), **({} if tile.staged else {"STAGED": False}),
+            **_reg_cap(tile)}  # fmt: skip
 
 
 def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
@@ -672,7 +716,7 @@ def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps, SUB=tile.sub,
-        num_warps=tile.warps, **_gemv_launch_options(weights),
+        num_warps=tile.warps, **_gemv_launch_options(weights), **_gemv_tile_options(tile),
     )  # fmt: skip
 
 
@@ -686,7 +730,7 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
         b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=k, num_warps=tile.warps,
-        **_gemv_launch_options(weights),
+        **_gemv_launch_options(weights), **_gemv_tile_options(tile),
     )  # fmt: skip
 
 
@@ -702,7 +746,7 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit,
-        num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
+        num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
     )  # fmt: skip
 
 
@@ -717,7 +761,7 @@ def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
         b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
         HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps,
-        **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE),
+        **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
     )  # fmt: skip
 
 
