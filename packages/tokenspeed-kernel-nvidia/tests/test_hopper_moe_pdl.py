@@ -84,6 +84,10 @@ def _check_order(fn, kwargs, ptx):
         # A GEMV down GEMM: the ids and the first code words before the wait, the activations after it.
         assert _before(ptx, r"ld\.global", WAIT), name
         assert not _before(ptx, r"st\.shared", WAIT), name
+        if fn is gemv.moe_gemv:  # 16-byte loads before the wait: a thread's code words of the steps ahead, no inter
+            head = ptx[: ptx.index(WAIT)]
+            ahead = min(kwargs.get("AHEAD", 1), kwargs["SUB"] * -(-kwargs["K"] // 1024))
+            assert len(re.findall(r"ld\.global[\w.]*\.v4", head)) == 2 * kwargs["FEATS"] * ahead, name
     elif fn is prefill.moe_prefill_gemm:
         # The offsets and the first code words before the wait; the activations' TMA after it.
         assert not _before(ptx, r"cp\.async\.bulk\.tensor", WAIT), name
@@ -94,6 +98,7 @@ def _check_order(fn, kwargs, ptx):
 
 LAYER_CASES = [
     ("gemv_T1", "gemv", 1, {}),
+    ("gemv_staged_T1", "gemv", 1, {"tiles": "staged"}),  # the down's activations staged in shared memory
     ("gemv_tc_T1", "gemv", 1, {"tiles": "tc"}),  # the tensor-core GEMV for both GEMMs
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
@@ -124,9 +129,13 @@ def _layer_check(label: str) -> None:
     path, tokens, kw = {c[0]: c[1:] for c in LAYER_CASES}[label]
     kw = dict(kw)
     if path == "gemv":
-        from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
+        from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
-        tiles = (TcTile(1, 4), TcTile(1, None, 2)) if kw.pop("tiles", None) == "tc" else None
+        tiles = {
+            "tc": (TcTile(1, 4), TcTile(1, None, 2)),
+            "staged": (GemvTile(1, 8), GemvTile(2, 4, 1, 2)),
+            None: None,
+        }[kw.pop("tiles", None)]
         calls = _launches(_Patch(), tokens, gemv=True, tiles=tiles)
     elif path == "decode":
         tiles = {"split1": _split_tiles(1), "fused4": _split_tiles(4, True), None: None}[kw.pop("tiles", None)]
