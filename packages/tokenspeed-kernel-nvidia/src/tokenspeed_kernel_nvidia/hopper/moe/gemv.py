@@ -34,8 +34,8 @@ weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is bu
 Gate/up, program (pair, group of ``SUB`` row tiles): ``inter[pair, j] = bf16(swiglu(x[token] @ W13[e].T +
 b13[e]))`` (stored in inter's dtype: fp32 for a staged down, else bf16). Down, program (token, row tile): it walks
 the token's ``TOP_K`` slots over the same rows (its ring of requests runs on across the slots) and sums them in
-registers in slot order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two launches a call, no
-atomics, no split sums, deterministic.
+registers in slot order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two
+launches a call, no atomics, no split sums, deterministic.
 
 Every weight byte is read once a token, so a call of T tokens reads its experts T times: the layer takes this path
 up to :data:`.layer.GEMV_MAX_TOKENS` tokens on the canonical layout (``hopper.moe_apply``).
@@ -213,8 +213,8 @@ def moe_gemv(
     AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
-    blocks a row) at a time, requesting the next pass's codes and scales (the next sub-tile's first) before it
-    decodes the current one. ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
+    blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
+    them, the activations from shared memory (``STAGED``) or requested with the codes. ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
     ``[E, 2I, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, 2I]`` bias.
 
     - ``GATE_UP``, program (pair, group), ``e = ids[pair]``: ``y[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T

@@ -30,6 +30,7 @@ run as token slices); selection offers the layer up to 255 tokens
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -252,9 +253,10 @@ class TcTile(tuple):
 GEMV_MAX_TOKENS = 2
 #: (gate/up tile, down tile) of the GEMV path. Gate/up: the fastest of session 30's sweeps (calls 4-5; 1 row pair a
 #: thread, 8 warps, one tile a program, staged). Down: 1 row pair a thread, 4 warps, its activations not staged and
-#: three steps requested ahead under a 128-register cap (host-cost report, session 33, call 2, H100, 20B, one
-#: token: 16.99 / 14.37 us alone, L2 flushed / not, against the staged one-step tile's 20.61 / 18.88; the public
-#: call eager 30.23 against 33.98).
+#: three steps requested ahead under a 128-register cap. Host-cost report, session 33, H100: the down alone 16.8-17.0
+#: us with the L2 flushed against the staged one-step tile's 20.5-20.6 (calls 2-3); ``moe_apply`` alone (call 3,
+#: flushed / hot) 37.8 / 31.7 against 40.6 / 33.8 at one token, 59.6 / 53.7 against 66.2 / 60.5 at two (20B; 120B
+#: alike); the public call eager at one token 30.2-32.4 on quiet hosts against 32.3-34.0.
 GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
 
 
@@ -698,9 +700,10 @@ def _gemv_launch_options(weights: MoEWeights, one_step_max: int = gemv.ONE_STEP_
     return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > one_step_max}
 
 
+@functools.lru_cache(maxsize=64)
 def _gemv_tile_options(tile: GemvTile) -> dict:
-    """The kernel's ``AHEAD`` and ``STAGED`` where a tile departs from the defaults (one step ahead, staged), and its
-    ``maxnreg``: none for the default tiles, whose launch key is then unchanged."""
+    """The kernel's ``AHEAD`` and ``STAGED`` where a tile departs from the kernel's defaults (one step ahead, staged),
+    and its ``maxnreg``: none for session 30's tiles, whose launch keys are then unchanged. Read-only (cached a tile)."""
     return {**({} if tile.ahead == 1 else {"AHEAD": tile.ahead}), **({} if tile.staged else {"STAGED": False}),
             **_reg_cap(tile)}  # fmt: skip
 
