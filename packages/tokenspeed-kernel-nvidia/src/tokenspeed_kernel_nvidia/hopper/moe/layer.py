@@ -256,7 +256,7 @@ GEMV_MAX_TOKENS = 2
 #: three steps requested ahead under a 128-register cap. Host-cost report, session 33, H100: the down alone 16.8-17.0
 #: us with the L2 flushed against the staged one-step tile's 20.5-20.6 (calls 2-3); ``moe_apply`` alone (call 3,
 #: flushed / hot) 37.8 / 31.7 against 40.6 / 33.8 at one token, 59.6 / 53.7 against 66.2 / 60.5 at two (20B; 120B
-#: alike); the public call eager at one token 30.2-32.4 on quiet hosts against 32.3-34.0.
+#: alike); the public call eager at one token 30.2-32.4 on quiet hosts against 32.0-34.0 (calls 1-2, warm 2).
 GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
 
 
