@@ -480,6 +480,12 @@ GPU_CASES = [
     ("gemv_ahead_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_ahead", "interleaved": False}, "hot"),
     ("gemv_unstaged_tiles_T1_scales_above_128", 128, 1, {"tiles": "gemv_unstaged", "scale_hi": 140}, "random"),
     ("gemv_unstaged_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_unstaged", "interleaved": False}, "hot"),
+    # f16 pairs: the integer decode in both GEMMs (120B at one token; top-3 not interleaved at two; scale bytes above
+    # 220, the two-step scale), then the e4m3 decode with two row pairs a thread and a down ring of 3.
+    ("gemv_f16i_tiles_T1", 128, 1, {"tiles": "gemv_f16i"}, "random"),
+    ("gemv_f16i_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_f16i", "interleaved": False}, "hot"),
+    ("gemv_f16i_tiles_T1_scales_above_220", 32, 1, {"tiles": "gemv_f16i", "scale_hi": 230}, "random"),
+    ("gemv_f16_tiles_T2", 128, 2, {"tiles": "gemv_f16"}, "random"),
 ]
 
 
@@ -503,6 +509,10 @@ def _gpu_tiles(wkw):
         return GemvTile(1, 8), TcTile(1, None, 1)
     if name == "gemv_ahead":
         return GemvTile(1, 8, 2, 3, 128), GemvTile(1, 4, 1, 4, 128)
+    if name == "gemv_f16i":
+        return GemvTile(1, 8, dot="f16i"), GemvTile(1, 4, dot="f16i")
+    if name == "gemv_f16":
+        return GemvTile(2, 8, dot="f16"), GemvTile(1, 4, 1, 3, 128, dot="f16")
     if name == "gemv_unstaged":
         return GemvTile(2, 4, 1, 2, staged=False), GemvTile(1, 4, 1, 3, 128, staged=False)
     return _split_tiles(int(name[-1]))

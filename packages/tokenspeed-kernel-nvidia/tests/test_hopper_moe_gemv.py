@@ -85,13 +85,15 @@ def test_experts_too_wide_to_stage_refuse_staged_tiles_naming_the_weights(monkey
 def test_gemv_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
-    assert GemvTile(2, 4, 3) == (2, 4, 3, 1, None, True) and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
+    assert GemvTile(2, 4, 3) == (2, 4, 3, 1, None, True, "f32") and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
     assert GemvTile(1, 4, 1, 3, 128).ahead == 3 and GemvTile(1, 4, 1, 3, 128).maxnreg == 128
-    assert GemvTile(1) == (1, 8, 1, 1, None, True) and GemvTile(1, staged=False).staged is False
+    assert GemvTile(1) == (1, 8, 1, 1, None, True, "f32") and GemvTile(1, staged=False).staged is False
+    assert GemvTile(1, dot="f16i").dot == "f16i"
     for args, name in (((3,), "feats"), ((8,), "feats"), ((1, 3), "warps"), ((1, 32), "warps"), ((1, 8, 0), "sub"),
                        ((1, 8, 9), "sub"), ((True,), "feats"), ((1, 8, 1, 0), "ahead"), ((1, 8, 1, 5), "ahead"),
                        ((1, 8, 1, 1, 16), "maxnreg"), ((1, 8, 1, 1, 256), "maxnreg"),
-                       ((1, 8, 1, 1, None, 0), "staged")):  # fmt: skip
+                       ((1, 8, 1, 1, None, 0), "staged"), ((1, 8, 1, 1, None, True, "f64"), "dot"),
+                       ((1, 8, 1, 1, None, False, "f16"), "dot")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}: "):
             GemvTile(*args)
 
@@ -118,6 +120,57 @@ def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus
         assert line in asm
 
 
+@pytest.mark.parametrize("half", [1, 2], ids=["e4m3_decode", "integer_decode"])
+def test_the_f16_block_asm_decodes_every_code_in_the_staged_order_and_sums_in_f16(half):
+    """:func:`.gemv._half_block_asm` interpreted (the PTX subset of ``test_hopper_moe_gemv_tc``): a lane's four code
+    words and its activation pairs in the staged order (pair ``p`` of word ``q`` in ``$8 + 4 p + q``; pairs (0, 2),
+    (4, 6), (1, 3), (5, 7) of a word's values). One activation of 1 at each of the 32 places and every code there: the
+    four outputs sum to exactly ``E2M1 * 2**-B`` (B 6 for the e4m3 decode, 14 for the integer one; the reference's
+    E2M1 table). Random codes and activations: within the f16 sums' rounding of the exact dot product."""
+    import numpy as np
+    from test_hopper_moe_gemv_tc import _f16x2, _run_warp
+
+    from tokenspeed_kernel.numerics.inputs import E2M1_VALUES
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv
+
+    asm = gemv._half_block_asm(gemv._decode if half == 1 else gemv._decode_int)
+    bias = 2.0 ** (-6 if half == 1 else -14)
+    table = np.array(E2M1_VALUES, dtype=np.float64)
+    order = [0, 2, 4, 6, 1, 3, 5, 7]  # a word's values as its four pairs hold them
+
+    def lane_operands(codes, x):  # codes: 32 nibbles (value i in nibble i); x: 32 activations
+        ops = {}
+        for q in range(4):
+            ops[f"${4 + q}"] = sum(int(codes[8 * q + i]) << (4 * i) for i in range(8))
+            vals = x[8 * q : 8 * q + 8][order]
+            for p in range(4):
+                ops[f"${8 + 4 * p + q}"] = _f16x2(vals[2 * p], vals[2 * p + 1])
+        return ops
+
+    operands, want = [], []
+    for place in range(32):
+        for code in range(16):
+            codes = np.zeros(32, dtype=np.int64)
+            codes[place] = code
+            x = np.zeros(32)
+            x[place] = 1.0
+            operands.append(lane_operands(codes, x))
+            want.append(table[code] * bias)
+    got = []
+    for start in range(0, len(operands), 32):
+        got += [sum(v) for v in _run_warp(asm, operands[start : start + 32])]
+    assert got == want
+    rng = np.random.default_rng(half)
+    codes = rng.integers(0, 16, size=(32, 32))
+    scale = 2.0 ** (9 if half == 1 else 14)  # the kernel's activations: below 2**(T0 + 1)
+    x = (rng.standard_normal((32, 32)) * scale / 4).astype(np.float16).astype(np.float64)
+    out = _run_warp(asm, [lane_operands(codes[n], x[n]) for n in range(32)])
+    terms = table[codes] * bias * x
+    for n in range(32):
+        # two chains of 16 products, each rounded to f16 (2**-11 of its partial sums) at most 16 times
+        assert abs(sum(out[n]) - terms[n].sum()) <= 16 * 2.0**-11 * np.abs(terms[n]).sum(), n
+
+
 CC_CASES = [
     ("20b_T1", 1, 4, {}),  # the default tiles (GEMV_TILES)
     ("staged_one_step_T1", 1, 4, {"tiles": ((1, 8), (1, 4))}),
@@ -134,12 +187,20 @@ CC_CASES = [
         3,
         {"tiles": ((2, 4, 1, 2, 128, False), (1, 4, 1, 1, None, False)), "scale_hi": 252},
     ),
+    # f16 pairs: the integer decode (no conversions), and the e4m3 one with scale bytes above 220 (two-step scale)
+    ("f16i_T1", 1, 4, {"tiles": ((1, 8, 1, 1, None, True, "f16i"), (1, 4, 1, 3, 128, True, "f16i"))}),
+    (
+        "f16_top3_scales_above_220_T2",
+        2,
+        3,
+        {"tiles": ((2, 8, 1, 1, None, True, "f16"), (1, 4, 1, 1, None, True, "f16")), "scale_hi": 230},
+    ),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("label,tokens,k,wkw", CC_CASES, ids=[c[0] for c in CC_CASES])
-def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills(monkeypatch, label, tokens, k, wkw):
+def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(monkeypatch, label, tokens, k, wkw):
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
@@ -154,10 +215,16 @@ def test_gemv_launches_cross_compile_for_sm90_with_the_e4m3_decode_and_no_spills
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
-        assert "cvt.rn.f16x2.e4m3x2" in ptx and "F2FP.F16.E4M3.UNPACK_B" in sass
+        tile = tiles[0] if kwargs["GATE_UP"] else tiles[1]
+        assert kwargs.get("HALF", 0) == ("f32", "f16", "f16i").index(tile.dot)
+        # the e4m3 decode converts; the integer one does not
+        assert ("cvt.rn.f16x2.e4m3x2" in ptx) is ("F2FP.F16.E4M3.UNPACK_B" in sass) is (tile.dot != "f16i"), label
+        # fp32 FMAs of each value, or f16 pairs: 16 a block (some issued to the tensor pipe as HFMA2.MMA; the fp32
+        # kernels have a few too, moving constants)
+        pairs = len(re.findall(r"\b(HFMA2(\.MMA)?|HMUL2)\b", sass))
+        assert (pairs >= 64) is (tile.dot != "f32"), (label, pairs)
         assert not re.search(r"\b(HMMA|LDL|STL)\b", sass), label  # no MMA, no local memory (spills)
         assert re.search(r"\bLDG\.E\.128\b", sass), label  # 16 bytes of codes a lane and row
-        tile = tiles[0] if kwargs["GATE_UP"] else tiles[1]
         assert kwargs.get("AHEAD", 1) == tile.ahead and kwargs.get("maxnreg") == tile.maxnreg
         assert kwargs.get("STAGED", True) is tile.staged
         # the activations from shared memory when staged; else no shared memory, no barrier

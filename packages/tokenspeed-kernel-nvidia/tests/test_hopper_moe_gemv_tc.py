@@ -82,6 +82,21 @@ def _run_warp(asm, operands):
             elif op == "cvt.rn.f16x2.e4m3x2":
                 h = val(r, args[1])
                 r[args[0]] = _f16x2(_e4m3(h & 255), _e4m3(h >> 8))
+            elif op == "prmt.b32":  # default mode: byte i of the result is byte (c >> 4 i) & 7 of {b, a}
+                src = val(r, args[1]) | (val(r, args[2]) << 32)
+                sel = val(r, args[3])
+                out = 0
+                for i in range(4):
+                    s = (sel >> (4 * i)) & 15
+                    byte = (src >> (8 * (s & 7))) & 255
+                    out |= ((255 if byte & 128 else 0) if s & 8 else byte) << (8 * i)
+                r[args[0]] = out
+            elif op in ("mul.rn.f16x2", "fma.rn.f16x2"):  # each half rounded once (the products are exact in fp64)
+                a, b = _halves(r[args[1]]), _halves(r[args[2]])
+                c = _halves(r[args[3]]) if op.startswith("fma") else (0.0, 0.0)
+                r[args[0]] = _f16x2(a[0] * b[0] + c[0], a[1] * b[1] + c[1])
+            elif op == "cvt.f32.f16":
+                r[args[0]] = float(np.uint16(r[args[1]]).view(np.float16))
             else:
                 raise AssertionError(f"unexpected instruction {line!r}")
     return [[r[f"${i}"] for i in range(4)] for r in regs]

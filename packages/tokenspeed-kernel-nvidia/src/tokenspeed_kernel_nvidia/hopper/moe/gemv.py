@@ -48,7 +48,7 @@ from triton.experimental.gluon import language as gl
 
 from .decode import _grid_release, _grid_wait, _swiglu
 
-__all__ = ["moe_gemv", "MAX_SLOTS", "MAX_STAGED_BYTES", "ONE_STEP_MAX_SCALE", "staged_bytes"]
+__all__ = ["moe_gemv", "MAX_SLOTS", "MAX_STAGED_BYTES", "ONE_STEP_MAX_SCALE", "HALF_ONE_STEP_MAX_SCALE", "staged_bytes"]
 
 #: A down program walks its token's slots (unrolled): ``TOP_K`` up to this many.
 MAX_SLOTS = 8
@@ -56,10 +56,10 @@ MAX_SLOTS = 8
 MAX_STAGED_BYTES = 160 * 1024
 
 
-def staged_bytes(rows: int, k: int) -> int:
-    """The shared memory a program stages ``rows`` activation rows of ``k`` values in: fp32, whole passes of 32 MX
-    blocks (the gate/up program 1 row, the down program ``TOP_K``)."""
-    return rows * -(-k // 1024) * 1024 * 4
+def staged_bytes(rows: int, k: int, half: bool = False) -> int:
+    """The shared memory a program stages ``rows`` activation rows of ``k`` values in: fp32 (f16 with ``half``),
+    whole passes of 32 MX blocks (the gate/up program 1 row, the down program ``TOP_K``)."""
+    return rows * -(-k // 1024) * 1024 * (2 if half else 4)
 
 
 #: ``$0 = sum_i decode(code i of word $1) * $(2 + i)``: the 8 E2M1 codes of a word (code i in bits 4 i .. 4 i + 3,
@@ -106,10 +106,88 @@ cvt.f32.f16 f, v7;
 fma.rn.f32 $0, f, $9, a;
 }""")
 
+
+def _decode(word: str, regs: tuple[str, str, str, str]) -> str:
+    """PTX: the 8 E2M1 codes of ``word`` (code i in bits 4 i .. 4 i + 3) as f16 pairs ``E2M1 * 2**-6``: codes (0, 2),
+    (4, 6), (1, 3), (5, 7) into ``regs`` (low half the first). Even codes: nibble << 2 (magnitude) and the sign bit
+    << 4 make an e4m3 byte; odd codes: >> 2 and the sign in place."""
+    return f"""shl.b32 t, {word}, 2;
+and.b32 e, t, 0x1C1C1C1C;
+shl.b32 t, {word}, 4;
+and.b32 t, t, 0x80808080;
+or.b32 e, e, t;
+shr.u32 t, {word}, 2;
+and.b32 o, t, 0x1C1C1C1C;
+and.b32 t, {word}, 0x80808080;
+or.b32 o, o, t;
+mov.b32 {{l, h}}, e;
+cvt.rn.f16x2.e4m3x2 {regs[0]}, l;
+cvt.rn.f16x2.e4m3x2 {regs[1]}, h;
+mov.b32 {{l, h}}, o;
+cvt.rn.f16x2.e4m3x2 {regs[2]}, l;
+cvt.rn.f16x2.e4m3x2 {regs[3]}, h;
+"""
+
+
+def _decode_int(word: str, regs: tuple[str, str, str, str]) -> str:
+    """PTX: the 8 E2M1 codes of ``word`` as f16 pairs ``E2M1 * 2**-14`` in :func:`_decode`'s order, with integer
+    instructions only (no conversion). A byte ``s000 0mmm`` of an f16's high half, the low half zero, is ``E2M1 *
+    2**-14`` (sign ``s``, exponent and mantissa bits ``mmm`` of the code; the E2M1 subnormal 0.5 is the f16 subnormal
+    ``2**-15``): odd codes (the high nibble of a byte) make such bytes with ``>> 3`` and their sign in place, even codes
+    with ``<< 1`` and the sign ``<< 4``; each ``prmt`` puts two bytes into the high halves of a pair."""
+    return f"""shr.u32 t, {word}, 3;
+and.b32 t, t, 0x0E0E0E0E;
+and.b32 o, {word}, 0x80808080;
+or.b32 o, o, t;
+shl.b32 t, {word}, 1;
+and.b32 e, t, 0x0E0E0E0E;
+shl.b32 t, {word}, 4;
+and.b32 t, t, 0x80808080;
+or.b32 e, e, t;
+prmt.b32 {regs[0]}, e, 0, 0x1404;
+prmt.b32 {regs[1]}, e, 0, 0x3424;
+prmt.b32 {regs[2]}, o, 0, 0x1404;
+prmt.b32 {regs[3]}, o, 0, 0x3424;
+"""
+
+
+def _half_block_asm(decode) -> str:
+    """PTX of one MX block a lane (pack 4) in f16 pairs: ``$4..$7`` its code words, ``$8 + 4 p + q`` activation pair
+    ``p`` of word ``q`` (f16, :func:`_decode`'s order). Two chains of ``fma.rn.f16x2`` (words 0-1, words 2-3) sum the
+    products; ``$0..$3`` are their four f16 halves as fp32."""
+    body = ["{", ".reg .b32 t, e, o, a0, a1, a2, a3, c0, c1;", ".reg .b16 l, h;"]
+    for q in range(4):
+        body.append(decode(f"${4 + q}", ("a0", "a1", "a2", "a3")))
+        acc = "c0" if q < 2 else "c1"
+        for p in range(4):
+            x = f"${8 + 4 * p + q}"
+            if q % 2 == 0 and p == 0:
+                body.append(f"mul.rn.f16x2 {acc}, a0, {x};")
+            else:
+                body.append(f"fma.rn.f16x2 {acc}, a{p}, {x}, {acc};")
+    body += [
+        "mov.b32 {l, h}, c0;",
+        "cvt.f32.f16 $0, l;",
+        "cvt.f32.f16 $1, h;",
+        "mov.b32 {l, h}, c1;",
+        "cvt.f32.f16 $2, l;",
+        "cvt.f32.f16 $3, h;",
+        "}",
+    ]
+    return "\n".join(body)
+
+
+_HALF_E4M3: gl.constexpr = gl.constexpr(_half_block_asm(_decode))
+_HALF_INT: gl.constexpr = gl.constexpr(_half_block_asm(_decode_int))
+
 #: E8M0 scale bytes above this take the block's ``2**6`` as a separate multiply (``2**(s - 121)`` is no fp32 then):
 #: weights holding one take the kernels' ``BIG_SCALES`` variant (chosen from the largest byte, read once).
 ONE_STEP_MAX_SCALE = 248
 _ONE_STEP_MAX: gl.constexpr = gl.constexpr(ONE_STEP_MAX_SCALE)
+#: The same limit for the f16 pairs (``HALF``), whose sums stay times ``2**t``: a block's dot product is at most
+#: ``32 * 6 * 2**(T0 + 1 - B)`` (``2**4`` for ``HALF`` 1, ``2**1`` for 2), so ``|acc| < 2**11 * 2**11.6 * 2**(s - 121)``
+#: for K up to ``2**16``, below ``2**128`` for bytes up to 226.
+HALF_ONE_STEP_MAX_SCALE = 220
 
 
 @gluon.jit
@@ -140,6 +218,39 @@ def _block_dots(words, x0, x1, x2, x3, x4, x5, x6, x7):
         dtype=gl.float32, is_pure=True, pack=1,
     )  # fmt: skip
     return gl.sum(part, axis=3)
+
+
+@gluon.jit
+def _half_block_dots(words, xp, LD: gl.constexpr, HALF: gl.constexpr):
+    """Code words ``uint32 [A, B, 32, 4]`` and a lane's activation pairs ``uint32 [32, 16]`` (pair ``p`` of word
+    ``q`` at ``4 q + p``) -> each MX block's dot product ``fp32 [A, B, 32]``, of the values ``E2M1 * 2**-6`` (``HALF``
+    1) or ``E2M1 * 2**-14`` (2) and the f16 activations, summed in f16 pairs (:func:`_half_block_asm`)."""
+    v = gl.reshape(xp, [32, 4, 2, 2])
+    v0, v1 = gl.split(v)  # p % 2
+    p0, p2 = gl.split(v0)  # p // 2
+    p1, p3 = gl.split(v1)
+    x0 = gl.convert_layout(p0, LD)[None, None]
+    x1 = gl.convert_layout(p1, LD)[None, None]
+    x2 = gl.convert_layout(p2, LD)[None, None]
+    x3 = gl.convert_layout(p3, LD)[None, None]
+    part = gl.inline_asm_elementwise(
+        _HALF_E4M3 if HALF == 1 else _HALF_INT, "=f,=f,=f,=f" + ",r" * 20,
+        [words, gl.broadcast(words, x0)[1], gl.broadcast(words, x1)[1], gl.broadcast(words, x2)[1],
+         gl.broadcast(words, x3)[1]],
+        dtype=gl.float32, is_pure=True, pack=4,
+    )  # fmt: skip
+    return gl.sum(part, axis=3)
+
+
+@gluon.jit
+def _half_pairs(xv):
+    """fp32 activations ``[32, 32]`` (a lane's block, already times ``2**t``) -> f16 pairs ``uint32 [32, 16]``: pair
+    ``p`` of word ``q`` at ``4 q + p``, pairs (0, 2), (4, 6), (1, 3), (5, 7) of the word's values (:func:`_decode`)."""
+    xh = xv.to(gl.float16)
+    # value i = 4 a + 2 b + c of word q -> pair p = 2 c + a, half b
+    xh = gl.permute(gl.reshape(xh, [32, 4, 2, 2, 2]), [0, 1, 4, 2, 3])
+    lo, hi = gl.split(gl.reshape(xh, [32, 16, 2]))
+    return lo.to(gl.uint16, bitcast=True).to(gl.uint32) | (hi.to(gl.uint16, bitcast=True).to(gl.uint32) << 16)
 
 
 @gluon.jit
@@ -210,7 +321,7 @@ def moe_gemv(
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-    AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True,
+    AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
@@ -266,7 +377,35 @@ def moe_gemv(
         _grid_release(PDL)
     # A lane's activations of a pass: the 32 values of its block [lane, 32] (every warp the same).
     LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
-    if STAGED:
+    LXP: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [WARPS, 1], [1, 0])  # a lane's 16 f16 pairs
+    if HALF:
+        # The activation rows once as f16 pairs times 2**t (t from the row's largest magnitude): [row, pass, lane, 16
+        # pairs] (16-byte vectors swizzled by lane pair, so a quarter warp's 16-byte reads meet no bank twice).
+        gl.static_assert(STAGED, "f16 pairs need staged activations")
+        LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+        x_sm = gl.allocate_shared_memory(gl.uint32, [XR * NP, 32, 16], gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
+        ks = (gl.arange(0, 32, layout=gl.SliceLayout(1, LS))[:, None] * 32
+              + gl.arange(0, 32, layout=gl.SliceLayout(0, LS))[None, :])  # fmt: skip
+        # x * 2**t below 2**(T0 + 1): the products' f16 sums stay below 2**11 (2**8 for HALF 2)
+        T0: gl.constexpr = 9 if HALF == 1 else 14
+        B: gl.constexpr = 6 if HALF == 1 else 14  # the decode's values are E2M1 * 2**-B
+        downs = ()
+        for r in gl.static_range(XR):
+            x_row = x_ptr + (x_row0 + r).to(gl.int64) * stride_x
+            xts = ()
+            for p in gl.static_range(NP):
+                xts = xts + (gl.load(x_row + (ks + p * 1024), mask=ks + p * 1024 < K, other=0.0).to(gl.float32),)
+            big = gl.abs(xts[0])
+            for p in gl.static_range(1, NP):
+                big = gl.maximum(big, gl.abs(xts[p]))
+            amax = gl.max(gl.max(big, 1), 0)  # one reduction over the program a row
+            t = gl.minimum(gl.maximum(T0 + 127 - (amax.to(gl.int32, bitcast=True) >> 23), -118), 126)
+            up = ((t + 127) << 23).to(gl.float32, bitcast=True)
+            downs = downs + ((((127 + B - 6) - t) << 23).to(gl.float32, bitcast=True),)
+            for p in gl.static_range(NP):
+                x_sm.index(r * NP + p).store(_half_pairs(xts[p] * up))
+        gl.thread_barrier()
+    elif STAGED:
         # The activation rows once, as fp32, for every warp: [row, pass, lane, 32 values] (16-byte vectors swizzled
         # by lane: a lane's 128 bytes, read as 8 x 16, meet no other lane's bank within a quarter warp).
         LS: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
@@ -311,16 +450,24 @@ def moe_gemv(
                     xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, u * NP + p + AHEAD, NP, K, GATE_UP),)
             words, sc = ring[0]
             ring = ring[1:]
-            if STAGED:
-                xv = x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS)
+            if HALF:
+                xp = x_sm.index((0 if GATE_UP else u) * NP + p).load(LXP)
+                dots = _half_block_dots(words, xp, LD, HALF)
+                if BIG_SCALES:
+                    dots = dots * downs[0 if GATE_UP else u]  # unscaled before the scale's two steps
             else:
-                xv = xring[0].to(gl.float32)
-                xring = xring[1:]
-            x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv, [32, 4, 2, 2, 2]), LD)
-            dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None],
-                               x4[None, None], x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
+                if STAGED:
+                    xv = x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS)
+                else:
+                    xv = xring[0].to(gl.float32)
+                    xring = xring[1:]
+                x0, x1, x2, x3, x4, x5, x6, x7 = _nibble_columns(gl.reshape(xv, [32, 4, 2, 2, 2]), LD)
+                dots = _block_dots(words, x0[None, None], x1[None, None], x2[None, None], x3[None, None],
+                                   x4[None, None], x5[None, None], x6[None, None], x7[None, None])  # fmt: skip
             acc = _scaled_add(acc, dots, sc, BIG_SCALES)
         out = gl.sum(acc, axis=2)  # [feature, gate/up]
+        if HALF and not BIG_SCALES:
+            out = out * downs[0 if GATE_UP else u]  # the sums were of x * 2**t
         if HAS_BIAS:
             out = out + bias.to(gl.float32)
         if GATE_UP:

@@ -49,7 +49,7 @@ from triton.experimental.gluon import language as gl
 from triton.runtime.jit import constexpr_function
 
 from .decode import _grid_release, _grid_wait, _swiglu
-from .gemv import _scaled_add  # the same block scale: 2**(s - 121), bytes above 248 in two steps
+from .gemv import _decode, _scaled_add  # the same decode, and block scale: 2**(s - 121), bytes above 248 in two steps
 
 __all__ = ["moe_gemv_tc", "ONE_STEP_MAX_SCALE", "staged_bytes"]
 
@@ -68,28 +68,6 @@ def staged_bytes(rows: int, k: int, ksplit: int = 1) -> int:
     chunks = -(-k // 128)
     ncp = -(-chunks // ksplit)
     return rows * ksplit * _pow2(-(-ncp // 4) * 4) * 256
-
-
-def _decode(word: str, regs: tuple[str, str, str, str]) -> str:
-    """PTX: the 8 E2M1 codes of ``word`` (code i in bits 4 i .. 4 i + 3) as f16 pairs ``E2M1 * 2**-6``: codes (0, 2),
-    (4, 6), (1, 3), (5, 7) into ``regs`` (low half the first). Even codes: nibble << 2 (magnitude) and the sign bit
-    << 4 make an e4m3 byte; odd codes: >> 2 and the sign in place."""
-    return f"""shl.b32 t, {word}, 2;
-and.b32 e, t, 0x1C1C1C1C;
-shl.b32 t, {word}, 4;
-and.b32 t, t, 0x80808080;
-or.b32 e, e, t;
-shr.u32 t, {word}, 2;
-and.b32 o, t, 0x1C1C1C1C;
-and.b32 t, {word}, 0x80808080;
-or.b32 o, o, t;
-mov.b32 {{l, h}}, e;
-cvt.rn.f16x2.e4m3x2 {regs[0]}, l;
-cvt.rn.f16x2.e4m3x2 {regs[1]}, h;
-mov.b32 {{l, h}}, o;
-cvt.rn.f16x2.e4m3x2 {regs[2]}, l;
-cvt.rn.f16x2.e4m3x2 {regs[3]}, h;
-"""
 
 
 def _mma_chunk_asm() -> str:

@@ -155,19 +155,33 @@ DECODE_TILES: tuple[tuple[int | None, tuple[DecodeTile, DecodeTile]], ...] = (
 )
 
 
+#: How the GEMV kernel multiplies (:class:`GemvTile`'s ``dot``; its ``HALF``): ``"f32"`` fp32 FMAs of each decoded
+#: value; ``"f16"`` f16 pairs (``fma.rn.f16x2``) of the e4m3 decode and the staged activations times ``2**t``,
+#: summed in f16 within a block; ``"f16i"`` the same with the integer decode (no conversion instructions).
+GEMV_DOTS = ("f32", "f16", "f16i")
+
+
 class GemvTile(tuple):
-    """``(feats, warps, sub, ahead, maxnreg, staged)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs
+    """``(feats, warps, sub, ahead, maxnreg, staged, dot)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs
     a thread (a gate/up feature's two rows; two output rows of the down GEMM), ``warps`` warps a program, (gate/up)
     ``sub`` consecutive tiles a program walks (the down GEMM's program walks the token's slots), ``ahead`` steps
     (passes of 32 MX blocks) whose codes a thread requests before it decodes the current one (at most the program's
     steps are ever in flight), ``maxnreg`` (None: ptxas's choice) Triton's register cap of the launch, and ``staged``
     whether a program stages its activation rows in shared memory first (else each lane requests its own with the
-    codes: no staging, no barrier; the down's inter is then stored as bf16)."""
+    codes: no staging, no barrier; the down's inter is then stored as bf16), and ``dot`` how it multiplies
+    (:data:`GEMV_DOTS`; the f16 forms need ``staged``)."""
 
     __slots__ = ()
 
     def __new__(
-        cls, feats: int, warps: int = 8, sub: int = 1, ahead: int = 1, maxnreg: int | None = None, staged: bool = True
+        cls,
+        feats: int,
+        warps: int = 8,
+        sub: int = 1,
+        ahead: int = 1,
+        maxnreg: int | None = None,
+        staged: bool = True,
+        dot: str = "f32",
     ):
         if type(feats) is not int or feats not in (1, 2, 4):
             raise ValueError(f"feats: expected 1, 2 or 4 (row pairs a thread holds), got {feats!r}")
@@ -180,7 +194,11 @@ class GemvTile(tuple):
         _check_maxnreg(maxnreg)
         if type(staged) is not bool:
             raise ValueError(f"staged: expected a bool, got {staged!r}")
-        return super().__new__(cls, (feats, warps, sub, ahead, maxnreg, staged))
+        if dot not in GEMV_DOTS:
+            raise ValueError(f"dot: expected one of {', '.join(map(repr, GEMV_DOTS))}, got {dot!r}")
+        if dot != "f32" and not staged:
+            raise ValueError(f"dot: {dot!r} multiplies staged f16 activations, so it needs staged=True")
+        return super().__new__(cls, (feats, warps, sub, ahead, maxnreg, staged, dot))
 
     @property
     def feats(self) -> int:
@@ -205,6 +223,10 @@ class GemvTile(tuple):
     @property
     def staged(self) -> bool:
         return self[5]
+
+    @property
+    def dot(self) -> str:
+        return self[6]
 
 
 class TcTile(tuple):
@@ -654,11 +676,11 @@ def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
     if isinstance(gu, TcTile):  # one row, or a copy of its range a warp when K is split
         gate_up = gemv_tc.staged_bytes(gu.warps if gu.ksplit > 1 else 1, weights.hidden, gu.ksplit)
     else:
-        gate_up = gemv.staged_bytes(1, weights.hidden) if gu.staged else 0
+        gate_up = gemv.staged_bytes(1, weights.hidden, gu.dot != "f32") if gu.staged else 0
     if isinstance(dn, TcTile):
         down = gemv_tc.staged_bytes(next_power_of_2(k), weights.intermediate, dn.ksplit)
     else:
-        down = gemv.staged_bytes(k, weights.intermediate) if dn.staged else 0
+        down = gemv.staged_bytes(k, weights.intermediate, dn.dot != "f32") if dn.staged else 0
     return max(gate_up, down) <= gemv.MAX_STAGED_BYTES
 
 
@@ -687,7 +709,7 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
     ids = topk_ids.reshape(-1).contiguous()
     # inter holds bf16 values: stored as bf16 for the TC down (validated so on the GPU, session 31) and the unstaged
     # fp32 down (read once a lane), as fp32 for the staged fp32 down (session 30's validated default).
-    dtype = torch.float32 if isinstance(dn, GemvTile) and dn.staged else torch.bfloat16
+    dtype = torch.float32 if isinstance(dn, GemvTile) and dn.staged and dn.dot == "f32" else torch.bfloat16
     inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=dtype, device=x.device)
     (_tc_gate_up if isinstance(gu, TcTile) else _gemv_gate_up)(x, ids, weights, activation, inter, gu, k)
     tw = topk_weights.reshape(-1).contiguous()
@@ -700,12 +722,17 @@ def _gemv_launch_options(weights: MoEWeights, one_step_max: int = gemv.ONE_STEP_
     return {**pdl_kwargs(), "BIG_SCALES": largest is None or largest > one_step_max}
 
 
+def _one_step_max(tile: GemvTile) -> int:
+    """The largest scale byte the tile's kernel takes in one step (f16 pairs keep their sums times ``2**t``)."""
+    return gemv.ONE_STEP_MAX_SCALE if tile.dot == "f32" else gemv.HALF_ONE_STEP_MAX_SCALE
+
+
 @functools.lru_cache(maxsize=64)
 def _gemv_tile_options(tile: GemvTile) -> dict:
     """The kernel's ``AHEAD`` and ``STAGED`` where a tile departs from the kernel's defaults (one step ahead, staged),
     and its ``maxnreg``: none for session 30's tiles, whose launch keys are then unchanged. Read-only (cached a tile)."""
     return {**({} if tile.ahead == 1 else {"AHEAD": tile.ahead}), **({} if tile.staged else {"STAGED": False}),
-            **_reg_cap(tile)}  # fmt: skip
+            **({} if tile.dot == "f32" else {"HALF": GEMV_DOTS.index(tile.dot)}), **_reg_cap(tile)}  # fmt: skip
 
 
 def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
@@ -719,7 +746,7 @@ def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         float(limit if limit is not None else 0.0), float(activation.up_offset),
         K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps, SUB=tile.sub,
-        num_warps=tile.warps, **_gemv_launch_options(weights), **_gemv_tile_options(tile),
+        num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
     )  # fmt: skip
 
 
@@ -733,7 +760,7 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
         b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=k, num_warps=tile.warps,
-        **_gemv_launch_options(weights), **_gemv_tile_options(tile),
+        **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
     )  # fmt: skip
 
 
