@@ -5,8 +5,8 @@
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
         [--default-gemv] [--tag=-x] [--budget-s 300]
 
-Tiles: ``[h|i][d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``h``/``i``: f16 pairs, the e4m3/integer
-decode; ``d``: activations not staged), ``tG,W[:KS]`` a
+Tiles: ``[p][h|i][d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``p``: a down program a pair, the slots
+summed by a second launch; ``h``/``i``: f16 pairs, the e4m3/integer decode; ``d``: activations not staged), ``tG,W[:KS]`` a
 gate/up ``TcTile`` and ``tG:KS`` a down one (tensor-core GEMV, ``hopper/moe/gemv_tc.py``), each with an optional
 ``@R`` (its ``maxnreg``); a pair is ``gate_up/down``, and may mix the two kernels.
 
@@ -49,7 +49,8 @@ import hopper_moe_h200 as base
 
 
 def _tile(text: str):
-    """``[h|i][d]feats,warps[,sub[,ahead]][@R]``: a ``GemvTile`` (``h``/``i``: ``dot`` f16/f16i; ``d``: not staged); ``tG,W[:KS][@R]``: a gate/up
+    """``[p][h|i][d]feats,warps[,sub[,ahead]][@R]``: a ``GemvTile`` (``p``: ``pairs``; ``h``/``i``: ``dot``
+    f16/f16i; ``d``: not staged); ``tG,W[:KS][@R]``: a gate/up
     ``TcTile``; ``tG:KS[@R]``: a down ``TcTile`` (``@R``: the tile's ``maxnreg``)."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
@@ -59,11 +60,13 @@ def _tile(text: str):
         head, _, ks = text[1:].partition(":")
         g, _, w = head.partition(",")
         return TcTile(int(g), int(w) if w else None, int(ks or 1), maxnreg)
+    pairs = text.startswith("p")
+    text = text.removeprefix("p")
     dot = {"h": "f16", "i": "f16i"}.get(text[:1], "f32")
     text = text.removeprefix("h").removeprefix("i")
     staged = not text.startswith("d")
     fields = [int(v) for v in text.removeprefix("d").split(",")]
-    return GemvTile(*fields, *(1, 8, 1, 1)[len(fields) :], maxnreg, staged, dot)
+    return GemvTile(*fields, *(1, 8, 1, 1)[len(fields) :], maxnreg, staged, dot, pairs)
 
 
 def _gemv_tiles(gate_up: str, down: str):
@@ -80,7 +83,7 @@ def _name(tiles) -> str:
             head = f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}"
             head = head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
             return head if t.maxnreg is None else f"{head}@{t.maxnreg}"
-        head = {"f16": "h", "f16i": "i"}.get(t.dot, "") + ("" if t.staged else "d")
+        head = ("p" if t.pairs else "") + {"f16": "h", "f16i": "i"}.get(t.dot, "") + ("" if t.staged else "d")
         head += ",".join(str(v) for v in (t[:3] if t.ahead == 1 else t[:4]))
         return head if t.maxnreg is None else f"{head}@{t.maxnreg}"
 

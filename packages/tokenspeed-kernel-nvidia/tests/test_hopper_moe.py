@@ -486,6 +486,17 @@ GPU_CASES = [
     ("gemv_f16i_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_f16i", "interleaved": False}, "hot"),
     ("gemv_f16i_tiles_T1_scales_above_220", 32, 1, {"tiles": "gemv_f16i", "scale_hi": 230}, "random"),
     ("gemv_f16_tiles_T2", 128, 2, {"tiles": "gemv_f16"}, "random"),
+    # A down program a pair (the slots summed by combine_slots): f16 pairs (120B at one token; top-3 not interleaved
+    # at two), and fp32 unstaged with a ring of 3 and scale bytes above 220.
+    ("gemv_pairs_tiles_T1", 128, 1, {"tiles": "gemv_pairs"}, "random"),
+    ("gemv_pairs_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "gemv_pairs", "interleaved": False}, "hot"),
+    (
+        "gemv_pairs_unstaged_tiles_T1_scales_above_220",
+        32,
+        1,
+        {"tiles": "gemv_pairs_unstaged", "scale_hi": 230},
+        "random",
+    ),
 ]
 
 
@@ -511,6 +522,10 @@ def _gpu_tiles(wkw):
         return GemvTile(1, 8, 2, 3, 128), GemvTile(1, 4, 1, 4, 128)
     if name == "gemv_f16i":
         return GemvTile(1, 8, dot="f16i"), GemvTile(1, 4, dot="f16i")
+    if name == "gemv_pairs":
+        return GemvTile(1, 8, dot="f16i"), GemvTile(1, 8, dot="f16i", pairs=True)
+    if name == "gemv_pairs_unstaged":
+        return GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False, pairs=True)
     if name == "gemv_f16":
         return GemvTile(2, 8, dot="f16"), GemvTile(1, 4, 1, 3, 128, dot="f16")
     if name == "gemv_unstaged":

@@ -187,8 +187,9 @@ CC_CASES = [
         3,
         {"tiles": ((2, 4, 1, 2, 128, False), (1, 4, 1, 1, None, False)), "scale_hi": 252},
     ),
-    # f16 pairs: the integer decode (no conversions), and the e4m3 one with scale bytes above 220 (two-step scale)
-    ("f16i_T1", 1, 4, {"tiles": ((1, 8, 1, 1, None, True, "f16i"), (1, 4, 1, 3, 128, True, "f16i"))}),
+    # f16 pairs: the integer decode (no conversions; a down program a pair), and the e4m3 one with scale bytes above
+    # 220 (two-step scale)
+    ("f16i_pairs_T1", 1, 4, {"tiles": ((1, 8, 1, 1, None, True, "f16i"), (1, 8, 1, 1, None, True, "f16i", True))}),
     (
         "f16_top3_scales_above_220_T2",
         2,
@@ -210,8 +211,8 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
     wkw = dict(wkw)
     tiles = tuple(GemvTile(*t) for t in wkw.pop("tiles", ())) or layer.GEMV_TILES
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
-    assert len(calls) == 2
-    for fn, _grid, args, kwargs in calls:
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)] + [("combine_slots", None)] * tiles[1].pairs
+    for fn, _grid, args, kwargs in calls[:2]:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
@@ -227,6 +228,7 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
         assert re.search(r"\bLDG\.E\.128\b", sass), label  # 16 bytes of codes a lane and row
         assert kwargs.get("AHEAD", 1) == tile.ahead and kwargs.get("maxnreg") == tile.maxnreg
         assert kwargs.get("STAGED", True) is tile.staged
+        assert kwargs.get("PAIRS", False) is (tile.pairs and not kwargs["GATE_UP"])
         # the activations from shared memory when staged; else no shared memory, no barrier
         assert bool(re.search(r"\bLDS\.128\b", sass)) is tile.staged, label
         assert bool(re.search(r"\bBAR\.SYNC", sass)) is tile.staged, label

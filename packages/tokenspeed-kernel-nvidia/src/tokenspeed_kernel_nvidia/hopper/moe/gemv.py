@@ -290,26 +290,27 @@ def _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p: gl
 @gluon.jit
 def _load_at(w_ptr, s_ptr, ids_ptr, e0, stride_we, stride_se, pid, j0, f, h, c, wi, s: gl.constexpr,
              NP: gl.constexpr, FW: gl.constexpr, I: gl.constexpr, K: gl.constexpr, SROW: gl.constexpr,
-             TOP_K: gl.constexpr, GATE_UP: gl.constexpr, INTERLEAVED: gl.constexpr):  # fmt: skip
-    """Step ``s``'s codes and scales (sub-tile ``s // NP``, pass ``s % NP``): gate/up, expert ``e0`` and the sub-tile's
-    rows; down, the same rows of slot ``s // NP``'s expert (``e0`` for slot 0)."""
+             TOP_K: gl.constexpr, ONE: gl.constexpr, INTERLEAVED: gl.constexpr):  # fmt: skip
+    """Step ``s``'s codes and scales (sub-tile ``s // NP``, pass ``s % NP``): ``ONE`` (gate/up, or a down program a
+    pair), expert ``e0`` and the sub-tile's rows; else (a down program walking its slots), the same rows of slot
+    ``s // NP``'s expert (``e0`` for slot 0)."""
     u: gl.constexpr = s // NP
-    if GATE_UP:
+    if ONE:
         e = e0
         jf = j0 + u * FW + f
     else:
         e = e0 if u == 0 else gl.load(ids_ptr + pid * TOP_K + u)
         jf = j0 + f
-    rows = _rows(jf, h, I, GATE_UP and not INTERLEAVED)
+    rows = _rows(jf, h, I, ONE and not INTERLEAVED)
     row_ok = (jf < I)[:, None] & (h < 2)[None, :]
     return _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, s % NP, K, SROW)
 
 
 @gluon.jit
-def _load_x(x_ptr, stride_x, x_row0, kx, s: gl.constexpr, NP: gl.constexpr, K: gl.constexpr, GATE_UP: gl.constexpr):
+def _load_x(x_ptr, stride_x, x_row0, kx, s: gl.constexpr, NP: gl.constexpr, K: gl.constexpr, ONE: gl.constexpr):
     """Step ``s``'s activations ``[lane, 32]`` (its pass of the gate/up's row, or of slot ``s // NP``'s row of inter),
     in the activations' dtype."""
-    row = x_row0 if GATE_UP else x_row0 + s // NP
+    row = x_row0 if ONE else x_row0 + s // NP
     k = kx + (s % NP) * 1024
     return gl.load(x_ptr + row.to(gl.int64) * stride_x + k, mask=k < K, other=0.0)
 
@@ -321,26 +322,32 @@ def moe_gemv(
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-    AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0,
+    AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0, PAIRS: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
-    them, the activations from shared memory (``STAGED``) or requested with the codes. ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
-    ``[E, 2I, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, 2I]`` bias.
+    them, the activations from shared memory (``STAGED``; as f16 pairs with ``HALF``) or requested with the codes.
+    ``w``: uint8 ``[E, 2I, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8 ``[E, 2I, K / 32]`` scales
+    (row stride ``SROW``), ``b``: ``[E, 2I]`` bias.
 
     - ``GATE_UP``, program (pair, group), ``e = ids[pair]``: ``y[pair, j] = bf16(swiglu(x[pair // TOP_K] @ W13[e].T
       + b13[e]))`` (in ``y``'s dtype) for the ``SUB`` consecutive sub-tiles of the group (``INTERLEAVED``: the
       gate/up rows of feature ``j`` are ``2 j``, ``2 j + 1``, else ``j``, ``I + j``);
     - down, program (token, tile), ``SUB = TOP_K`` (a sub-tile a slot, the same rows ``n = 2 j, 2 j + 1``):
       ``y[token, n] = sum_s tw[pair_s] * (x[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` in slot order, ``pair_s =
-      token * TOP_K + s`` (``x``: inter ``[pairs, K]``).
+      token * TOP_K + s`` (``x``: inter ``[pairs, K]``);
+    - down with ``PAIRS``, program (pair, tile), ``SUB = 1``: ``y[pair, n] = tw[pair] * (x[pair] @ W2[e][n].T +
+      b2[e][n])`` (fp32; :func:`.decode.combine_slots` sums a token's slots in order).
     """
     pid = gl.program_id(0)
     tile = gl.program_id(1)
     FW: gl.constexpr = FEATS * WARPS
     NCH: gl.constexpr = K // 32  # MX blocks a row
     NP: gl.constexpr = (NCH + 31) // 32  # passes of 32 lanes
-    XR: gl.constexpr = 1 if GATE_UP else TOP_K  # activation rows a program reads
+    # One activation row and expert a program: gate/up, and a down of a program a pair (PAIRS: the slots are summed by
+    # the next launch); else the down's program walks its token's TOP_K slots.
+    ONE: gl.constexpr = GATE_UP or PAIRS
+    XR: gl.constexpr = 1 if ONE else TOP_K  # activation rows a program reads
     # [feature, gate/up (row pair), lane (block), word]: a thread holds its features' two rows, one block of each.
     L4: gl.constexpr = gl.BlockedLayout([FEATS, 2, 1, 4], [1, 1, 32, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
     L3: gl.constexpr = gl.SliceLayout(3, L4)
@@ -356,8 +363,8 @@ def moe_gemv(
     else:
         # The ids and the routing weights were written two launches or more before this one, so they are complete
         # (.decode's module doc): the first codes are requested before the grid wait.
-        e = gl.load(ids_ptr + pid * TOP_K)
-        x_row0 = pid * TOP_K
+        e = gl.load(ids_ptr + pid) if PAIRS else gl.load(ids_ptr + pid * TOP_K)
+        x_row0 = pid if PAIRS else pid * TOP_K
         j0 = tile * FW
     f = gl.arange(0, FW, layout=gl.SliceLayout(1, LR))
     h = gl.arange(0, 2, layout=gl.SliceLayout(0, LR))
@@ -371,7 +378,7 @@ def moe_gemv(
     ring = ()
     for s in gl.static_range(NA):
         ring = ring + (_load_at(w_ptr, s_ptr, ids_ptr, e, stride_we, stride_se, pid, j0, f, h, c, wi, s, NP, FW, I, K,
-                                SROW, TOP_K, GATE_UP, INTERLEAVED),)  # fmt: skip
+                                SROW, TOP_K, ONE, INTERLEAVED),)  # fmt: skip
     if not GATE_UP:
         _grid_wait(PDL)  # inter is the previous launch's output
         _grid_release(PDL)
@@ -424,12 +431,12 @@ def moe_gemv(
               + gl.arange(0, 32, layout=gl.SliceLayout(0, LXS))[None, :])  # fmt: skip
         xring = ()
         for s in gl.static_range(NA):
-            xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, s, NP, K, GATE_UP),)
+            xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, s, NP, K, ONE),)
     y = gl.zeros([FW, 2], gl.float32, LR)
     SPLIT: gl.constexpr = GATE_UP and not INTERLEAVED
     for u in gl.static_range(SUB):
         # This sub-tile's expert, rows, bias and routing weight.
-        if GATE_UP:
+        if ONE:
             rows = _rows(j0 + u * FW + f, h, I, SPLIT)
             row_ok = ((j0 + u * FW + f) < I)[:, None] & (h < 2)[None, :]
         else:
@@ -439,25 +446,27 @@ def moe_gemv(
                 e = gl.load(ids_ptr + pid * TOP_K + u)
         if HAS_BIAS:
             bias = gl.load(b_ptr + e.to(gl.int64) * stride_be + rows, mask=row_ok, other=0.0)
-        if not GATE_UP:
+        if PAIRS:
+            tw = gl.load(tw_ptr + pid).to(gl.float32)
+        elif not GATE_UP:
             tw = gl.load(tw_ptr + pid * TOP_K + u).to(gl.float32)
         acc = gl.zeros([FW, 2, 32], gl.float32, L3)
         for p in gl.static_range(NP):
             if u * NP + p + AHEAD < S:
                 ring = ring + (_load_at(w_ptr, s_ptr, ids_ptr, e, stride_we, stride_se, pid, j0, f, h, c, wi,
-                                        u * NP + p + AHEAD, NP, FW, I, K, SROW, TOP_K, GATE_UP, INTERLEAVED),)  # fmt: skip
+                                        u * NP + p + AHEAD, NP, FW, I, K, SROW, TOP_K, ONE, INTERLEAVED),)  # fmt: skip
                 if not STAGED:
-                    xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, u * NP + p + AHEAD, NP, K, GATE_UP),)
+                    xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, u * NP + p + AHEAD, NP, K, ONE),)
             words, sc = ring[0]
             ring = ring[1:]
             if HALF:
-                xp = x_sm.index((0 if GATE_UP else u) * NP + p).load(LXP)
+                xp = x_sm.index((0 if ONE else u) * NP + p).load(LXP)
                 dots = _half_block_dots(words, xp, LD, HALF)
                 if BIG_SCALES:
-                    dots = dots * downs[0 if GATE_UP else u]  # unscaled before the scale's two steps
+                    dots = dots * downs[0 if ONE else u]  # unscaled before the scale's two steps
             else:
                 if STAGED:
-                    xv = x_sm.index((0 if GATE_UP else u) * NP + p).load(LXS)
+                    xv = x_sm.index((0 if ONE else u) * NP + p).load(LXS)
                 else:
                     xv = xring[0].to(gl.float32)
                     xring = xring[1:]
@@ -467,7 +476,7 @@ def moe_gemv(
             acc = _scaled_add(acc, dots, sc, BIG_SCALES)
         out = gl.sum(acc, axis=2)  # [feature, gate/up]
         if HALF and not BIG_SCALES:
-            out = out * downs[0 if GATE_UP else u]  # the sums were of x * 2**t
+            out = out * downs[0 if ONE else u]  # the sums were of x * 2**t
         if HAS_BIAS:
             out = out + bias.to(gl.float32)
         if GATE_UP:

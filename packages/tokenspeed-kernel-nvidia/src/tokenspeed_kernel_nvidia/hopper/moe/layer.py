@@ -162,14 +162,16 @@ GEMV_DOTS = ("f32", "f16", "f16i")
 
 
 class GemvTile(tuple):
-    """``(feats, warps, sub, ahead, maxnreg, staged, dot)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs
+    """``(feats, warps, sub, ahead, maxnreg, staged, dot, pairs)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs
     a thread (a gate/up feature's two rows; two output rows of the down GEMM), ``warps`` warps a program, (gate/up)
     ``sub`` consecutive tiles a program walks (the down GEMM's program walks the token's slots), ``ahead`` steps
     (passes of 32 MX blocks) whose codes a thread requests before it decodes the current one (at most the program's
     steps are ever in flight), ``maxnreg`` (None: ptxas's choice) Triton's register cap of the launch, and ``staged``
     whether a program stages its activation rows in shared memory first (else each lane requests its own with the
     codes: no staging, no barrier; the down's inter is then stored as bf16), and ``dot`` how it multiplies
-    (:data:`GEMV_DOTS`; the f16 forms need ``staged``)."""
+    (:data:`GEMV_DOTS`; the f16 forms need ``staged``). ``pairs`` (a down tile): a program a (token, slot) pair and
+    row tile, like the gate/up's, writing fp32 rows that a second launch sums a token (:func:`.decode.combine_slots`),
+    instead of a program walking its token's slots."""
 
     __slots__ = ()
 
@@ -182,6 +184,7 @@ class GemvTile(tuple):
         maxnreg: int | None = None,
         staged: bool = True,
         dot: str = "f32",
+        pairs: bool = False,
     ):
         if type(feats) is not int or feats not in (1, 2, 4):
             raise ValueError(f"feats: expected 1, 2 or 4 (row pairs a thread holds), got {feats!r}")
@@ -198,7 +201,9 @@ class GemvTile(tuple):
             raise ValueError(f"dot: expected one of {', '.join(map(repr, GEMV_DOTS))}, got {dot!r}")
         if dot != "f32" and not staged:
             raise ValueError(f"dot: {dot!r} multiplies staged f16 activations, so it needs staged=True")
-        return super().__new__(cls, (feats, warps, sub, ahead, maxnreg, staged, dot))
+        if type(pairs) is not bool:
+            raise ValueError(f"pairs: expected a bool, got {pairs!r}")
+        return super().__new__(cls, (feats, warps, sub, ahead, maxnreg, staged, dot, pairs))
 
     @property
     def feats(self) -> int:
@@ -227,6 +232,10 @@ class GemvTile(tuple):
     @property
     def dot(self) -> str:
         return self[6]
+
+    @property
+    def pairs(self) -> bool:
+        return self[7]
 
 
 class TcTile(tuple):
@@ -680,7 +689,8 @@ def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
     if isinstance(dn, TcTile):
         down = gemv_tc.staged_bytes(next_power_of_2(k), weights.intermediate, dn.ksplit)
     else:
-        down = gemv.staged_bytes(k, weights.intermediate, dn.dot != "f32") if dn.staged else 0
+        rows = 1 if dn.pairs else k
+        down = gemv.staged_bytes(rows, weights.intermediate, dn.dot != "f32") if dn.staged else 0
     return max(gate_up, down) <= gemv.MAX_STAGED_BYTES
 
 
@@ -697,6 +707,8 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
         raise ValueError(f"tiles: the down TcTile runs a warp a slot and range (warps None), got {dn!r}")
     if isinstance(dn, TcTile) and next_power_of_2(k) * dn.ksplit > 16:
         raise ValueError(f"tiles: {next_power_of_2(k)} slot warps times ksplit {dn.ksplit} is more than 16 warps")
+    if isinstance(gu, GemvTile) and gu.pairs:
+        raise ValueError(f"tiles: pairs is a down tile's option (the gate/up runs a program a pair), got {gu!r}")
     if isinstance(dn, GemvTile) and dn.sub != 1:
         raise ValueError(
             f"tiles: the down GemvTile's program walks the token's slots, so its sub must be 1, got {dn!r}"
@@ -732,7 +744,8 @@ def _gemv_tile_options(tile: GemvTile) -> dict:
     """The kernel's ``AHEAD`` and ``STAGED`` where a tile departs from the kernel's defaults (one step ahead, staged),
     and its ``maxnreg``: none for session 30's tiles, whose launch keys are then unchanged. Read-only (cached a tile)."""
     return {**({} if tile.ahead == 1 else {"AHEAD": tile.ahead}), **({} if tile.staged else {"STAGED": False}),
-            **({} if tile.dot == "f32" else {"HALF": GEMV_DOTS.index(tile.dot)}), **_reg_cap(tile)}  # fmt: skip
+            **({} if tile.dot == "f32" else {"HALF": GEMV_DOTS.index(tile.dot)}),
+            **({"PAIRS": True} if tile.pairs else {}), **_reg_cap(tile)}  # fmt: skip
 
 
 def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
@@ -752,16 +765,23 @@ def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
 
 def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
     """:func:`.gemv.moe_gemv` (down): ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each
-    token, in slot order, a program a token and row tile."""
+    token, in slot order: a program a token and row tile, or (``tile.pairs``) a program a pair and row tile into fp32
+    rows, then :func:`.decode.combine_slots`."""
     w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
     h = out.shape[1]
-    cached(moe_gemv)[(out.shape[0], cdiv(h // 2, tile.feats * tile.warps))](
+    pairs = tile.pairs
+    y = torch.empty((ids.shape[0], h), dtype=torch.float32, device=out.device) if pairs else out
+    cached(moe_gemv)[(y.shape[0], cdiv(h // 2, tile.feats * tile.warps))](
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
-        b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
+        b2.stride(0) if b2 is not None else 0, y, y.stride(0), 0.0, 0.0, 0.0,
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
-        HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=k, num_warps=tile.warps,
-        **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
+        HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=1 if pairs else k,
+        num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
     )  # fmt: skip
+    if pairs:
+        block = 1024
+        cached(combine_slots)[(out.shape[0], cdiv(h, block))](y, out, out.stride(0), 0, h, TOP_K=k, KSPLIT=1,
+                                                              BLOCK=block, **pdl_kwargs())  # fmt: skip
 
 
 def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
