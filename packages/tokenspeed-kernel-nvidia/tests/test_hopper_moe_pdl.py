@@ -100,6 +100,8 @@ LAYER_CASES = [
     ("gemv_T1", "gemv", 1, {}),
     ("gemv_staged_T1", "gemv", 1, {"tiles": "staged"}),  # the down's activations staged in shared memory
     ("gemv_tc_T1", "gemv", 1, {"tiles": "tc"}),  # the tensor-core GEMV for both GEMMs
+    # f16 pairs staged after the wait; the down a program a pair, then combine_slots
+    ("gemv_f16i_pairs_T1", "gemv", 1, {"tiles": "f16i_pairs"}),
     ("decode_T1_splits", "decode", 1, {}),
     ("decode_T3_one_split", "decode", 3, {"tiles": "split1"}),
     ("decode_T2_fused_epilogues", "decode", 2, {"tiles": "fused4"}),  # the counters' atomics after the wait
@@ -134,6 +136,7 @@ def _layer_check(label: str) -> None:
         tiles = {
             "tc": (TcTile(1, 4), TcTile(1, None, 2)),
             "staged": (GemvTile(1, 8), GemvTile(2, 4, 1, 2)),
+            "f16i_pairs": (GemvTile(1, 8, dot="f16i"), GemvTile(1, 8, dot="f16i", pairs=True)),
             None: None,
         }[kw.pop("tiles", None)]
         calls = _launches(_Patch(), tokens, gemv=True, tiles=tiles)
