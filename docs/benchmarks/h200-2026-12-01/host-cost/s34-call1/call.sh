@@ -25,8 +25,9 @@ for G in "" "i1,8/pi1,8" "h1,8/ph1,8"; do
     ${G:+--gemv-tiles "$G"} --tag=-apply-$n > $W/apply-$n.txt 2>&1)
   echo "apply $n rc $?"; grep -E "^apply" $W/apply-$n.txt | grep -v " mma "; snap
 done
+i=0
 for G in "" "i1,8/pi1,8" "" "i1,8/pi1,8"; do
-  n=$(echo "${G:-default}" | tr '/,@' '_-r')
+  i=$((i + 1)); n=$i-$(echo "${G:-default}" | tr '/,@' '_-r')
   (cd /tmp && timeout 40 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --default-gemv --experts 32 \
     ${G:+--gemv-tiles "$G"} --tag=-eager-$n > $W/eager-$n.txt 2>&1)
   echo "eager $n rc $? $(grep ^eager $W/eager-$n.txt | cut -c1-200)"; snap
