@@ -85,15 +85,17 @@ def test_experts_too_wide_to_stage_refuse_staged_tiles_naming_the_weights(monkey
 def test_gemv_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
-    assert GemvTile(2, 4, 3) == (2, 4, 3, 1, None, True, "f32") and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
+    assert (
+        GemvTile(2, 4, 3) == (2, 4, 3, 1, None, True, "f32", False) and GemvTile(1).warps == 8 and GemvTile(1).sub == 1
+    )
     assert GemvTile(1, 4, 1, 3, 128).ahead == 3 and GemvTile(1, 4, 1, 3, 128).maxnreg == 128
-    assert GemvTile(1) == (1, 8, 1, 1, None, True, "f32") and GemvTile(1, staged=False).staged is False
-    assert GemvTile(1, dot="f16i").dot == "f16i"
+    assert GemvTile(1) == (1, 8, 1, 1, None, True, "f32", False) and GemvTile(1, staged=False).staged is False
+    assert GemvTile(1, dot="f16i").dot == "f16i" and GemvTile(1, pairs=True).pairs is True
     for args, name in (((3,), "feats"), ((8,), "feats"), ((1, 3), "warps"), ((1, 32), "warps"), ((1, 8, 0), "sub"),
                        ((1, 8, 9), "sub"), ((True,), "feats"), ((1, 8, 1, 0), "ahead"), ((1, 8, 1, 5), "ahead"),
                        ((1, 8, 1, 1, 16), "maxnreg"), ((1, 8, 1, 1, 256), "maxnreg"),
                        ((1, 8, 1, 1, None, 0), "staged"), ((1, 8, 1, 1, None, True, "f64"), "dot"),
-                       ((1, 8, 1, 1, None, False, "f16"), "dot")):  # fmt: skip
+                       ((1, 8, 1, 1, None, False, "f16"), "dot"), ((1, 8, 1, 1, None, True, "f32", 1), "pairs")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}: "):
             GemvTile(*args)
 
@@ -118,6 +120,15 @@ def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus
     for line in ("shl.b32 t, $1, 2;", "and.b32 e, t, 0x1C1C1C1C;", "shl.b32 t, $1, 4;", "and.b32 t, t, 0x80808080;",
                  "shr.u32 t, $1, 2;", "and.b32 o, t, 0x1C1C1C1C;", "and.b32 t, $1, 0x80808080;"):  # fmt: skip
         assert line in asm
+
+
+def test_a_gate_up_tile_a_program_a_pair_is_refused_naming_the_tiles(monkeypatch):
+    """``pairs`` is a down tile's option (the gate/up runs a program a pair anyway): a gate/up tile with it is an
+    error, not ignored."""
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    with pytest.raises(ValueError, match="^tiles: pairs is a down tile's option"):
+        _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, tiles=(GemvTile(1, 8, pairs=True), GemvTile(1, 4)))
 
 
 @pytest.mark.parametrize("half", [1, 2], ids=["e4m3_decode", "integer_decode"])
