@@ -34,12 +34,20 @@ MAX_SCRATCH_BYTES = 1024
 MAX_SPILLS = 0
 
 
-def _weights(e, h, i, *, bias=True, interleaved=True, scale_hi=128, device="cpu", seed=0, packed=False):
-    """Random canonical MXFP4 weights (``packed``: converted to the layout of ``hopper.moe_apply_packed``)."""
+def _weights(e, h, i, *, bias=True, interleaved=True, scale_hi=128, device="cpu", seed=0, packed=False, codes=True):
+    """Random canonical MXFP4 weights (``packed``: converted to the layout of ``hopper.moe_apply_packed``). Without
+    ``codes`` the code bytes are zeros (the scales and biases still random): for launches that are only recorded and
+    compiled, whose code bytes nothing reads (random bytes of 128 GPT-OSS experts take seconds to draw)."""
     g = torch.Generator().manual_seed(seed)
+
+    def code_bytes(*shape):
+        if codes:
+            return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)
+        return torch.zeros(shape, dtype=torch.uint8, device=device)
+
     w = tk.MoEWeights(
-        w13=torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, generator=g).to(device),
-        w2=torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, generator=g).to(device),
+        w13=code_bytes(e, 2 * i, h // 2),
+        w2=code_bytes(e, h, i // 2),
         w13_scale=torch.randint(118, scale_hi, (e, 2 * i, h // 32), dtype=torch.uint8, generator=g).to(device),
         w2_scale=torch.randint(118, scale_hi, (e, h, i // 32), dtype=torch.uint8, generator=g).to(device),
         w13_bias=(0.1 * torch.randn(e, 2 * i, generator=g)).to(torch.bfloat16).to(device) if bias else None,
@@ -197,7 +205,7 @@ def _launches(monkeypatch, tokens, e=128, h=2880, i=2880, tiles=None, gemv=False
     monkeypatch.setattr(layer, "moe_gemv_tc", _Recorder(gemv_tc.moe_gemv_tc, calls))
     if not gemv:
         monkeypatch.setattr(layer, "GEMV_MAX_TOKENS", 0)
-    w = _weights(e, h, i, **wkw)
+    w = _weights(e, h, i, codes=False, **wkw)  # the launches are recorded, not run
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
     tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), k, solution="reference")

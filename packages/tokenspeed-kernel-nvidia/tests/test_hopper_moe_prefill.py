@@ -154,7 +154,7 @@ def _prefill_launches(monkeypatch, tokens, tiles=None, e=128, h=2880, i=2880, fp
     calls = []
     monkeypatch.setattr(prefill, "cached", lambda fn: _Recorder(fn, calls))
     monkeypatch.setattr(layer, "cached", lambda fn: _Recorder(fn, calls))
-    w = _weights(e, h, i, **wkw)
+    w = _weights(e, h, i, codes=False, **wkw)  # the launches are recorded, not run
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
     tw, ids = tk.moe_route(torch.randn(tokens, e, generator=g), 4, solution="reference")
