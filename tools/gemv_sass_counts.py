@@ -123,6 +123,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
