@@ -31,11 +31,21 @@ weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is bu
   The gate/up default stays at one step (62 registers, 32 warps an SM): its launches are bound by the instructions
   they issue rather than by their requests (session 33: deeper rings and unstaged activations were slower).
 
+- **f16 pairs** (``HALF``, :class:`.layer.GemvTile`'s ``dot``; staged only): the activation rows are staged as f16
+  times ``2**t`` (``t`` from the row's largest magnitude), a lane multiplies a block with 16 ``fma.rn.f16x2`` in two
+  chains of two words (:func:`_half_block_asm`), converts the four f16 sums to fp32 once a block, and the row's sum
+  is multiplied by ``2**-t`` at the end. ``HALF`` 1 decodes through the e4m3 conversion (:func:`_decode`), 2 with
+  integer instructions only (:func:`_decode_int`: Hopper issues conversions slowly). The sums round to f16 (the
+  fp32 path's products and sums within a block are exact); scale bytes above :data:`HALF_ONE_STEP_MAX_SCALE` take
+  ``BIG_SCALES``. Built in session 34 without a GPU: the defaults do not take it until it is measured.
+
 Gate/up, program (pair, group of ``SUB`` row tiles): ``inter[pair, j] = bf16(swiglu(x[token] @ W13[e].T +
 b13[e]))`` (stored in inter's dtype: fp32 for a staged down, else bf16). Down, program (token, row tile): it walks
 the token's ``TOP_K`` slots over the same rows (its ring of requests runs on across the slots) and sums them in
 registers in slot order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two
-launches a call, no atomics, no split sums, deterministic.
+launches a call, no atomics, no split sums, deterministic. Down with ``PAIRS`` (:class:`.layer.GemvTile`'s
+``pairs``): a program a pair and row tile like the gate/up's, fp32 rows ``tw * (inter @ W2.T + b2)``, and
+:func:`.decode.combine_slots` sums a token's slots in order (a third launch; four times the warps at one token).
 
 Every weight byte is read once a token, so a call of T tokens reads its experts T times: the layer takes this path
 up to :data:`.layer.GEMV_MAX_TOKENS` tokens on the canonical layout (``hopper.moe_apply``).
