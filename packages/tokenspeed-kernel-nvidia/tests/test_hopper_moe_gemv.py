@@ -28,8 +28,9 @@ def test_calls_of_few_tokens_on_canonical_weights_take_the_gemv_kernel(monkeypat
     names = tuple("moe_gemv_tc" if isinstance(t, layer.TcTile) else "moe_gemv" for t in layer.GEMV_TILES)
     for tokens in range(1, layer.GEMV_MAX_TOKENS + 1):
         calls = _launches(monkeypatch, tokens, e=32, gemv=True)
-        assert _kernels(calls) == [(names[0], True), (names[1], False)], tokens
-        gate_up, down = calls
+        pairs = isinstance(dn_tile, layer.GemvTile) and dn_tile.pairs  # a down program a pair, then combine_slots
+        assert _kernels(calls) == [(names[0], True), (names[1], False)] + [("combine_slots", None)] * pairs, tokens
+        gate_up, down = calls[:2]
         if isinstance(gu_tile, layer.TcTile):
             assert gate_up[1] == (4 * tokens, -(-2880 // (8 * gu_tile.groups * gu_tile.warps)))
         else:
@@ -37,6 +38,10 @@ def test_calls_of_few_tokens_on_canonical_weights_take_the_gemv_kernel(monkeypat
         if isinstance(dn_tile, layer.TcTile):
             assert down[1] == (tokens, -(-2880 // (16 * dn_tile.groups)))
             assert down[3]["num_warps"] == 4 * dn_tile.ksplit  # a warp a slot (top-4) and chunk range
+        elif pairs:
+            assert down[1] == (4 * tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
+            assert down[3]["SUB"] == 1 and down[3]["PAIRS"] and down[3]["num_warps"] == dn_tile.warps
+            assert calls[2][1] == (tokens, 3)  # combine_slots: a token and 1024 columns a program
         else:
             assert down[1] == (tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
             assert down[3]["SUB"] == 4 and down[3]["num_warps"] == dn_tile.warps
@@ -74,10 +79,14 @@ def test_experts_too_wide_to_stage_refuse_staged_tiles_naming_the_weights(monkey
     staged = (layer.GemvTile(1), layer.GemvTile(1))
     w = _weights(8, 64, 8192)
     assert not layer._gemv_fits(8, w, staged)
-    # The default down reads its rows from global memory (nothing to stage): such experts take the GEMV path.
-    assert not layer.GEMV_TILES[1].staged and layer._gemv_fits(8, w)
+    # A down that reads its rows from global memory stages nothing, and one a program a pair stages one row: such
+    # experts take the GEMV path with either.
+    for down in (layer.GemvTile(1, 4, 1, 3, 128, staged=False), layer.GemvTile(1, 8, dot="f16i", pairs=True)):
+        assert layer._gemv_fits(8, w, (layer.GemvTile(1), down))
+    dn = layer.GEMV_TILES[1]
+    assert not dn.staged or dn.pairs  # the default is one of those
     calls = _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8)
-    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)] + [("combine_slots", None)] * dn.pairs
     with pytest.raises(ValueError, match="^weights: the GEMV kernel stages 8 activation rows of 8192 values"):
         _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8, tiles=staged)
 
