@@ -131,6 +131,23 @@ def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus
         assert line in asm
 
 
+def test_the_default_tiles_multiply_in_f16_up_to_scale_byte_220_and_in_fp32_above(monkeypatch):
+    """The default pair (:data:`.layer.GEMV_TILES`: f16 pairs, the down a program a pair) for weights whose scale
+    bytes are at most :data:`.gemv.HALF_ONE_STEP_MAX_SCALE`; session 33's fp32 pair above (no two-step f16 scale by
+    default)."""
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
+
+    assert gemv.HALF_ONE_STEP_MAX_SCALE == 220 and {t.dot for t in layer.GEMV_TILES} == {"f16i"}
+    calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, scale_hi=221)  # bytes 118..220
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False), ("combine_slots", None)]
+    assert [c[3].get("HALF") for c in calls[:2]] == [2, 2] and calls[1][3]["PAIRS"]
+    assert not any(c[3]["BIG_SCALES"] for c in calls[:2])
+    calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, scale_hi=222)  # a byte of 221
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
+    assert [c[3].get("HALF", 0) for c in calls] == [0, 0] and not calls[1][3].get("PAIRS", False)
+    assert not any(c[3]["BIG_SCALES"] for c in calls)  # the fp32 kernel's one-step limit is 248
+
+
 def test_a_gate_up_tile_a_program_a_pair_is_refused_naming_the_tiles(monkeypatch):
     """``pairs`` is a down tile's option (the gate/up runs a program a pair anyway): a gate/up tile with it is an
     error, not ignored."""
@@ -225,11 +242,14 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
-    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
     wkw = dict(wkw)
-    tiles = tuple(GemvTile(*t) for t in wkw.pop("tiles", ())) or layer.GEMV_TILES
+    big = wkw.get("scale_hi", 128) - 1 > gemv.HALF_ONE_STEP_MAX_SCALE  # the default pair for such weights
+    tiles = tuple(GemvTile(*t) for t in wkw.pop("tiles", ())) or (
+        layer.GEMV_TILES_BIG_SCALES if big else layer.GEMV_TILES
+    )
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
     assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)] + [("combine_slots", None)] * tiles[1].pairs
     for fn, _grid, args, kwargs in calls[:2]:

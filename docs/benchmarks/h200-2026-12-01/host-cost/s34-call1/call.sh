@@ -14,20 +14,20 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader; uptime
   --tag=-kernels --budget-s 100 > $W/kernels.txt 2>&1)
 echo "kernels rc $?"; grep -E "^kernel" $W/kernels.txt; grep -iE "error|Traceback" $W/kernels.txt | head -5; snap
 for G in "i1,8/pi1,8"; do
-  n=$(echo "$G" | tr '/,@' '_-r')
+  n=$(echo "$G" | sed 's/[/,@]/_/g')
   (cd /tmp && timeout 60 python3 $R/tools/moe_gemv_probe.py --out $W --stages numerics --experts 32 --gemv-tiles "$G" \
     --tag=-num-$n > $W/num-$n.txt 2>&1)
   echo "numerics $G rc $?"; grep ^numerics $W/num-$n.txt | cut -c1-230; snap
 done
 for G in "" "i1,8/pi1,8" "h1,8/ph1,8"; do
-  n=$(echo "${G:-default}" | tr '/,@' '_-r')
+  n=$(echo "${G:-default}" | sed 's/[/,@]/_/g')
   (cd /tmp && timeout 45 python3 $R/tools/moe_gemv_probe.py --out $W --stages apply --experts 32 --tokens 1,2 \
     ${G:+--gemv-tiles "$G"} --tag=-apply-$n > $W/apply-$n.txt 2>&1)
   echo "apply $n rc $?"; grep -E "^apply" $W/apply-$n.txt | grep -v " mma "; snap
 done
 i=0
 for G in "" "i1,8/pi1,8" "" "i1,8/pi1,8"; do
-  i=$((i + 1)); n=$i-$(echo "${G:-default}" | tr '/,@' '_-r')
+  i=$((i + 1)); n=$i-$(echo "${G:-default}" | sed 's/[/,@]/_/g')
   (cd /tmp && timeout 40 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --default-gemv --experts 32 \
     ${G:+--gemv-tiles "$G"} --tag=-eager-$n > $W/eager-$n.txt 2>&1)
   echo "eager $n rc $? $(grep ^eager $W/eager-$n.txt | cut -c1-200)"; snap

@@ -17,13 +17,13 @@ echo "kernels rc $?"; grep -E "^kernel" $W/kernels.txt; grep -iE "error|Tracebac
   --gemv-tiles "i1,8/pi1,8" --tag=-num > $W/num.txt 2>&1)
 echo "numerics rc $?"; grep ^numerics $W/num.txt | cut -c1-230; snap
 for G in "" "i1,8/pi1,8"; do
-  n=$(echo "${G:-default}" | tr '/,@' '_-r')
+  n=$(echo "${G:-default}" | sed 's/[/,@]/_/g')
   (cd /tmp && timeout 35 python3 $R/tools/moe_gemv_probe.py --out $W --stages apply --experts 32 --tokens 1 \
     ${G:+--gemv-tiles "$G"} --tag=-apply-$n > $W/apply-$n.txt 2>&1)
   echo "apply $n rc $?"; grep -E "^apply" $W/apply-$n.txt; snap
 done
 for G in "" "i1,8/pi1,8"; do
-  n=$(echo "${G:-default}" | tr '/,@' '_-r')
+  n=$(echo "${G:-default}" | sed 's/[/,@]/_/g')
   (cd /tmp && timeout 35 python3 $R/tools/moe_gemv_probe.py --out $W --stages eager --default-gemv --experts 32 \
     ${G:+--gemv-tiles "$G"} --tag=-eager-$n > $W/eager-$n.txt 2>&1)
   echo "eager $n rc $? $(grep ^eager $W/eager-$n.txt | cut -c1-200)"; snap
