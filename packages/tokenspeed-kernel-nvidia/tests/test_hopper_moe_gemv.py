@@ -131,13 +131,16 @@ def test_the_e4m3_placement_of_every_e2m1_code_is_its_value_times_2_to_the_minus
         assert line in asm
 
 
-def test_the_default_tiles_multiply_in_f16_up_to_scale_byte_220_and_in_fp32_above(monkeypatch):
-    """The default pair (:data:`.layer.GEMV_TILES`: f16 pairs, the down a program a pair) for weights whose scale
-    bytes are at most :data:`.gemv.HALF_ONE_STEP_MAX_SCALE`; session 33's fp32 pair above (no two-step f16 scale by
-    default)."""
+def test_f16_default_tiles_apply_up_to_scale_byte_220_and_the_fp32_pair_above(monkeypatch):
+    """An f16 pair as :data:`.layer.GEMV_TILES` (a tuning choice; session 34's measured pair) serves weights whose
+    scale bytes are at most :data:`.gemv.HALF_ONE_STEP_MAX_SCALE`; :data:`.layer.GEMV_TILES_BIG_SCALES` (fp32) the
+    others."""
     from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
 
-    assert gemv.HALF_ONE_STEP_MAX_SCALE == 220 and {t.dot for t in layer.GEMV_TILES} == {"f16i"}
+    assert {t.dot for t in layer.GEMV_TILES} == {"f32"}  # the default multiplies in fp32
+    f16 = (layer.GemvTile(1, 8, dot="f16i"), layer.GemvTile(1, 8, dot="f16i", pairs=True))
+    monkeypatch.setattr(layer, "GEMV_TILES", f16)
+    assert gemv.HALF_ONE_STEP_MAX_SCALE == 220
     calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, scale_hi=221)  # bytes 118..220
     assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False), ("combine_slots", None)]
     assert [c[3].get("HALF") for c in calls[:2]] == [2, 2] and calls[1][3]["PAIRS"]

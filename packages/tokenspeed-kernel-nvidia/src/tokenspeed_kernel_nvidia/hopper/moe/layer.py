@@ -283,19 +283,25 @@ class TcTile(tuple):
 #: path's 47.6 / 39.6, at 2 tokens 64.2 / 58.0 against 76.7 / 69.1; 120B 39.6 / 32.8 against 47.4 / 39.5 and 64.5
 #: / 58.1 against 76.6 / 69.5. Above 2 tokens (each token reads its experts again) not measured.
 GEMV_MAX_TOKENS = 2
-#: (gate/up tile, down tile) of the GEMV path: f16 pairs with the integer decode for both GEMMs, the down a program a
-#: (token, slot) pair (its slots summed by ``combine_slots``), 1 row pair a thread and 8 warps a program each.
-#: Host-cost report, session 34, call 2, H100, 20B at one token against session 33's fp32 pair
-#: (:data:`GEMV_TILES_BIG_SCALES`) in the same call: the public call eager 25.89 us against 29.82 (median of 5 rounds
-#: of 400 calls), ``moe_apply`` alone 34.85 / 27.81 us flushed / hot against 37.44 / 31.55; the gate/up alone hot
-#: 15.68 against 17.41, the down 13.41 against 14.88 (flushed 23.46 against 23.58 and 18.34 against 16.77).
-GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8, dot="f16i"), GemvTile(1, 8, dot="f16i", pairs=True))
-#: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown), when
-#: :data:`GEMV_TILES` multiplies in f16: session 33's fp32 pair (gate/up 1 row pair a thread, 8 warps, staged; the
-#: down unstaged, three steps ahead under 128 registers; session 33, H100: the public call eager at one token
-#: 30.2-32.4 us). With scale bytes that large one block's sum can decide a row, and its f16 rounding (about 2**-12
-#: of its terms) then reaches the output undiluted: session 34's f16 pair missed the GPU test's 1e-2 bound (2.4e-2)
-#: on random bytes 118-229, where SwiGLU's clamp saturates every feature and keeps only the sums' signs.
+#: (gate/up tile, down tile) of the GEMV path. Gate/up: the fastest of session 30's sweeps (calls 4-5; 1 row pair a
+#: thread, 8 warps, one tile a program, staged). Down: 1 row pair a thread, 4 warps, its activations not staged and
+#: three steps requested ahead under a 128-register cap. Host-cost report, session 33, H100: the down alone 16.8-17.0
+#: us with the L2 flushed against the staged one-step tile's 20.5-20.6 (calls 2-3); ``moe_apply`` alone (call 3,
+#: flushed / hot) 37.8 / 31.7 against 40.6 / 33.8 at one token, 59.6 / 53.7 against 66.2 / 60.5 at two (20B; 120B
+#: alike); the public call eager at one token 30.2-32.4 on quiet hosts against 32.0-34.0 (calls 1-2, warm 2).
+#:
+#: Not the default yet: the f16 pair ``(GemvTile(1, 8, dot="f16i"), GemvTile(1, 8, dot="f16i", pairs=True))``
+#: (session 34, call 2, H100, same call: the public call eager 25.89 us against this pair's 29.82, ``moe_apply``
+#: alone 34.85 / 27.81 against 37.44 / 31.55; six of the probe's nine numerics cases at 2.2e-3). Its f16 sums round
+#: at about ``2**-12`` of their terms, and SwiGLU's clamp turns that into a sign error wherever the terms are so large
+#: that the error passes the clamp: a float64 emulation puts the inter rows' error at 3.9e-2 for activations times
+#: ``2**20`` (1.6e-3 at unit scale), and the GPU test with scale bytes up to 229 measured 2.4e-2. It needs a guard
+#: on the term sizes before it can be the default.
+GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
+#: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown) when
+#: :data:`GEMV_TILES` multiplies in f16 (a tuning choice): session 33's fp32 pair. With scale bytes that large one
+#: block's sum can decide a row, and the f16 sums' rounding then reaches the output undiluted (session 34: 2.4e-2
+#: on random bytes 118-229, where SwiGLU's clamp saturates every feature and keeps only the sums' signs).
 GEMV_TILES_BIG_SCALES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
 
 
