@@ -69,7 +69,7 @@ MAX_STAGED_BYTES = 160 * 1024
 
 def staged_bytes(rows: int, k: int, half: bool = False) -> int:
     """The shared memory a program stages ``rows`` activation rows of ``k`` values in: fp32 (f16 with ``half``),
-    whole passes of 32 MX blocks (the gate/up program 1 row, the down program ``TOP_K``)."""
+    whole passes of 32 MX blocks (the gate/up program 1 row, the down program ``TOP_K``, or 1 with ``PAIRS``)."""
     return rows * -(-k // 1024) * 1024 * (2 if half else 4)
 
 
@@ -142,7 +142,7 @@ cvt.rn.f16x2.e4m3x2 {regs[3]}, h;
 
 def _decode_int(word: str, regs: tuple[str, str, str, str]) -> str:
     """PTX: the 8 E2M1 codes of ``word`` as f16 pairs ``E2M1 * 2**-14`` in :func:`_decode`'s order, with integer
-    instructions only (no conversion). A byte ``s000 0mmm`` of an f16's high half, the low half zero, is ``E2M1 *
+    instructions only (no conversion). A byte ``s000 mmm0`` as an f16's high half, the low half zero, is ``E2M1 *
     2**-14`` (sign ``s``, exponent and mantissa bits ``mmm`` of the code; the E2M1 subnormal 0.5 is the f16 subnormal
     ``2**-15``): odd codes (the high nibble of a byte) make such bytes with ``>> 3`` and their sign in place, even codes
     with ``<< 1`` and the sign ``<< 4``; each ``prmt`` puts two bytes into the high halves of a pair."""

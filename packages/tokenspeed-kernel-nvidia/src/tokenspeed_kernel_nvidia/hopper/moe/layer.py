@@ -163,8 +163,9 @@ GEMV_DOTS = ("f32", "f16", "f16i")
 
 
 class GemvTile(tuple):
-    """``(feats, warps, sub, ahead, maxnreg, staged, dot, pairs)``: a tile of the GEMV kernel (:mod:`.gemv`): ``feats`` row pairs
-    a thread (a gate/up feature's two rows; two output rows of the down GEMM), ``warps`` warps a program, (gate/up)
+    """``(feats, warps, sub, ahead, maxnreg, staged, dot, pairs)``: a tile of the GEMV kernel (:mod:`.gemv`):
+    ``feats`` row pairs a thread (a gate/up feature's two rows; two output rows of the down GEMM), ``warps`` warps a
+    program, (gate/up)
     ``sub`` consecutive tiles a program walks (the down GEMM's program walks the token's slots), ``ahead`` steps
     (passes of 32 MX blocks) whose codes a thread requests before it decodes the current one (at most the program's
     steps are ever in flight), ``maxnreg`` (None: ptxas's choice) Triton's register cap of the launch, and ``staged``
@@ -699,9 +700,10 @@ def _default_gemv_tiles(weights: MoEWeights) -> tuple:
 
 
 def _gemv_fits(k: int, weights: MoEWeights, tiles=None) -> bool:
-    """Whether the GEMV kernels of ``tiles`` (default :func:`_default_gemv_tiles`) take ``k`` slots a token of these weights:
-    at most :data:`.gemv.MAX_SLOTS`, and every program's staged activation rows within
-    :data:`.gemv.MAX_STAGED_BYTES` (fp32 rows for a :class:`GemvTile`, f16 ranges for a :class:`TcTile`)."""
+    """Whether the GEMV kernels of ``tiles`` (default :func:`_default_gemv_tiles`) take ``k`` slots a token of these
+    weights: at most :data:`.gemv.MAX_SLOTS`, and every program's staged activation rows within
+    :data:`.gemv.MAX_STAGED_BYTES` (fp32 or f16 rows for a :class:`GemvTile`, one a program for the gate/up and a
+    down of ``pairs``; f16 ranges for a :class:`TcTile`)."""
     gu, dn = tiles or _default_gemv_tiles(weights)
     if k > gemv.MAX_SLOTS:
         return False
