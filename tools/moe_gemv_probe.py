@@ -3,7 +3,7 @@
 
     python tools/moe_gemv_probe.py --out OUT [--stages numerics,kernels,apply,sweep,layer,eager] [--experts 32,128]
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
-        [--default-gemv] [--tag=-x] [--budget-s 300]
+        [--default-gemv] [--numerics-cases a,b] [--tag=-x] [--budget-s 300]
 
 Tiles: ``[p][h|i][d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``p``: a down program a pair, the slots
 summed by a second launch; ``h``/``i``: f16 pairs, the e4m3/integer decode; ``d``: activations not staged), ``tG,W[:KS]`` a
@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--kernel-down", default="1,4;1,8;2,4;1,2;2,2;1,16")
     p.add_argument("--default-gemv", action="store_true")
     p.add_argument("--gemv-tiles", default="", help="GEMV_TILES for every stage, as gate_up feats,warps/down feats")
+    p.add_argument("--numerics-cases", default="", help="the numerics stage's cases to run, by label (default all)")
     p.add_argument("--tag", default="")
     p.add_argument("--budget-s", type=float, default=300.0)
     args = p.parse_args(argv)
@@ -146,6 +147,8 @@ def main(argv=None) -> int:
                  ("scales_246_252_T1", experts[0], 1, 4, {"scale_lo": 246, "scale_hi": 253}, 2.0**-124),
                  ("x_times_2pow20_T1", experts[0], 1, 4, {}, 2.0**20), ("x_times_2pow-30_T2", experts[0], 2, 4, {},
                                                                         2.0**-30)]  # fmt: skip
+        if args.numerics_cases:  # a subset, by label
+            cases = [c for c in cases if c[0] in args.numerics_cases.split(",")]
         for label, e, t, k, wkw, scale in cases:
             try:
                 w = weights[e] if not wkw and e in weights else base._weights(e, base.H, base.I, gen, **wkw)
