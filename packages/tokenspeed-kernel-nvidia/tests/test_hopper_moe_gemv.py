@@ -160,6 +160,24 @@ def test_a_gate_up_tile_a_program_a_pair_is_refused_naming_the_tiles(monkeypatch
         _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, tiles=(GemvTile(1, 8, pairs=True), GemvTile(1, 4)))
 
 
+def test_the_kernel_refuses_pairs_for_a_gate_up_or_more_than_one_sub_tile(monkeypatch):
+    """``PAIRS`` (a down program a pair) is refused when the kernel compiles with ``GATE_UP`` or ``SUB > 1`` (its
+    store takes one row tile), not run as something else."""
+    import traceback
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, tiles=(GemvTile(1, 8), GemvTile(1, 8, pairs=True)))
+    fn, _grid, args, kwargs = calls[1]
+    assert kwargs["PAIRS"] and kwargs["SUB"] == 1 and not kwargs["GATE_UP"]
+    for change, message in (({"GATE_UP": True}, "PAIRS is a mode of the down GEMM"),
+                            ({"SUB": 2}, "a PAIRS program takes one row tile")):  # fmt: skip
+        with pytest.raises(Exception) as refused:  # (Triton nests the assertion's message in the error's causes)
+            compile_launch(fn, args, {**kwargs, **change}, "sm90")
+        assert message in "".join(traceback.format_exception(refused.value)), change
+
+
 @pytest.mark.parametrize("half", [1, 2], ids=["e4m3_decode", "integer_decode"])
 def test_the_f16_block_asm_decodes_every_code_in_the_staged_order_and_sums_in_f16(half):
     """:func:`.gemv._half_block_asm` interpreted (the PTX subset of ``test_hopper_moe_gemv_tc``): a lane's four code

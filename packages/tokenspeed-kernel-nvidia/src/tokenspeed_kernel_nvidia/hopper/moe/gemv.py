@@ -358,6 +358,8 @@ def moe_gemv(
     # One activation row and expert a program: gate/up, and a down of a program a pair (PAIRS: the slots are summed by
     # the next launch); else the down's program walks its token's TOP_K slots.
     ONE: gl.constexpr = GATE_UP or PAIRS
+    gl.static_assert(not (PAIRS and GATE_UP), "PAIRS is a mode of the down GEMM")
+    gl.static_assert(SUB == 1 or not PAIRS, "a PAIRS program takes one row tile (SUB 1)")
     XR: gl.constexpr = 1 if ONE else TOP_K  # activation rows a program reads
     # [feature, gate/up (row pair), lane (block), word]: a thread holds its features' two rows, one block of each.
     L4: gl.constexpr = gl.BlockedLayout([FEATS, 2, 1, 4], [1, 1, 32, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
