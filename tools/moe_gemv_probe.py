@@ -63,7 +63,7 @@ def _tile(text: str):
     pairs = text.startswith("p")
     text = text.removeprefix("p")
     dot = {"h": "f16", "i": "f16i"}.get(text[:1], "f32")
-    text = text.removeprefix("h").removeprefix("i")
+    text = text if dot == "f32" else text[1:]
     staged = not text.startswith("d")
     fields = [int(v) for v in text.removeprefix("d").split(",")]
     return GemvTile(*fields, *(1, 8, 1, 1)[len(fields) :], maxnreg, staged, dot, pairs)
@@ -148,7 +148,10 @@ def main(argv=None) -> int:
                  ("x_times_2pow20_T1", experts[0], 1, 4, {}, 2.0**20), ("x_times_2pow-30_T2", experts[0], 2, 4, {},
                                                                         2.0**-30)]  # fmt: skip
         if args.numerics_cases:  # a subset, by label
-            cases = [c for c in cases if c[0] in args.numerics_cases.split(",")]
+            wanted = args.numerics_cases.split(",")
+            if unknown := sorted(set(wanted) - {c[0] for c in cases}):
+                p.error(f"--numerics-cases: no case {', '.join(unknown)} (cases: {', '.join(c[0] for c in cases)})")
+            cases = [c for c in cases if c[0] in wanted]
         for label, e, t, k, wkw, scale in cases:
             try:
                 w = weights[e] if not wkw and e in weights else base._weights(e, base.H, base.I, gen, **wkw)
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
                             gate_up(x, flat_ids, weights[e], act, inter, tile, 4)
                     else:
                         inter = torch.randn(4, base.I, generator=gen).to(torch.bfloat16).cuda()
-                        inter = inter if tc or not tile.staged else inter.float()  # as the layer stores it
+                        # as the layer stores it: fp32 for a staged fp32 down, else bf16
+                        inter = inter.float() if not tc and tile.staged and tile.dot == "f32" else inter
                         out = torch.empty_like(x)
                         down = layer._tc_down if tc else layer._gemv_down
 
