@@ -652,6 +652,49 @@ def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, to
     assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("down", ["pd1,8,1,3@128", "p1,8,1,3@96", "pi1,8"])
+def test_gpu_gemv_pairs_down_sums_its_slots_in_its_last_program_with_the_bits_of_combine_slots(monkeypatch, down,
+                                                                                               tokens):  # fmt: skip
+    """A pairs down tile (a program a pair) sums a token's slots in the last of its programs to arrive
+    (:data:`.layer.GEMV_FUSED_COMBINE`): the bits of the separate ``combine_slots`` launch; the counters are zero
+    again after every call, so a second call (and a captured graph's replay) gives them too."""
+    from tokenspeed_kernel import launch
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    tk.load_plugins()
+    dot = {"i": "f16i"}.get(down[1], "f32")
+    fields, _, reg = down.lstrip("pid").partition("@")
+    dn = GemvTile(*(int(v) for v in fields.split(",")), *(1, 8, 1, 1)[len(fields.split(",")):],
+                  maxnreg=int(reg) if reg else None, staged="d" not in down, dot=dot, pairs=True)  # fmt: skip
+    tiles = (GemvTile(1, 8, dot=dot), dn)
+    w, x, topk_w, topk_ids, _ = gpu_inputs(32, tokens, {}, "random")
+
+    def run():
+        return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, tiles=tiles, graphs=False)
+
+    monkeypatch.setattr(layer, "GEMV_FUSED_COMBINE", False)
+    separate = run()
+    monkeypatch.setattr(layer, "GEMV_FUSED_COMBINE", True)
+    fused = run()
+    assert torch.equal(fused, separate)
+    assert torch.equal(run(), separate)  # the counters were left zero
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = run()
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, separate)
+    used = [c for (_, kind), c in launch._BUFFERS.items() if kind == "counters" and c.device == x.device]
+    assert used and all(int(c.abs().max()) == 0 for c in used)
+    ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
+    assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 # -- the layer's Triton helpers, run under the interpreter --------------------------------
 
 _INTERPRETED = r"""

@@ -329,11 +329,12 @@ def _load_x(x_ptr, stride_x, x_row0, kx, s: gl.constexpr, NP: gl.constexpr, K: g
 @gluon.jit
 def moe_gemv(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
-    alpha, limit, up_offset,
+    alpha, limit, up_offset, c_ptr, o_ptr, stride_o,
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
     AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0, PAIRS: gl.constexpr = False,
+    FUSED: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
@@ -348,7 +349,9 @@ def moe_gemv(
       ``y[token, n] = sum_s tw[pair_s] * (x[pair_s] @ W2[e_s][n].T + b2[e_s][n])`` in slot order, ``pair_s =
       token * TOP_K + s`` (``x``: inter ``[pairs, K]``);
     - down with ``PAIRS``, program (pair, tile), ``SUB = 1``: ``y[pair, n] = tw[pair] * (x[pair] @ W2[e][n].T +
-      b2[e][n])`` (fp32; :func:`.decode.combine_slots` sums a token's slots in order).
+      b2[e][n])`` (fp32; :func:`.decode.combine_slots` sums a token's slots in order), or with ``FUSED`` the last of a
+      token's ``TOP_K`` programs of a tile to arrive sums them into ``o[token, n]`` (``c``: int32 counters, one a
+      token and tile, zero on entry and left zero).
     """
     pid = gl.program_id(0)
     tile = gl.program_id(1)
@@ -360,6 +363,7 @@ def moe_gemv(
     ONE: gl.constexpr = GATE_UP or PAIRS
     gl.static_assert(not (PAIRS and GATE_UP), "PAIRS is a mode of the down GEMM")
     gl.static_assert(SUB == 1 or not PAIRS, "a PAIRS program takes one row tile (SUB 1)")
+    gl.static_assert(PAIRS or not FUSED, "FUSED sums the slots of a PAIRS down")
     XR: gl.constexpr = 1 if ONE else TOP_K  # activation rows a program reads
     # [feature, gate/up (row pair), lane (block), word]: a thread holds its features' two rows, one block of each.
     L4: gl.constexpr = gl.BlockedLayout([FEATS, 2, 1, 4], [1, 1, 32, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])
@@ -501,3 +505,17 @@ def moe_gemv(
             y += out * tw  # slot order
     if not GATE_UP:
         gl.store(y_ptr + pid.to(gl.int64) * stride_y + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
+        if FUSED:
+            # Publish this program's rows (CTA barrier, then a release at GPU scope) and count them: the last of the
+            # token's TOP_K programs of this tile sums the slots' rows in slot order, as combine_slots does.
+            gl.thread_barrier()
+            token = pid // TOP_K
+            cnt = c_ptr + token * gl.num_programs(1) + tile
+            if gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
+                gl.store(cnt, 0)  # every arrival of this call is in: zero for the next launch
+                gl.thread_barrier()
+                tot = gl.zeros([FW, 2], gl.float32, LR)
+                first = y_ptr + (token * TOP_K).to(gl.int64) * stride_y + rows
+                for s in gl.static_range(TOP_K):
+                    tot += gl.load(first + s * stride_y, mask=row_ok, cache_modifier=".cg")
+                gl.store(o_ptr + token.to(gl.int64) * stride_o + rows, tot.to(o_ptr.dtype.element_ty), mask=row_ok)

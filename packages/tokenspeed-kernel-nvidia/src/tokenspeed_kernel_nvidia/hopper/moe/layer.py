@@ -55,6 +55,7 @@ __all__ = [
     "GemvTile",
     "TcTile",
     "GEMV_MAX_TOKENS",
+    "GEMV_FUSED_COMBINE",
     "GEMV_TILES",
     "GEMV_TILES_BIG_SCALES",
     "PrefillTile",
@@ -299,6 +300,10 @@ GEMV_MAX_TOKENS = 2
 #: float64 emulation put the inter rows at 3.9e-2, 1.6e-3 at unit scale), and the GPU test with scale bytes up to 229
 #: 2.4e-2. It needs a guard on the term sizes before it can be the default.
 GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
+#: A pairs down tile (:class:`GemvTile`'s ``pairs``) sums a token's slots in the last of its programs to arrive (the
+#: kernel's ``FUSED``), not in a third launch (:func:`.decode.combine_slots`): the same sums in the same order. False
+#: launches the combine (the GPU test compares the two).
+GEMV_FUSED_COMBINE = True
 #: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown) when
 #: :data:`GEMV_TILES` multiplies in f16 (a tuning choice): session 33's fp32 pair. With scale bytes that large one
 #: block's sum can decide a row, and the f16 sums' rounding then reaches the output undiluted (session 34: 2.4e-2
@@ -750,7 +755,10 @@ def _run_gemv(x, topk_weights, topk_ids, weights, activation, out, tiles) -> Non
     inter = torch.empty((x.shape[0] * k, weights.intermediate), dtype=dtype, device=x.device)
     (_tc_gate_up if isinstance(gu, TcTile) else _gemv_gate_up)(x, ids, weights, activation, inter, gu, k)
     tw = topk_weights.reshape(-1).contiguous()
-    (_tc_down if isinstance(dn, TcTile) else _gemv_down)(inter, ids, tw, weights, out, dn, k)
+    if isinstance(dn, TcTile):
+        _tc_down(inter, ids, tw, weights, out, dn, k)
+    else:
+        _gemv_down(inter, ids, tw, weights, out, dn, k, fused=GEMV_FUSED_COMBINE)
 
 
 def _gemv_launch_options(weights: MoEWeights, one_step_max: int = gemv.ONE_STEP_MAX_SCALE) -> dict:
@@ -781,29 +789,34 @@ def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
     cached(moe_gemv)[(ids.shape[0], cdiv(i, tile.feats * tile.warps * tile.sub))](
         x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
         b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
-        float(limit if limit is not None else 0.0), float(activation.up_offset),
+        float(limit if limit is not None else 0.0), float(activation.up_offset), ids, inter, 0,
         K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps, SUB=tile.sub,
         num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
     )  # fmt: skip
 
 
-def _gemv_down(inter, ids, tw, weights, out, tile, k) -> None:
+def _gemv_down(inter, ids, tw, weights, out, tile, k, fused: bool = True) -> None:
     """:func:`.gemv.moe_gemv` (down): ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each
     token, in slot order: a program a token and row tile, or (``tile.pairs``) a program a pair and row tile into fp32
-    rows, then :func:`.decode.combine_slots`."""
+    rows, which the last of a token's programs of a tile to arrive sums into ``out`` (the kernel's ``FUSED``; with
+    ``fused=False``, :func:`.decode.combine_slots` sums them in a third launch: the same sums in the same order)."""
     w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
     h = out.shape[1]
     pairs = tile.pairs
+    tiles = cdiv(h // 2, tile.feats * tile.warps)
     y = torch.empty((ids.shape[0], h), dtype=torch.float32, device=out.device) if pairs else out
-    cached(moe_gemv)[(y.shape[0], cdiv(h // 2, tile.feats * tile.warps))](
+    fuse = pairs and fused
+    counters = stream_counters(out.device, out.shape[0] * tiles) if fuse else ids
+    cached(moe_gemv)[(y.shape[0], tiles)](
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
-        b2.stride(0) if b2 is not None else 0, y, y.stride(0), 0.0, 0.0, 0.0,
+        b2.stride(0) if b2 is not None else 0, y, y.stride(0), 0.0, 0.0, 0.0, counters, out, out.stride(0),
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=1 if pairs else k,
         num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
+        **({"FUSED": True} if fuse else {}),
     )  # fmt: skip
-    if pairs:
+    if pairs and not fused:
         block = 1024
         cached(combine_slots)[(out.shape[0], cdiv(h, block))](y, out, out.stride(0), 0, h, TOP_K=k, KSPLIT=1,
                                                               BLOCK=block, **pdl_kwargs())  # fmt: skip
