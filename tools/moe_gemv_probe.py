@@ -6,9 +6,10 @@
         [--default-gemv] [--numerics-cases a,b] [--tag=-x] [--budget-s 300]
 
 Tiles: ``[p][h|i][d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``p``: a down program a pair, the slots
-summed by a second launch; ``h``/``i``: f16 pairs, the e4m3/integer decode; ``d``: activations not staged), ``tG,W[:KS]`` a
-gate/up ``TcTile`` and ``tG:KS`` a down one (tensor-core GEMV, ``hopper/moe/gemv_tc.py``), each with an optional
-``@R`` (its ``maxnreg``); a pair is ``gate_up/down``, and may mix the two kernels.
+summed by its last program; ``h``/``i``: f16 pairs, the e4m3/integer decode; ``d``: activations not staged),
+``t[i]G,W[:KS]`` a gate/up ``TcTile`` and ``t[i]G:KS`` a down one (tensor-core GEMV, ``hopper/moe/gemv_tc.py``; ``i``:
+the integer decode), each with an optional ``@R`` (its ``maxnreg``); a pair is ``gate_up/down``, and may mix the two
+kernels.
 
 GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, interleaved gate/up; ``--experts`` 32 =
 20B, 128 = 120B). Stages, in order (each row is written to ``OUT/moe_gemv_probe.json`` as it comes):
@@ -50,16 +51,17 @@ import hopper_moe_h200 as base
 
 def _tile(text: str):
     """``[p][h|i][d]feats,warps[,sub[,ahead]][@R]``: a ``GemvTile`` (``p``: ``pairs``; ``h``/``i``: ``dot``
-    f16/f16i; ``d``: not staged); ``tG,W[:KS][@R]``: a gate/up
-    ``TcTile``; ``tG:KS[@R]``: a down ``TcTile`` (``@R``: the tile's ``maxnreg``)."""
+    f16/f16i; ``d``: not staged); ``t[i]G,W[:KS][@R]``: a gate/up
+    ``TcTile``; ``t[i]G:KS[@R]``: a down ``TcTile`` (``i``: the integer decode; ``@R``: the tile's ``maxnreg``)."""
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
 
     text, _, reg = text.strip().partition("@")
     maxnreg = int(reg) if reg else None
     if text.startswith("t"):
-        head, _, ks = text[1:].partition(":")
+        decode = "int" if text.startswith("ti") else "e4m3"
+        head, _, ks = text[2 if decode == "int" else 1 :].partition(":")
         g, _, w = head.partition(",")
-        return TcTile(int(g), int(w) if w else None, int(ks or 1), maxnreg)
+        return TcTile(int(g), int(w) if w else None, int(ks or 1), maxnreg, decode)
     pairs = text.startswith("p")
     text = text.removeprefix("p")
     dot = {"h": "f16", "i": "f16i"}.get(text[:1], "f32")
@@ -80,7 +82,8 @@ def _name(tiles) -> str:
 
     def one(t):
         if isinstance(t, TcTile):
-            head = f"t{t.groups},{t.warps}" if t.warps is not None else f"t{t.groups}"
+            t0 = "ti" if t.decode == "int" else "t"
+            head = f"{t0}{t.groups},{t.warps}" if t.warps is not None else f"{t0}{t.groups}"
             head = head if t.warps is not None and t.ksplit == 1 else f"{head}:{t.ksplit}"
             return head if t.maxnreg is None else f"{head}@{t.maxnreg}"
         head = ("p" if t.pairs else "") + {"f16": "h", "f16i": "i"}.get(t.dot, "") + ("" if t.staged else "d")

@@ -475,6 +475,12 @@ GPU_CASES = [
     # warp); and scale bytes above its one-step limit (BIG_SCALES).
     ("tc_tiles_T3_no_bias_not_interleaved", 32, 3, {"tiles": "tc", "bias": False, "interleaved": False}, "hot"),
     ("tc_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc", "scale_hi": 230}, "random"),
+    # The integer decode (the E2M1 0.5 an f16 subnormal): 120B at one token, 20B top-3 not interleaved at two, and
+    # scale bytes above 220; activations times 2**20 (the case the f16 sums of the GEMV's f16 pairs fail).
+    ("tc_int_tiles_T1", 128, 1, {"tiles": "tc_int"}, "random"),
+    ("tc_int_tiles_T2_top3_not_interleaved", 32, 2, {"tiles": "tc_int", "interleaved": False}, "hot"),
+    ("tc_int_tiles_T1_scales_above_220", 32, 1, {"tiles": "tc_int", "scale_hi": 230}, "random"),
+    ("tc_int_tiles_T1_x_times_2_20", 32, 1, {"tiles": "tc_int", "x_scale": 2.0**20}, "random"),
     # K split in the gate/up too: 2 feature warps x 2 ranges with 2 ranges a down slot (120B; 20B top-3 not
     # interleaved), and one feature warp x 4 ranges with 2 row groups x 4 ranges a down slot and scale bytes above 220.
     ("tc_ksplit_tiles_T1", 128, 1, {"tiles": "tc_ksplit"}, "random"),
@@ -530,6 +536,8 @@ def _gpu_tiles(wkw):
         return GemvTile(1, 8, 2), GemvTile(2, 4)
     if name == "tc":
         return TcTile(2, 2), TcTile(1, None, 4)
+    if name == "tc_int":
+        return TcTile(1, 4, 1, 168, "int"), TcTile(1, None, 1, None, "int")
     if name == "tc_ksplit":
         return TcTile(1, 2, 2), TcTile(1, None, 2)
     if name == "tc_ksplit4":

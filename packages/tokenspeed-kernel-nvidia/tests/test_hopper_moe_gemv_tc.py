@@ -102,11 +102,12 @@ def _run_warp(asm, operands):
     return [[r[f"${i}"] for i in range(4)] for r in regs]
 
 
-def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column():
+@pytest.mark.parametrize("decode,b", [("e4m3", 6), ("int", 14)])
+def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column(decode, b):
     """Lane ``(r, c)`` holds the 16 code bytes of block ``c`` of rows ``r`` and ``r + 8`` and, where ``r == c``, that
     block's activations as f16 pairs in the staged order; the interpreted block must return, in accumulator ``i``,
     the dot product of row ``r`` (``i < 2``) or ``r + 8`` with block ``2 c + i % 2`` (zero for blocks 4..7), the
-    values ``E2M1 * 2**-6`` (the reference's E2M1 table)."""
+    values ``E2M1 * 2**-6`` (e4m3 decode) or ``E2M1 * 2**-14`` (integer decode; the reference's E2M1 table)."""
     from tokenspeed_kernel.numerics.inputs import E2M1_VALUES
     from tokenspeed_kernel_nvidia.hopper.moe import gemv_tc
 
@@ -116,7 +117,7 @@ def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column():
     vals = np.empty((16, 128))
     table = np.array(E2M1_VALUES, dtype=np.float64)
     vals[:, 0::2], vals[:, 1::2] = table[codes & 15], table[codes >> 4]
-    want = (vals * x).reshape(16, 4, 32).sum(-1) * 2.0**-6  # [row, block]
+    want = (vals * x).reshape(16, 4, 32).sum(-1) * 2.0**-b  # [row, block]
     order = [4 * (p % 2) + 2 * h + p // 2 for p in range(4) for h in range(2)]  # the staged order of a word
     operands = []
     for lane in range(32):
@@ -129,23 +130,24 @@ def test_chunk_asm_gives_each_rows_dot_product_with_each_block_of_its_column():
             for p in range(4):
                 ops[f"${12 + 4 * q + p}"] = _f16x2(word[2 * p], word[2 * p + 1])
         operands.append(ops)
-    out = _run_warp(gemv_tc._mma_chunk_asm(), operands)
+    out = _run_warp(gemv_tc._mma_chunk_asm(gemv_tc._decode_int if decode == "int" else gemv_tc._decode), operands)
     for lane in range(32):
         r, c = lane // 4, lane % 4
         for i, (row, blk) in enumerate(((r, 2 * c), (r, 2 * c + 1), (r + 8, 2 * c), (r + 8, 2 * c + 1))):
             expect = want[row, blk] if blk < 4 else 0.0
-            assert out[lane][i] == pytest.approx(expect, rel=1e-6, abs=1e-6), (lane, i)
+            assert out[lane][i] == pytest.approx(expect, rel=1e-6, abs=1e-6 * 2.0 ** (6 - b)), (lane, i)
 
 
 def test_tc_tile_rejects_what_the_kernel_cannot_lay_out_naming_the_argument():
     from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
 
-    assert TcTile(2, 4) == (2, 4, 1, None) and TcTile(1, None, 2).ksplit == 2 and TcTile(1).warps is None
-    assert TcTile(1, 4, 4) == (1, 4, 4, None)  # 16 warps: a gate/up tile's K split too
+    assert TcTile(2, 4) == (2, 4, 1, None, "e4m3") and TcTile(1, None, 2).ksplit == 2 and TcTile(1).warps is None
+    assert TcTile(1, 4, 4) == (1, 4, 4, None, "e4m3")  # 16 warps: a gate/up tile's K split too
+    assert TcTile(1, 4, decode="int").decode == "int"
     assert TcTile(1, 4, 1, 168).maxnreg == 168
     for args, name in (((3,), "groups"), ((True,), "groups"), ((1, 3), "warps"), ((1, 32), "warps"),
                        ((1, None, 3), "ksplit"), ((1, 8, 4), "ksplit"), ((1, 16, 2), "ksplit"),
-                       ((1, 4, 1, 300), "maxnreg"), ((1, 4, 1, 16), "maxnreg")):  # fmt: skip
+                       ((1, 4, 1, 300), "maxnreg"), ((1, 4, 1, 16), "maxnreg"), ((1, 4, 1, None, "f16"), "decode")):  # fmt: skip
         with pytest.raises(ValueError, match=f"^{name}: "):
             TcTile(*args)
 
@@ -212,6 +214,13 @@ CC_CASES = [
     ("ksplit_T1", 1, 4, {"tiles": ((1, 2, 2), (1, None, 4))}),
     ("ksplit_scales_above_220_T1", 1, 4, {"tiles": ((1, 1, 4), (1, None, 2)), "scale_hi": 230}),
     ("maxnreg_168_T1", 1, 4, {"tiles": ((1, 4, 1, 168), (1, None, 1))}),
+    ("int_decode_T1", 1, 4, {"tiles": ((1, 4, 1, 168, "int"), (1, None, 1, None, "int"))}),
+    (
+        "int_decode_scales_above_220_T1",
+        1,
+        4,
+        {"tiles": ((1, 4, 1, None, "int"), (1, None, 2, None, "int")), "scale_hi": 230},
+    ),
 ]
 
 
@@ -233,10 +242,15 @@ def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spill
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
         ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
-        # The loop runs four chunks a trip: 8 MMAs and 32 e4m3 conversions a chunk and row group.
+        # The loop runs four chunks a trip: 8 MMAs and 32 e4m3 conversions a chunk and row group (none with the
+        # integer decode, whose 4 byte permutations a word place the codes).
+        int_decode = kwargs.get("INT_DECODE", False)
+        assert int_decode is (tiles[0 if kwargs["GATE_UP"] else 1].decode == "int"), label
         assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 32 * kwargs["G"], label
         assert len(re.findall(r"\bHMMA\.16816\.F32\b", sass)) == 32 * kwargs["G"], label
-        assert len(re.findall(r"\bF2FP\.F16\.E4M3\.UNPACK_B\b", sass)) == 128 * kwargs["G"], label
+        cvts = len(re.findall(r"\bF2FP\.F16\.E4M3\.UNPACK_B\b", sass))
+        assert cvts == (0 if int_decode else 128 * kwargs["G"]), (label, cvts)
+        assert (ptx.count("prmt.b32") >= 128 * kwargs["G"]) is int_decode, label
         spills = len(re.findall(r"\b(LDL|STL)\b", _sass_loops(sass)))
         if kwargs["BIG_SCALES"] and kwargs["GATE_UP"]:
             # Weights with a scale byte above ONE_STEP_MAX_SCALE: the gate/up variant's loop spills a few registers

@@ -49,7 +49,11 @@ from triton.experimental.gluon import language as gl
 from triton.runtime.jit import constexpr_function
 
 from .decode import _grid_release, _grid_wait, _swiglu
-from .gemv import _decode, _scaled_add  # the same decode, and block scale: 2**(s - 121), bytes above 248 in two steps
+from .gemv import (  # gemv's decodes; block scale 2**(s - 121), bytes above 248 in two steps
+    _decode,
+    _decode_int,
+    _scaled_add,
+)
 
 __all__ = ["moe_gemv_tc", "ONE_STEP_MAX_SCALE", "staged_bytes"]
 
@@ -70,15 +74,17 @@ def staged_bytes(rows: int, k: int, ksplit: int = 1) -> int:
     return rows * ksplit * _pow2(-(-ncp // 4) * 4) * 256
 
 
-def _mma_chunk_asm() -> str:
+def _mma_chunk_asm(decode=_decode) -> str:
     """PTX of one chunk a lane (pack 4): ``$0..$3`` the m16n8 fp32 accumulators (from zero), ``$4..$7`` the 4 code
-    words of row ``r``, ``$8..$11`` those of row ``r + 8``, ``$12 + 4 q + p`` the B pair ``p`` of word ``q``."""
+    words of row ``r``, ``$8..$11`` those of row ``r + 8``, ``$12 + 4 q + p`` the B pair ``p`` of word ``q``. The codes
+    decode to f16 ``E2M1 * 2**-6`` through e4m3 (:func:`.gemv._decode`) or to ``E2M1 * 2**-14`` with integer
+    instructions (:func:`.gemv._decode_int`; the E2M1 subnormal 0.5 is then the f16 subnormal ``2**-15``)."""
     mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, "
     body = ["{", ".reg .b32 t, e, o, a0, a1, a2, a3, b0, b1, b2, b3;", ".reg .b16 l, h;"]
     body += [f"mov.b32 ${i}, 0;" for i in range(4)]
     for q in range(4):
-        body.append(_decode(f"${4 + q}", ("a0", "a1", "a2", "a3")))
-        body.append(_decode(f"${8 + q}", ("b0", "b1", "b2", "b3")))
+        body.append(decode(f"${4 + q}", ("a0", "a1", "a2", "a3")))
+        body.append(decode(f"${8 + q}", ("b0", "b1", "b2", "b3")))
         x = 12 + 4 * q
         body.append(mma + f"{{a0, b0, a1, b1}}, {{${x}, ${x + 1}}}, {{$0, $1, $2, $3}};")
         body.append(mma + f"{{a2, b2, a3, b3}}, {{${x + 2}, ${x + 3}}}, {{$0, $1, $2, $3}};")
@@ -87,6 +93,7 @@ def _mma_chunk_asm() -> str:
 
 
 _MMA_CHUNK: gl.constexpr = gl.constexpr(_mma_chunk_asm())
+_MMA_CHUNK_INT: gl.constexpr = gl.constexpr(_mma_chunk_asm(_decode_int))
 
 
 @constexpr_function
@@ -150,15 +157,17 @@ def _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch, c, 
 
 
 @gluon.jit
-def _chunk(acc, wa, wb, sc, x_sm, i, diag, down5, LX: gl.constexpr, BIG_SCALES: gl.constexpr):
+def _chunk(acc, wa, wb, sc, x_sm, i, diag, down5, LX: gl.constexpr, BIG_SCALES: gl.constexpr,
+           INT_DECODE: gl.constexpr):  # fmt: skip
     """``acc`` plus chunk ``i``'s scaled block sums: the B fragments from ``x_sm`` (activations where ``diag``),
-    eight MMAs a row group (:data:`_MMA_CHUNK`), then each accumulator times its E8M0 scale."""
+    eight MMAs a row group (:data:`_MMA_CHUNK`, or :data:`_MMA_CHUNK_INT`), then each accumulator times its E8M0
+    scale."""
     b0 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i).load(LX), 1), 1), 0)
     b1 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 1).load(LX), 1), 1), 0)
     b2 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 2).load(LX), 1), 1), 0)
     b3 = gl.where(diag, gl.expand_dims(gl.expand_dims(x_sm.index(4 * i + 3).load(LX), 1), 1), 0)
     d = gl.inline_asm_elementwise(
-        _MMA_CHUNK, "=f,=f,=f,=f" + ",r" * 24,
+        _MMA_CHUNK_INT if INT_DECODE else _MMA_CHUNK, "=f,=f,=f,=f" + ",r" * 24,
         [wa, wb, gl.broadcast(wa, b0)[1], gl.broadcast(wa, b1)[1], gl.broadcast(wa, b2)[1], gl.broadcast(wa, b3)[1]],
         dtype=gl.float32, is_pure=True, pack=4,
     )  # fmt: skip
@@ -174,6 +183,7 @@ def moe_gemv_tc(
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, G: gl.constexpr,
     WARPS: gl.constexpr, KSPLIT: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
+    INT_DECODE: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM (module doc). ``w``: uint8 ``[E, rows, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
     ``[E, rows, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, rows]`` bias. ``N``: gate/up features (``I``;
@@ -274,7 +284,9 @@ def moe_gemv_tc(
     x_sm = x_st._reinterpret(gl.uint32, [NCP2 * 4, XW, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     gl.thread_barrier()
     LX: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(1, LW))  # [range, block, pair]
-    down = gl.convert_layout(((127 - t) << 23).to(gl.float32, bitcast=True), gl.SliceLayout(1, gl.SliceLayout(1, LX)))
+    # 2**-t undoes the row scale; the integer decode's values are 2**8 smaller than the e4m3 one's (2**-14, 2**-6)
+    EXP: gl.constexpr = 135 if INT_DECODE else 127
+    down = gl.convert_layout(((EXP - t) << 23).to(gl.float32, bitcast=True), gl.SliceLayout(1, gl.SliceLayout(1, LX)))
     down5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(down, 1), 1), 1), 1)  # [XW, 1, 1, 1, 1]
     diag = r5 == c5  # the lanes whose B fragment holds activations
 
@@ -288,10 +300,10 @@ def moe_gemv_tc(
                                     ch0 + i0 + 6, c5, j5, K, SROW)  # fmt: skip
         na3, nb3, ns3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 7 < NCP),
                                     ch0 + i0 + 7, c5, j5, K, SROW)  # fmt: skip
-        acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES)
-        acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES)
-        acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES)
-        acc = _chunk(acc, wa3, wb3, sc3, x_sm, i0 + 3, diag, down5, LX, BIG_SCALES)
+        acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES, INT_DECODE)
+        acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES, INT_DECODE)
+        acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES, INT_DECODE)
+        acc = _chunk(acc, wa3, wb3, sc3, x_sm, i0 + 3, diag, down5, LX, BIG_SCALES, INT_DECODE)
         wa0, wb0, sc0 = na0, nb0, ns0
         wa1, wb1, sc1 = na1, nb1, ns1
         wa2, wb2, sc2 = na2, nb2, ns2

@@ -53,6 +53,7 @@ __all__ = [
     "DecodeTile",
     "DECODE_TILES",
     "GemvTile",
+    "TC_DECODES",
     "TcTile",
     "GEMV_MAX_TOKENS",
     "GEMV_FUSED_COMBINE",
@@ -241,16 +242,24 @@ class GemvTile(tuple):
         return self[7]
 
 
+#: :class:`TcTile`'s decodes: through the e4m3 conversion (``E2M1 * 2**-6``), or integer instructions only (``E2M1 *
+#: 2**-14``, the E2M1 subnormal 0.5 an f16 subnormal).
+TC_DECODES = ("e4m3", "int")
+
+
 class TcTile(tuple):
-    """``(groups, warps, ksplit, maxnreg)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups``
+    """``(groups, warps, ksplit, maxnreg, decode)``: a tile of the tensor-core GEMV kernel (:mod:`.gemv_tc`): ``groups``
     groups of 16 rows a warp, K in ``ksplit`` chunk ranges, a warp each. Gate/up: ``warps`` feature tiles a program,
     so ``warps * ksplit`` warps (at most 16); down: a warp a slot and range, so ``next_power_of_2(top_k) * ksplit``
     warps (``warps`` None). ``maxnreg`` (None: ptxas's choice) is Triton's register cap of the launch: with more
-    registers than it needs by default, ptxas issues the next chunks' loads before the current chunks' MMAs."""
+    registers than it needs by default, ptxas issues the next chunks' loads before the current chunks' MMAs.
+    ``decode``: one of :data:`TC_DECODES`, the codes to f16 through the e4m3 conversion or with integer instructions
+    only (the kernel's ``INT_DECODE``)."""
 
     __slots__ = ()
 
-    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1, maxnreg: int | None = None):
+    def __new__(cls, groups: int, warps: int | None = None, ksplit: int = 1, maxnreg: int | None = None,
+                decode: str = "e4m3"):  # fmt: skip
         if type(groups) is not int or groups not in (1, 2, 4):
             raise ValueError(f"groups: expected 1, 2 or 4 (groups of 16 rows a warp), got {groups!r}")
         if warps is not None and (type(warps) is not int or warps not in (1, 2, 4, 8, 16)):
@@ -260,7 +269,9 @@ class TcTile(tuple):
         if warps is not None and warps * ksplit > 16:
             raise ValueError(f"ksplit: a gate/up tile runs warps * ksplit <= 16 warps, got {warps} * {ksplit!r}")
         _check_maxnreg(maxnreg)
-        return super().__new__(cls, (groups, warps, ksplit, maxnreg))
+        if decode not in TC_DECODES:
+            raise ValueError(f"decode: expected one of {TC_DECODES}, got {decode!r}")
+        return super().__new__(cls, (groups, warps, ksplit, maxnreg, decode))
 
     @property
     def groups(self) -> int:
@@ -277,6 +288,10 @@ class TcTile(tuple):
     @property
     def maxnreg(self) -> int | None:
         return self[3]
+
+    @property
+    def decode(self) -> str:
+        return self[4]
 
 
 #: Calls of at most this many tokens take the GEMV kernel (:mod:`.gemv`) on canonical weights with at most
@@ -835,6 +850,7 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit,
         num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
+        **({"INT_DECODE": True} if tile.decode == "int" else {}),
     )  # fmt: skip
 
 
@@ -850,6 +866,7 @@ def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
         HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps,
         **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
+        **({"INT_DECODE": True} if tile.decode == "int" else {}),
     )  # fmt: skip
 
 
