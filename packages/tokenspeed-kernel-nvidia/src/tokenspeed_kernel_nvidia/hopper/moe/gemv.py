@@ -334,7 +334,7 @@ def moe_gemv(
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
     AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0, PAIRS: gl.constexpr = False,
-    FUSED: gl.constexpr = False,
+    FUSED: gl.constexpr = False, LATE_RELEASE: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
@@ -398,7 +398,8 @@ def moe_gemv(
                                 SROW, TOP_K, ONE, INTERLEAVED),)  # fmt: skip
     if not GATE_UP:
         _grid_wait(PDL)  # inter is the previous launch's output
-        _grid_release(PDL)
+        if not LATE_RELEASE:
+            _grid_release(PDL)
     # A lane's activations of a pass: the 32 values of its block [lane, 32] (every warp the same).
     LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
     LXP: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [WARPS, 1], [1, 0])  # a lane's 16 f16 pairs
@@ -519,3 +520,7 @@ def moe_gemv(
                 for s in gl.static_range(TOP_K):
                     tot += gl.load(first + s * stride_y, mask=row_ok, cache_modifier=".cg")
                 gl.store(o_ptr + token.to(gl.int64) * stride_o + rows, tot.to(o_ptr.dtype.element_ty), mask=row_ok)
+        if LATE_RELEASE:
+            # the next grid may launch only as this one's programs finish: its programs, waiting for this grid to
+            # complete, then do not hold SM resources while this grid's programs still run
+            _grid_release(PDL)

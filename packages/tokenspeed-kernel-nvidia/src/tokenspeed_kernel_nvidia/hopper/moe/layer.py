@@ -319,6 +319,9 @@ GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 12
 #: kernel's ``FUSED``), not in a third launch (:func:`.decode.combine_slots`): the same sums in the same order. False
 #: launches the combine (the GPU test compares the two).
 GEMV_FUSED_COMBINE = True
+#: The GEMV down GEMM lets the stream's next grid launch (programmatic dependent launch) when its programs end rather
+#: than once they have waited for the gate/up (the kernel's ``LATE_RELEASE``): a tuning switch (session 35).
+GEMV_DOWN_LATE_RELEASE = False
 #: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown) when
 #: :data:`GEMV_TILES` multiplies in f16 (a tuning choice): session 33's fp32 pair. With scale bytes that large one
 #: block's sum can decide a row, and the f16 sums' rounding then reaches the output undiluted (session 34: 2.4e-2
@@ -829,7 +832,7 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k, fused: bool = True) -> Non
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=1 if pairs else k,
         num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
-        **({"FUSED": True} if fuse else {}),
+        **({"FUSED": True} if fuse else {}), **({"LATE_RELEASE": True} if GEMV_DOWN_LATE_RELEASE else {}),
     )  # fmt: skip
     if pairs and not fused:
         block = 1024
