@@ -666,9 +666,9 @@ def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, to
 @pytest.mark.parametrize("down", ["pd1,8,1,3@128", "p1,8,1,3@96", "pi1,8"])
 def test_gpu_gemv_pairs_down_sums_its_slots_in_its_last_program_with_the_bits_of_combine_slots(monkeypatch, down,
                                                                                                tokens):  # fmt: skip
-    """A pairs down tile (a program a pair) sums a token's slots in the last of its programs to arrive
-    (:data:`.layer.GEMV_FUSED_COMBINE`): the bits of the separate ``combine_slots`` launch; the counters are zero
-    again after every call, so a second call (and a captured graph's replay) gives them too."""
+    """A pairs down tile (a program a pair) summing a token's slots in the last of its programs to arrive
+    (:data:`.layer.GEMV_FUSED_COMBINE`, a tuning switch) gives the bits of the separate ``combine_slots`` launch; the
+    counters are zero again after every call, so a second call (and a captured graph's replay) gives them too."""
     from tokenspeed_kernel import launch
     from tokenspeed_kernel_nvidia.hopper.moe import layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile

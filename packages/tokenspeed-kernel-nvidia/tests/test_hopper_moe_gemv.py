@@ -28,8 +28,9 @@ def test_calls_of_few_tokens_on_canonical_weights_take_the_gemv_kernel(monkeypat
     names = tuple("moe_gemv_tc" if isinstance(t, layer.TcTile) else "moe_gemv" for t in layer.GEMV_TILES)
     for tokens in range(1, layer.GEMV_MAX_TOKENS + 1):
         calls = _launches(monkeypatch, tokens, e=32, gemv=True)
-        pairs = isinstance(dn_tile, layer.GemvTile) and dn_tile.pairs  # a down program a pair, the slots fused
-        assert _kernels(calls) == [(names[0], True), (names[1], False)], tokens
+        pairs = isinstance(dn_tile, layer.GemvTile) and dn_tile.pairs  # a down program a pair, then combine_slots
+        combine = [("combine_slots", None)] * (pairs and not layer.GEMV_FUSED_COMBINE)
+        assert _kernels(calls) == [(names[0], True), (names[1], False)] + combine, tokens
         gate_up, down = calls[:2]
         if isinstance(gu_tile, layer.TcTile):
             assert gate_up[1] == (4 * tokens, -(-2880 // (8 * gu_tile.groups * gu_tile.warps)))
@@ -41,7 +42,7 @@ def test_calls_of_few_tokens_on_canonical_weights_take_the_gemv_kernel(monkeypat
         elif pairs:
             assert down[1] == (4 * tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
             assert down[3]["SUB"] == 1 and down[3]["PAIRS"] and down[3]["num_warps"] == dn_tile.warps
-            assert down[3]["FUSED"]  # the last of a token's programs sums its slots: no third launch
+            assert down[3].get("FUSED", False) is layer.GEMV_FUSED_COMBINE
         else:
             assert down[1] == (tokens, -(-1440 // (dn_tile.feats * dn_tile.warps)))
             assert down[3]["SUB"] == 4 and down[3]["num_warps"] == dn_tile.warps
@@ -86,7 +87,7 @@ def test_experts_too_wide_to_stage_refuse_staged_tiles_naming_the_weights(monkey
     dn = layer.GEMV_TILES[1]
     assert not dn.staged or dn.pairs  # the default is one of those
     calls = _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8)
-    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)] + [("combine_slots", None)] * dn.pairs
     with pytest.raises(ValueError, match="^weights: the GEMV kernel stages 8 activation rows of 8192 values"):
         _launches(monkeypatch, 1, e=8, h=64, i=8192, gemv=True, k=8, tiles=staged)
 
@@ -142,7 +143,7 @@ def test_f16_default_tiles_apply_up_to_scale_byte_220_and_the_fp32_pair_above(mo
     monkeypatch.setattr(layer, "GEMV_TILES", f16)
     assert gemv.HALF_ONE_STEP_MAX_SCALE == 220
     calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, scale_hi=221)  # bytes 118..220
-    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False), ("combine_slots", None)]
     assert [c[3].get("HALF") for c in calls[:2]] == [2, 2] and calls[1][3]["PAIRS"]
     assert not any(c[3]["BIG_SCALES"] for c in calls[:2])
     calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, scale_hi=222)  # a byte of 221
@@ -248,6 +249,13 @@ CC_CASES = [
     # f16 pairs: the integer decode (no conversions; a down program a pair), and the e4m3 one with scale bytes above
     # 220 (two-step scale)
     ("f16i_pairs_T1", 1, 4, {"tiles": ((1, 8, 1, 1, None, True, "f16i"), (1, 8, 1, 1, None, True, "f16i", True))}),
+    # the fp32 pairs down, not staged, every request up front, its slots summed by the token's last program (FUSED)
+    (
+        "fp32_pairs_fused_T2",
+        2,
+        4,
+        {"tiles": ((1, 8, 1, 1, None, True), (1, 8, 1, 3, 128, False, "f32", True)), "fused": True},
+    ),
     (
         "f16_top3_scales_above_220_T2",
         2,
@@ -271,8 +279,11 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
     tiles = tuple(GemvTile(*t) for t in wkw.pop("tiles", ())) or (
         layer.GEMV_TILES_BIG_SCALES if big else layer.GEMV_TILES
     )
+    fused = wkw.pop("fused", False)  # a pairs down summing its slots in its last program
+    monkeypatch.setattr(layer, "GEMV_FUSED_COMBINE", fused)
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
-    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)]
+    combine = [("combine_slots", None)] * (tiles[1].pairs and not fused)
+    assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)] + combine
     for fn, _grid, args, kwargs in calls[:2]:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
@@ -290,13 +301,13 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
         assert kwargs.get("AHEAD", 1) == tile.ahead and kwargs.get("maxnreg") == tile.maxnreg
         assert kwargs.get("STAGED", True) is tile.staged
         assert kwargs.get("PAIRS", False) is (tile.pairs and not kwargs["GATE_UP"])
-        fused = kwargs.get("FUSED", False)
-        assert fused is (tile.pairs and not kwargs["GATE_UP"])  # a pairs down sums its slots in its last program
+        assert kwargs.get("FUSED", False) is (fused and tile.pairs and not kwargs["GATE_UP"])
+        fused_here = kwargs.get("FUSED", False)
         # the activations from shared memory when staged; else no shared memory, and no barrier unless fused
         assert bool(re.search(r"\bLDS\.128\b", sass)) is tile.staged, label
-        assert bool(re.search(r"\bBAR\.SYNC", sass)) is (tile.staged or fused), label
+        assert bool(re.search(r"\bBAR\.SYNC", sass)) is (tile.staged or fused_here), label
         atoms = re.findall(r"\b(?:atom|red)\.[\w.]+", ptx)
-        if fused:
+        if fused_here:
             # one counter a program, acquire-release at GPU scope; the last arrival reads the slots' rows from L2
             assert atoms == ["atom.global.gpu.acq_rel.add.u32"] or (
                 len(atoms) == 1 and "acq_rel" in atoms[0] and "gpu" in atoms[0] and "add" in atoms[0]

@@ -46,7 +46,9 @@ the token's ``TOP_K`` slots over the same rows (its ring of requests runs on acr
 registers in slot order: ``out[token, n] = sum_s w_s * (inter[pair_s] @ W2[e_s][n].T + b2[e_s][n])``. Two
 launches a call, no atomics, no split sums, deterministic. Down with ``PAIRS`` (:class:`.layer.GemvTile`'s
 ``pairs``): a program a pair and row tile like the gate/up's, fp32 rows ``tw * (inter @ W2.T + b2)``, and
-:func:`.decode.combine_slots` sums a token's slots in order (a third launch; four times the warps at one token).
+:func:`.decode.combine_slots` sums a token's slots in order (a third launch; four times the warps at one token), or
+with ``FUSED`` the last of a token's programs of a tile to arrive does (:data:`.layer.GEMV_FUSED_COMBINE`, off: slower
+in the layer, session 35).
 
 Every weight byte is read once a token, so a call of T tokens reads its experts T times: the layer takes this path
 up to :data:`.layer.GEMV_MAX_TOKENS` tokens on the canonical layout (``hopper.moe_apply``).
@@ -334,7 +336,7 @@ def moe_gemv(
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
     AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0, PAIRS: gl.constexpr = False,
-    FUSED: gl.constexpr = False, LATE_RELEASE: gl.constexpr = False,
+    FUSED: gl.constexpr = False,
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
@@ -398,8 +400,7 @@ def moe_gemv(
                                 SROW, TOP_K, ONE, INTERLEAVED),)  # fmt: skip
     if not GATE_UP:
         _grid_wait(PDL)  # inter is the previous launch's output
-        if not LATE_RELEASE:
-            _grid_release(PDL)
+        _grid_release(PDL)
     # A lane's activations of a pass: the 32 values of its block [lane, 32] (every warp the same).
     LXS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [WARPS, 1], [1, 0])
     LXP: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [WARPS, 1], [1, 0])  # a lane's 16 f16 pairs
@@ -520,7 +521,3 @@ def moe_gemv(
                 for s in gl.static_range(TOP_K):
                     tot += gl.load(first + s * stride_y, mask=row_ok, cache_modifier=".cg")
                 gl.store(o_ptr + token.to(gl.int64) * stride_o + rows, tot.to(o_ptr.dtype.element_ty), mask=row_ok)
-        if LATE_RELEASE:
-            # the next grid may launch only as this one's programs finish: its programs, waiting for this grid to
-            # complete, then do not hold SM resources while this grid's programs still run
-            _grid_release(PDL)

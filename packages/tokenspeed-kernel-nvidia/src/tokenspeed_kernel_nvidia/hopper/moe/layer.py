@@ -315,13 +315,13 @@ GEMV_MAX_TOKENS = 2
 #: float64 emulation put the inter rows at 3.9e-2, 1.6e-3 at unit scale), and the GPU test with scale bytes up to 229
 #: 2.4e-2. It needs a guard on the term sizes before it can be the default.
 GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 128, staged=False))
-#: A pairs down tile (:class:`GemvTile`'s ``pairs``) sums a token's slots in the last of its programs to arrive (the
-#: kernel's ``FUSED``), not in a third launch (:func:`.decode.combine_slots`): the same sums in the same order. False
-#: launches the combine (the GPU test compares the two).
-GEMV_FUSED_COMBINE = True
-#: The GEMV down GEMM lets the stream's next grid launch (programmatic dependent launch) when its programs end rather
-#: than once they have waited for the gate/up (the kernel's ``LATE_RELEASE``): a tuning switch (session 35).
-GEMV_DOWN_LATE_RELEASE = False
+#: Whether a pairs down tile (:class:`GemvTile`'s ``pairs``) sums a token's slots in the last of its programs to arrive
+#: (the kernel's ``FUSED``: a barrier and a GPU-scope acquire-release counter a program) instead of a third launch
+#: (:func:`.decode.combine_slots`); the same sums in the same order, so the same bits (GPU test). Off: measured on an
+#: H100 (host-cost report, session 35, calls 3 and 6) the fused sum costs nothing in the down alone (L2 flushed, 18.37
+#: / 18.24 us against 18.27 / 18.21 for ``pi1,8``) but about 3 us in the public call eager at one token (the f16 pair
+#: ``i1,8 / pi1,8``: 29.81 and 29.00 us against 26.27 and 26.23, in turns).
+GEMV_FUSED_COMBINE = False
 #: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown) when
 #: :data:`GEMV_TILES` multiplies in f16 (a tuning choice): session 33's fp32 pair. With scale bytes that large one
 #: block's sum can decide a row, and the f16 sums' rounding then reaches the output undiluted (session 34: 2.4e-2
@@ -814,11 +814,11 @@ def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
     )  # fmt: skip
 
 
-def _gemv_down(inter, ids, tw, weights, out, tile, k, fused: bool = True) -> None:
+def _gemv_down(inter, ids, tw, weights, out, tile, k, fused: bool = False) -> None:
     """:func:`.gemv.moe_gemv` (down): ``out[t] = sum_s tw * (inter @ W2.T + b2)`` over the ``k`` slots of each
     token, in slot order: a program a token and row tile, or (``tile.pairs``) a program a pair and row tile into fp32
-    rows, which the last of a token's programs of a tile to arrive sums into ``out`` (the kernel's ``FUSED``; with
-    ``fused=False``, :func:`.decode.combine_slots` sums them in a third launch: the same sums in the same order)."""
+    rows, which :func:`.decode.combine_slots` sums in a third launch, or with ``fused`` the last of a token's programs
+    of a tile to arrive (the kernel's ``FUSED``): the same sums in the same order (:data:`GEMV_FUSED_COMBINE`)."""
     w2, s2, b2 = weights.w2, weights.w2_scale, weights.w2_bias
     h = out.shape[1]
     pairs = tile.pairs
@@ -832,7 +832,7 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k, fused: bool = True) -> Non
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=1 if pairs else k,
         num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
-        **({"FUSED": True} if fuse else {}), **({"LATE_RELEASE": True} if GEMV_DOWN_LATE_RELEASE else {}),
+        **({"FUSED": True} if fuse else {}),
     )  # fmt: skip
     if pairs and not fused:
         block = 1024
