@@ -40,6 +40,11 @@ Measured on an H100 (host-cost report, sessions 31-32): numerically right, but n
 L2 flushed its gate/up took 27.9 us against :mod:`.gemv`'s 24.4 (ncu: 1.74 TB/s, 10 warps an SM waiting on loads);
 splitting its K across warps made it slower still (30.3-33.0 us), and the public call took 35.9 us against the fp32
 pair's 31.8. So the layer takes it only for forced :class:`.layer.TcTile` tiles.
+
+``INT_DECODE`` (:class:`.layer.TcTile`'s ``decode="int"``) decodes with :func:`.gemv._decode_int` instead: integer
+instructions only, ``E2M1 * 2**-14`` with the E2M1 0.5 an f16 subnormal, which the tensor cores take exactly (GPU
+tests, session 35). Its gate/up was no faster on an H100 (``ti1,4@168`` 27.4 / 17.8 us flushed / hot against the
+fp32 GEMV's 23.7 / 17.3).
 """
 
 from __future__ import annotations
