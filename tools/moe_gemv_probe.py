@@ -235,9 +235,11 @@ def main(argv=None) -> int:
                         inter = inter.float() if not tc and tile.staged and tile.dot == "f32" else inter
                         out = torch.empty_like(x)
                         down = layer._tc_down if tc else layer._gemv_down
+                        # a pairs down sums its slots as the layer does (GEMV_FUSED_COMBINE)
+                        opts = {} if tc else {"fused": layer.GEMV_FUSED_COMBINE}
 
                         def fn():
-                            down(inter, flat_ids, flat_tw, weights[e], out, tile, 4)
+                            down(inter, flat_ids, flat_tw, weights[e], out, tile, 4, **opts)
 
                     row = {"gemm": gemm, "variant": v}
                     for flush in (True, False):

@@ -318,9 +318,8 @@ GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 12
 #: Whether a pairs down tile (:class:`GemvTile`'s ``pairs``) sums a token's slots in the last of its programs to arrive
 #: (the kernel's ``FUSED``: a barrier and a GPU-scope acquire-release counter a program) instead of a third launch
 #: (:func:`.decode.combine_slots`); the same sums in the same order, so the same bits (GPU test). Off: measured on an
-#: H100 (host-cost report, session 35, calls 3 and 6) the fused sum costs nothing in the down alone (L2 flushed, 18.37
-#: / 18.24 us against 18.27 / 18.21 for ``pi1,8``) but about 3 us in the public call eager at one token (the f16 pair
-#: ``i1,8 / pi1,8``: 29.81 and 29.00 us against 26.27 and 26.23, in turns).
+#: H100 (host-cost report, session 35, call 6) the public call eager at one token is about 3 us slower with it (the
+#: f16 pair ``i1,8 / pi1,8``: 29.81 and 29.00 us against 26.27 and 26.23, in turns).
 GEMV_FUSED_COMBINE = False
 #: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown) when
 #: :data:`GEMV_TILES` multiplies in f16 (a tuning choice): session 33's fp32 pair. With scale bytes that large one
