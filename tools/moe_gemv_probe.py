@@ -6,8 +6,8 @@
         [--default-gemv] [--numerics-cases a,b] [--tag=-x] [--budget-s 300]
 
 Tiles: ``[p][h|i][d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``p``: a down program a pair, the slots
-summed by its last program; ``h``/``i``: f16 pairs, the e4m3/integer decode; ``d``: activations not staged),
-``t[i]G,W[:KS]`` a gate/up ``TcTile`` and ``t[i]G:KS`` a down one (tensor-core GEMV, ``hopper/moe/gemv_tc.py``; ``i``:
+summed by a second launch, or by the token's last program with ``GEMV_FUSED_COMBINE``; ``h``/``i``: f16 pairs, the
+e4m3/integer decode; ``d``: activations not staged), ``t[i]G,W[:KS]`` a gate/up ``TcTile`` and ``t[i]G:KS`` a down one (tensor-core GEMV, ``hopper/moe/gemv_tc.py``; ``i``:
 the integer decode), each with an optional ``@R`` (its ``maxnreg``); a pair is ``gate_up/down``, and may mix the two
 kernels.
 

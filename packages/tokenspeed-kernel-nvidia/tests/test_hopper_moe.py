@@ -663,7 +663,15 @@ def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, to
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("tokens", [1, 2])
-@pytest.mark.parametrize("down", ["pd1,8,1,3@128", "p1,8,1,3@96", "pi1,8"])
+@pytest.mark.parametrize(
+    "down",
+    [
+        (1, 8, 1, 3, 128, False, "f32", True),
+        (1, 8, 1, 3, 96, True, "f32", True),
+        (1, 8, 1, 1, None, True, "f16i", True),
+    ],
+    ids=["pd1,8,1,3@128", "p1,8,1,3@96", "pi1,8"],
+)
 def test_gpu_gemv_pairs_down_sums_its_slots_in_its_last_program_with_the_bits_of_combine_slots(monkeypatch, down,
                                                                                                tokens):  # fmt: skip
     """A pairs down tile (a program a pair) summing a token's slots in the last of its programs to arrive
@@ -674,11 +682,8 @@ def test_gpu_gemv_pairs_down_sums_its_slots_in_its_last_program_with_the_bits_of
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
     tk.load_plugins()
-    dot = {"i": "f16i"}.get(down[1], "f32")
-    fields, _, reg = down.lstrip("pid").partition("@")
-    dn = GemvTile(*(int(v) for v in fields.split(",")), *(1, 8, 1, 1)[len(fields.split(",")):],
-                  maxnreg=int(reg) if reg else None, staged="d" not in down, dot=dot, pairs=True)  # fmt: skip
-    tiles = (GemvTile(1, 8, dot=dot), dn)
+    dn = GemvTile(*down)
+    tiles = (GemvTile(1, 8, dot=dn.dot), dn)
     w, x, topk_w, topk_ids, _ = gpu_inputs(32, tokens, {}, "random")
 
     def run():
