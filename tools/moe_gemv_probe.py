@@ -3,7 +3,7 @@
 
     python tools/moe_gemv_probe.py --out OUT [--stages numerics,kernels,apply,sweep,layer,eager] [--experts 32,128]
         [--tokens 1,2] [--gate-up "1,8,1;1,4,2;..."] [--down "1,4;2,4;..."] [--gemv-tiles "1,8,1/1,4"]
-        [--default-gemv] [--numerics-cases a,b] [--tag=-x] [--budget-s 300]
+        [--default-gemv] [--numerics-cases a,b] [--skip-mma] [--tag=-x] [--budget-s 300]
 
 Tiles: ``[p][h|i][d]feats,warps[,sub[,ahead]]`` a ``GemvTile`` (fp32 GEMV; ``p``: a down program a pair, the slots
 summed by a second launch, or by the token's last program with ``GEMV_FUSED_COMBINE``; ``h``/``i``: f16 pairs, the
@@ -22,7 +22,7 @@ GPT-OSS layer shapes (H = I = 2880, top-4, MXFP4 experts with bf16 biases, inter
 - ``kernels``: each GEMV kernel alone (one CUDA graph, programmatic launch off), L2 flushed and not, 20B layer, one
   token: the tiles of ``--kernel-gate-up`` and ``--kernel-down`` (either kernel's);
 - ``apply``: ``moe_apply`` alone (one CUDA graph, programmatic launch on), L2 flushed and not, the MMA decode tiles
-  (``DECODE_TILES``, forced) against ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
+  (``DECODE_TILES``, forced; not with ``--skip-mma``) against ``GEMV_TILES`` at each ``--tokens`` and ``--experts``;
 - ``sweep``: the gate/up tiles of ``--gate-up`` with the table's down tile, then the down tiles of ``--down`` with the
   fastest gate/up (flushed), at one token, first ``--experts``;
 - ``layer``: ``moe_route`` + ``moe_apply`` (one graph, L2 flushed), MMA against the sweep's best, two rounds taking
@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--gemv-tiles", default="", help="GEMV_TILES for every stage, as gate_up feats,warps/down feats")
     p.add_argument("--numerics-cases", default="", help="the numerics stage's cases to run, by label (default all)")
     p.add_argument("--tag", default="")
+    p.add_argument("--skip-mma", action="store_true", help="the apply stage times the GEMV tiles only")
     p.add_argument("--budget-s", type=float, default=300.0)
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -201,7 +202,8 @@ def main(argv=None) -> int:
                 if time.time() > deadline:
                     break
                 x, _, tw, ids = inputs(e, t)
-                for name, tiles in (("mma", mma), ("gemv " + _name(gemv_tiles), gemv_tiles)):
+                configs = (("mma", mma),) * (not args.skip_mma) + (("gemv " + _name(gemv_tiles), gemv_tiles),)
+                for name, tiles in configs:
                     f, h = apply_alone(weights[e], x, tw, ids, tiles)
                     row = {"experts": e, "tokens": t, "config": name, "flushed_us": f, "hot_us": h}
                     res["apply"].append(row)

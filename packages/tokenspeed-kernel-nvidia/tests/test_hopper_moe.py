@@ -708,6 +708,45 @@ def test_gpu_gemv_pairs_down_sums_its_slots_in_its_last_program_with_the_bits_of
     assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize(
+    "tiles,wkw",
+    [(None, {}), (((1, 8), (1, 8, 1, 1, None, True, "f16i", True)), {"interleaved": False, "bias": False})],
+    ids=["default", "pi1,8_not_interleaved_no_bias"],
+)
+def test_gpu_gemv_l2_prefetches_and_evict_first_keep_the_bits(monkeypatch, tiles, wkw, tokens):
+    """The GEMV path's L2 prefetches (:data:`.layer.GEMV_PREFETCH`: a program's own rows, the gate/up's share of the
+    down weights) and ``evict_first`` loads are hints: the same bits as without them, in a captured graph too, on the
+    last expert (the prefetched ranges' ends are the weights' ends)."""
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    tk.load_plugins()
+    tiles = tuple(GemvTile(*t) for t in tiles) if tiles else layer.GEMV_TILES
+    w, x, topk_w, topk_ids, _ = gpu_inputs(32, tokens, wkw, "random")
+    topk_ids = topk_ids.clone()
+    topk_ids[:, 0] = 31  # the last expert: its down share of the last tile ends at the weights' last byte
+
+    def run():
+        return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, tiles=tiles, graphs=False)
+
+    plain = run()
+    monkeypatch.setattr(layer, "GEMV_PREFETCH", ("own", "down"))
+    monkeypatch.setattr(layer, "GEMV_EVICT_FIRST", True)
+    assert torch.equal(run(), plain)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = run()
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, plain)
+    ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
+    assert ((plain.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 # -- the layer's Triton helpers, run under the interpreter --------------------------------
 
 _INTERPRETED = r"""

@@ -256,6 +256,14 @@ CC_CASES = [
         4,
         {"tiles": ((1, 8, 1, 1, None, True), (1, 8, 1, 3, 128, False, "f32", True)), "fused": True},
     ),
+    # L2 prefetches of a program's own rows and of the gate/up's share of the down weights, evict_first loads
+    ("prefetch_own_down_evict_T1", 1, 4, {"prefetch": ("own", "down"), "evict": True}),
+    (
+        "prefetch_own_pairs_f16i_not_interleaved_top3_T2",
+        2,
+        3,
+        {"tiles": ((1, 8), (1, 8, 1, 1, None, True, "f16i", True)), "prefetch": ("own",), "interleaved": False},
+    ),
     (
         "f16_top3_scales_above_220_T2",
         2,
@@ -281,6 +289,9 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
     )
     fused = wkw.pop("fused", False)  # a pairs down summing its slots in its last program
     monkeypatch.setattr(layer, "GEMV_FUSED_COMBINE", fused)
+    prefetch, evict = wkw.pop("prefetch", ()), wkw.pop("evict", False)
+    monkeypatch.setattr(layer, "GEMV_PREFETCH", prefetch)
+    monkeypatch.setattr(layer, "GEMV_EVICT_FIRST", evict)
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
     combine = [("combine_slots", None)] * (tiles[1].pairs and not fused)
     assert _kernels(calls) == [("moe_gemv", True), ("moe_gemv", False)] + combine
@@ -315,6 +326,25 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
             assert "ld.global.cg" in ptx, label
         else:
             assert not atoms, label  # gate/up, and a down summing the slots in registers
+        # L2 prefetches: codes and scales of the program's own rows (the gate and up ranges apart when not
+        # interleaved; each slot's for a down walking its slots), the gate/up's share of the down weights
+        gate_up = kwargs["GATE_UP"]
+        own = 2 * ((1 if wkw.get("interleaved", True) else 2) if gate_up else (1 if tile.pairs else k))
+        want = own * ("own" in prefetch) + 2 * (gate_up and "down" in prefetch)
+        assert kwargs.get("PF_OWN", False) is ("own" in prefetch) and kwargs.get("PF_DOWN", False) is (
+            gate_up and "down" in prefetch
+        ), label
+        assert ptx.count("prefetch.global.L2 ") == want == len(re.findall(r"\bCCTL\.E\.PF2\b", sass)), label
+        # the codes' and scales' loads evict first (the activations' and biases' do not)
+        assert (len(re.findall(r"L2::evict_first", ptx)) > 0) is evict, label
+
+
+def test_an_unknown_gemv_prefetch_is_refused_naming_it(monkeypatch):
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
+
+    monkeypatch.setattr(layer, "GEMV_PREFETCH", ("own", "everything"))
+    with pytest.raises(ValueError, match=r"GEMV_PREFETCH: expected a subset of \('own', 'down'\)"):
+        layer._prefetch_options(True, _weights(4, 64, 64))
 
 
 def test_the_largest_scale_byte_is_read_once_per_weights_object(monkeypatch):

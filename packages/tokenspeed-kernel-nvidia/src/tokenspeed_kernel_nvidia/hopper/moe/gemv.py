@@ -279,6 +279,30 @@ def _scaled_add(acc, dots, sc, BIG_SCALES: gl.constexpr):
 
 
 @gluon.jit
+def _prefetch_l2(base, nbytes, LINES: gl.constexpr, WARPS: gl.constexpr):
+    """Request the ``nbytes`` bytes from ``base`` (a uint8 pointer, ``nbytes >= 1``) into L2, a 128-byte line a thread
+    and request (``prefetch.global.L2``: no register holds the data and nothing waits for it). ``LINES`` bounds the
+    lines the range spans (``cdiv(nbytes, 128) + 1``); requests past its end fall on its last byte."""
+    NT: gl.constexpr = 32 * WARPS
+    off = gl.arange(0, NT, layout=gl.BlockedLayout([1], [32], [WARPS], [0])) * 128
+    for i in gl.static_range((LINES + NT - 1) // NT):
+        o = gl.minimum(off + i * NT * 128, nbytes - 1)
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [base + o], dtype=gl.int32,
+                                  is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, r0, n, ROWS: gl.constexpr, K: gl.constexpr,
+                   SROW: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """:func:`_prefetch_l2` of the codes and scale bytes of rows ``r0 .. r0 + n - 1`` (``1 <= n <= ROWS``) of expert
+    ``e`` (rows of ``K / 2`` code bytes, scale rows ``SROW`` bytes apart)."""
+    w = w_ptr + e.to(gl.int64) * stride_we + r0.to(gl.int64) * (K // 2)
+    _prefetch_l2(w, n * (K // 2), (ROWS * (K // 2) + 127) // 128 + 1, WARPS)
+    sc = s_ptr + e.to(gl.int64) * stride_se + r0.to(gl.int64) * SROW
+    _prefetch_l2(sc, (n - 1) * SROW + K // 32, ((ROWS - 1) * SROW + K // 32 + 127) // 128 + 1, WARPS)
+
+
+@gluon.jit
 def _rows(j, h, I: gl.constexpr, SPLIT_ROWS: gl.constexpr):
     """Weight rows ``[feature, 2]`` of row pairs ``j``: ``2 j + h``, or ``h I + j`` (``SPLIT_ROWS``)."""
     if SPLIT_ROWS:
@@ -288,22 +312,24 @@ def _rows(j, h, I: gl.constexpr, SPLIT_ROWS: gl.constexpr):
 
 @gluon.jit
 def _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, p: gl.constexpr, K: gl.constexpr,
-               SROW: gl.constexpr):  # fmt: skip
-    """Pass ``p``'s code words ``uint32 [F, 2, 32, 4]`` and scale bytes ``[F, 2, 32]`` of expert ``e``'s ``rows``."""
+               SROW: gl.constexpr, EVICT: gl.constexpr = ""):  # fmt: skip
+    """Pass ``p``'s code words ``uint32 [F, 2, 32, 4]`` and scale bytes ``[F, 2, 32]`` of expert ``e``'s ``rows``
+    (``EVICT``: the loads' L2 eviction policy, ``""`` or ``"evict_first"``)."""
     NCH: gl.constexpr = K // 32
     ch = p * 32 + c
     ok = row_ok[:, :, None] & (ch < NCH)[None, None, :]
     w_base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
     words = gl.load(w_base + (((rows * (K // 8))[:, :, None] + (ch * 4)[None, None, :])[:, :, :, None] + wi),
-                    mask=ok[:, :, :, None], other=0)  # fmt: skip
-    sc = gl.load(s_ptr + e.to(gl.int64) * stride_se + ((rows * SROW)[:, :, None] + ch[None, None, :]), mask=ok, other=0)
+                    mask=ok[:, :, :, None], other=0, eviction_policy=EVICT)  # fmt: skip
+    sc = gl.load(s_ptr + e.to(gl.int64) * stride_se + ((rows * SROW)[:, :, None] + ch[None, None, :]), mask=ok, other=0,
+                 eviction_policy=EVICT)  # fmt: skip
     return words, sc
 
 
 @gluon.jit
 def _load_at(w_ptr, s_ptr, ids_ptr, e0, stride_we, stride_se, pid, j0, f, h, c, wi, s: gl.constexpr,
              NP: gl.constexpr, FW: gl.constexpr, I: gl.constexpr, K: gl.constexpr, SROW: gl.constexpr,
-             TOP_K: gl.constexpr, ONE: gl.constexpr, INTERLEAVED: gl.constexpr):  # fmt: skip
+             TOP_K: gl.constexpr, ONE: gl.constexpr, INTERLEAVED: gl.constexpr, EVICT: gl.constexpr = ""):  # fmt: skip
     """Step ``s``'s codes and scales (sub-tile ``s // NP``, pass ``s % NP``): ``ONE`` (gate/up, or a down program a
     pair), expert ``e0`` and the sub-tile's rows; else (a down program walking its slots), the same rows of slot
     ``s // NP``'s expert (``e0`` for slot 0)."""
@@ -316,7 +342,7 @@ def _load_at(w_ptr, s_ptr, ids_ptr, e0, stride_we, stride_se, pid, j0, f, h, c, 
         jf = j0 + f
     rows = _rows(jf, h, I, ONE and not INTERLEAVED)
     row_ok = (jf < I)[:, None] & (h < 2)[None, :]
-    return _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, s % NP, K, SROW)
+    return _load_step(w_ptr, s_ptr, e, stride_we, stride_se, rows, row_ok, c, wi, s % NP, K, SROW, EVICT)
 
 
 @gluon.jit
@@ -331,12 +357,13 @@ def _load_x(x_ptr, stride_x, x_row0, kx, s: gl.constexpr, NP: gl.constexpr, K: g
 @gluon.jit
 def moe_gemv(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
-    alpha, limit, up_offset, c_ptr, o_ptr, stride_o,
+    alpha, limit, up_offset, c_ptr, o_ptr, stride_o, pw_ptr, pstride_we, ps_ptr, pstride_se,
     K: gl.constexpr, I: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, FEATS: gl.constexpr,
     WARPS: gl.constexpr, SUB: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
     AHEAD: gl.constexpr = 1, STAGED: gl.constexpr = True, HALF: gl.constexpr = 0, PAIRS: gl.constexpr = False,
-    FUSED: gl.constexpr = False,
+    FUSED: gl.constexpr = False, PF_OWN: gl.constexpr = False, PF_DOWN: gl.constexpr = False,
+    PF_SROW: gl.constexpr = 0, EVICT: gl.constexpr = "",
 ):  # fmt: skip
     """One GEMM; a program walks ``SUB`` sub-tiles of ``FW = FEATS * WARPS`` row pairs ``j`` each, one pass (32 MX
     blocks a row) at a time, requesting the codes and scales ``AHEAD`` passes (across sub-tiles) before it decodes
@@ -354,6 +381,13 @@ def moe_gemv(
       b2[e][n])`` (fp32; :func:`.decode.combine_slots` sums a token's slots in order), or with ``FUSED`` the last of a
       token's ``TOP_K`` programs of a tile to arrive sums them into ``o[token, n]`` (``c``: int32 counters, one a
       token and tile, zero on entry and left zero).
+
+    L2 prefetches (:func:`_prefetch_l2`, :data:`.layer.GEMV_PREFETCH`): ``PF_OWN``, a program requests all of its
+    rows' codes and scales into L2 as soon as it knows its experts (its ring then finds them on chip); ``PF_DOWN``
+    (gate/up), a program also requests its share of the down GEMM's weights of its expert (``pw``: uint8 ``[E, K,
+    I / 2]`` codes, ``pstride_we`` bytes an expert; ``ps``: ``[E, K, I / 32]`` scales, rows ``PF_SROW`` bytes
+    apart, ``pstride_se`` an expert), the ``cdiv(K, tiles)`` rows of its tile, so that the next launch reads them
+    from L2. ``EVICT``: the codes' and scales' loads' L2 eviction policy.
     """
     pid = gl.program_id(0)
     tile = gl.program_id(1)
@@ -397,8 +431,29 @@ def moe_gemv(
     ring = ()
     for s in gl.static_range(NA):
         ring = ring + (_load_at(w_ptr, s_ptr, ids_ptr, e, stride_we, stride_se, pid, j0, f, h, c, wi, s, NP, FW, I, K,
-                                SROW, TOP_K, ONE, INTERLEAVED),)  # fmt: skip
-    if not GATE_UP:
+                                SROW, TOP_K, ONE, INTERLEAVED, EVICT),)  # fmt: skip
+    # L2 prefetches once the ring's first requests are out (PF_OWN, PF_DOWN; the down's before its grid wait)
+    if GATE_UP:
+        if PF_OWN:
+            n_own = gl.minimum(I - j0, SUB * FW)  # features of this program (at least 1)
+            if INTERLEAVED:
+                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, 2 * j0, 2 * n_own, 2 * SUB * FW, K, SROW, WARPS)
+            else:
+                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, j0, n_own, SUB * FW, K, SROW, WARPS)
+                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, I + j0, n_own, SUB * FW, K, SROW, WARPS)
+        if PF_DOWN:
+            # this tile's share of the down's K rows (of I / 2 code bytes): cdiv(K, tiles) rows
+            NT: gl.constexpr = (I + SUB * FW - 1) // (SUB * FW)
+            RD: gl.constexpr = (K + NT - 1) // NT
+            r0 = gl.minimum(tile * RD, K - 1)
+            _prefetch_rows(pw_ptr, ps_ptr, e, pstride_we, pstride_se, r0, gl.minimum(K - r0, RD), RD, I, PF_SROW,
+                           WARPS)  # fmt: skip
+    else:
+        if PF_OWN:
+            n_own = 2 * gl.minimum(I - j0, FW)  # output rows 2 j, 2 j + 1 of this tile
+            for u in gl.static_range(1 if PAIRS else TOP_K):
+                e_u = e if u == 0 else gl.load(ids_ptr + pid * TOP_K + u)
+                _prefetch_rows(w_ptr, s_ptr, e_u, stride_we, stride_se, 2 * j0, n_own, 2 * FW, K, SROW, WARPS)
         _grid_wait(PDL)  # inter is the previous launch's output
         _grid_release(PDL)
     # A lane's activations of a pass: the 32 values of its block [lane, 32] (every warp the same).
@@ -473,7 +528,8 @@ def moe_gemv(
         for p in gl.static_range(NP):
             if u * NP + p + AHEAD < S:
                 ring = ring + (_load_at(w_ptr, s_ptr, ids_ptr, e, stride_we, stride_se, pid, j0, f, h, c, wi,
-                                        u * NP + p + AHEAD, NP, FW, I, K, SROW, TOP_K, ONE, INTERLEAVED),)  # fmt: skip
+                                        u * NP + p + AHEAD, NP, FW, I, K, SROW, TOP_K, ONE, INTERLEAVED,
+                                        EVICT),)  # fmt: skip
                 if not STAGED:
                     xring = xring + (_load_x(x_ptr, stride_x, x_row0, kx, u * NP + p + AHEAD, NP, K, ONE),)
             words, sc = ring[0]

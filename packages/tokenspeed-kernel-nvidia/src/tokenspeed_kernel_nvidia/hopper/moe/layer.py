@@ -59,6 +59,9 @@ __all__ = [
     "GEMV_FUSED_COMBINE",
     "GEMV_TILES",
     "GEMV_TILES_BIG_SCALES",
+    "GEMV_PREFETCH",
+    "GEMV_PREFETCH_KINDS",
+    "GEMV_EVICT_FIRST",
     "PrefillTile",
     "PREFILL_TILES",
     "check_shapes",
@@ -321,6 +324,14 @@ GEMV_TILES: tuple[GemvTile, GemvTile] = (GemvTile(1, 8), GemvTile(1, 4, 1, 3, 12
 #: H100 (host-cost report, session 35, call 6) the public call eager at one token is about 3 us slower with it (the
 #: f16 pair ``i1,8 / pi1,8``: 29.81 and 29.00 us against 26.27 and 26.23, in turns).
 GEMV_FUSED_COMBINE = False
+#: The GEMV path's L2 prefetches (the kernel's ``PF_OWN``, ``PF_DOWN``; ``prefetch.global.L2``, nothing waits on
+#: them): ``"own"``, each program requests all of its rows' codes and scales as soon as it knows its experts, so its
+#: ring of loads finds them on chip; ``"down"``, each gate/up program also requests its share of its expert's down
+#: weights, which the down launch then reads from L2. A subset of :data:`GEMV_PREFETCH_KINDS`.
+GEMV_PREFETCH: tuple[str, ...] = ()
+GEMV_PREFETCH_KINDS = ("own", "down")
+#: Whether the GEMV kernels load the weights' codes and scales with the ``evict_first`` L2 policy (read once a call).
+GEMV_EVICT_FIRST = False
 #: The GEMV tiles for weights with a scale byte above :data:`.gemv.HALF_ONE_STEP_MAX_SCALE` (or unknown) when
 #: :data:`GEMV_TILES` multiplies in f16 (a tuning choice): session 33's fp32 pair. With scale bytes that large one
 #: block's sum can decide a row, and the f16 sums' rounding then reaches the output undiluted (session 34: 2.4e-2
@@ -798,18 +809,46 @@ def _gemv_tile_options(tile: GemvTile) -> dict:
             **({"PAIRS": True} if tile.pairs else {}), **_reg_cap(tile)}  # fmt: skip
 
 
+def _prefetch_options(gate_up: bool, weights: MoEWeights) -> dict:
+    """The kernel's ``PF_OWN`` / ``PF_DOWN`` / ``PF_SROW`` / ``EVICT`` for :data:`GEMV_PREFETCH` and
+    :data:`GEMV_EVICT_FIRST` (none when they are off: the launch keys are then unchanged). Read-only."""
+    if not GEMV_PREFETCH and not GEMV_EVICT_FIRST:
+        return _NO_OPTIONS
+    return _prefetch_options_of(tuple(GEMV_PREFETCH), GEMV_EVICT_FIRST, gate_up, weights.w2_scale.stride(1))
+
+
+_NO_OPTIONS: dict = {}
+
+
+@functools.lru_cache(maxsize=64)
+def _prefetch_options_of(prefetch: tuple, evict_first: bool, gate_up: bool, srow: int) -> dict:
+    unknown = set(prefetch) - set(GEMV_PREFETCH_KINDS)
+    if unknown:
+        raise ValueError(f"GEMV_PREFETCH: expected a subset of {GEMV_PREFETCH_KINDS}, got {prefetch!r}")
+    opts = {"PF_OWN": True} if "own" in prefetch else {}
+    if gate_up and "down" in prefetch:
+        opts.update(PF_DOWN=True, PF_SROW=srow)
+    if evict_first:
+        opts["EVICT"] = "evict_first"
+    return opts
+
+
 def _gemv_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
-    """:func:`.gemv.moe_gemv` (gate/up) over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``."""
+    """:func:`.gemv.moe_gemv` (gate/up) over the ``len(ids)`` pairs of ``x`` (``k`` a token) into ``inter``; with
+    ``"down"`` in :data:`GEMV_PREFETCH` its programs also request the down weights of their experts into L2."""
     w13, s13, b13 = weights.w13, weights.w13_scale, weights.w13_bias
+    w2, s2 = weights.w2, weights.w2_scale
     i = weights.intermediate
     limit = activation.limit
     cached(moe_gemv)[(ids.shape[0], cdiv(i, tile.feats * tile.warps * tile.sub))](
         x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
         b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
         float(limit if limit is not None else 0.0), float(activation.up_offset), ids, inter, 0,
+        w2, w2.stride(0), s2, s2.stride(0),
         K=x.shape[1], I=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, FEATS=tile.feats, WARPS=tile.warps, SUB=tile.sub,
         num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
+        **_prefetch_options(True, weights),
     )  # fmt: skip
 
 
@@ -828,10 +867,11 @@ def _gemv_down(inter, ids, tw, weights, out, tile, k, fused: bool = False) -> No
     cached(moe_gemv)[(y.shape[0], tiles)](
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
         b2.stride(0) if b2 is not None else 0, y, y.stride(0), 0.0, 0.0, 0.0, counters, out, out.stride(0),
+        w2, 0, s2, 0,
         K=inter.shape[1], I=h // 2, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True,
         HAS_BIAS=b2 is not None, HAS_LIMIT=False, FEATS=tile.feats, WARPS=tile.warps, SUB=1 if pairs else k,
         num_warps=tile.warps, **_gemv_launch_options(weights, _one_step_max(tile)), **_gemv_tile_options(tile),
-        **({"FUSED": True} if fuse else {}),
+        **({"FUSED": True} if fuse else {}), **_prefetch_options(False, weights),
     )  # fmt: skip
     if pairs and not fused:
         block = 1024

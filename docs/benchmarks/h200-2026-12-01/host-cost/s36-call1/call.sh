@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 36, call 1 (issue 13): the GEMV path's L2 prefetches (layer.GEMV_PREFETCH "own" / "down",
+# GEMV_EVICT_FIRST) with the default pair and with 1,8/pi1,8 (fp32 gate/up, f16i pairs down, combine launch):
+# 1. the public call eager at one token (20B), two rounds in turns; 2. moe_apply alone, flushed / hot;
+# 3. the GPU tests of the GEMV and pairs cases with the prefetches on; 4. on an H200, the triton_kernels anchor.
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s36-call1/call.sh", carry=[".whl", ".anchors"])
+bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+R=$PWD; W=/tmp/w1; rm -rf $W; mkdir -p $W
+snap() { tar czf $OUT/r.tgz -C /tmp w1; }
+GPU=$(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader); echo "$GPU"
+probe() {  # probe NAME PREFETCH EVICT TILES STAGE [args]
+  local n=$1 pf=$2 ev=$3 g=$4 st=$5; shift 5
+  (cd /tmp && timeout 45 python3 -c "
+import sys; sys.path.insert(0, '$R/tools')
+from tokenspeed_kernel_nvidia.hopper.moe import layer
+layer.GEMV_PREFETCH = tuple(filter(None, '$pf'.split(','))); layer.GEMV_EVICT_FIRST = $ev
+import moe_gemv_probe as p
+sys.exit(p.main(['--out', '$W', '--stages', '$st', '--default-gemv', '--experts', '32', '--tokens', '1',
+                 '--gemv-tiles', '$g', '--tag=-$st-$n'] + sys.argv[1:]))
+" "$@" > $W/$st-$n.txt 2>&1)
+  echo "$st $n rc $? $(grep -E "^(eager|apply)" $W/$st-$n.txt | sed 's/\"rounds_us.*graph/graph/' | cut -c1-170)"; snap
+}
+D=1,8/d1,4,1,3@128; P=1,8/pi1,8
+for round in 1 2; do
+  probe A$round "" False $D eager
+  probe B$round down False $D eager
+  probe C$round own,down False $D eager
+  probe D$round "" False $P eager
+  probe E$round down False $P eager
+  probe F$round own,down False $P eager
+  [ $round = 1 ] && probe G$round own,down True $P eager
+done
+probe A "" False $D apply --skip-mma
+probe C own,down False $D apply --skip-mma
+probe D "" False $P apply --skip-mma
+probe F own,down False $P apply --skip-mma
+T=$R/packages/tokenspeed-kernel-nvidia/tests
+(cd /tmp && timeout 150 python3 -c "
+import sys, pytest
+from tokenspeed_kernel_nvidia.hopper.moe import layer
+layer.GEMV_PREFETCH = ('own', 'down')
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfEs', '--tb=short', '-m', 'gpu', '$T/test_hopper_moe.py', '-k',
+    '(canonical and (T1 or T2) and (gemv or pairs) and not f16_tiles) or pairs_down_sums']))
+" > $W/t.txt 2>&1)
+echo "tests (prefetch own,down) rc $? | $(tail -1 $W/t.txt)"; grep -E "^(FAILED|ERROR|E  )" $W/t.txt | cut -c1-300 | head -8; snap
+case "$GPU" in *H200*)
+  (cd /tmp && timeout 90 python3 $R/.anchors/tk_moe.py --tokens 1 > $W/anchor.txt 2>&1); echo "anchor rc $? $(tail -2 $W/anchor.txt)"; snap;;
+esac
