@@ -660,6 +660,17 @@ def test_gpu_fused_epilogues_give_the_bits_of_the_separate_launches(label, e, to
     assert ((fused.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def _assert_replays_equal(run, want):
+    """``run`` captured in a CUDA graph gives ``want`` on each of two replays."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = run()
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("tokens", [1, 2])
@@ -695,13 +706,7 @@ def test_gpu_gemv_pairs_down_sums_its_slots_in_its_last_program_with_the_bits_of
     fused = run()
     assert torch.equal(fused, separate)
     assert torch.equal(run(), separate)  # the counters were left zero
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        captured = run()
-    for _ in range(2):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(captured, separate)
+    _assert_replays_equal(run, separate)
     used = [c for (_, kind), c in launch._BUFFERS.items() if kind == "counters" and c.device == x.device]
     assert used and all(int(c.abs().max()) == 0 for c in used)
     ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
@@ -736,13 +741,7 @@ def test_gpu_gemv_l2_prefetches_and_evict_first_keep_the_bits(monkeypatch, tiles
     monkeypatch.setattr(layer, "GEMV_PREFETCH", ("own", "down"))
     monkeypatch.setattr(layer, "GEMV_EVICT_FIRST", True)
     assert torch.equal(run(), plain)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        captured = run()
-    for _ in range(2):
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(captured, plain)
+    _assert_replays_equal(run, plain)
     ref = _reference(x, topk_w, topk_ids, w, GPT_OSS)
     assert ((plain.float() - ref).norm() / ref.norm()).item() < 1e-2
 
