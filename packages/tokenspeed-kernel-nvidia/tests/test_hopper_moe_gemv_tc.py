@@ -215,6 +215,14 @@ CC_CASES = [
     ("ksplit_scales_above_220_T1", 1, 4, {"tiles": ((1, 1, 4), (1, None, 2)), "scale_hi": 230}),
     ("maxnreg_168_T1", 1, 4, {"tiles": ((1, 4, 1, 168), (1, None, 1))}),
     ("int_decode_T1", 1, 4, {"tiles": ((1, 4, 1, 168, "int"), (1, None, 1, None, "int"))}),
+    # L2 prefetches (a program's own rows, the gate/up's share of the down weights) and evict_first loads
+    (
+        "int_decode_prefetch_evict_T1",
+        1,
+        4,
+        {"tiles": ((1, 4, 1, 168, "int"), (1, None, 1, None, "int")), "prefetch": ("own", "down"), "evict": True},
+    ),
+    ("prefetch_own_not_interleaved_top3_T2", 2, 3, {"interleaved": False, "prefetch": ("own",)}),
     (
         "int_decode_scales_above_220_T1",
         1,
@@ -232,10 +240,14 @@ def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spill
     from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe import layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
 
     wkw = dict(wkw)
     tiles = tuple(TcTile(*t) for t in wkw.pop("tiles")) if "tiles" in wkw else _tc_tiles()
+    prefetch, evict = wkw.pop("prefetch", ()), wkw.pop("evict", False)
+    monkeypatch.setattr(layer, "GEMV_PREFETCH", prefetch)
+    monkeypatch.setattr(layer, "GEMV_EVICT_FIRST", evict)
     calls = _launches(monkeypatch, tokens, e=32, gemv=True, k=k, tiles=tiles, **wkw)
     assert len(calls) == 2
     for fn, _grid, args, kwargs in calls:
@@ -264,6 +276,16 @@ def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spill
             # (without it, after the last: the module doc).
             loop = _sass_loops(sass).splitlines()
             first_mma = next(n for n, line in enumerate(loop) if re.search(r"\bHMMA\b", line))
-            early = sum(1 for line in loop[:first_mma] if re.search(r"\bLDG\.E\.128\b", line))
+            early = sum(1 for line in loop[:first_mma] if re.search(r"\bLDG\.E(\.EF)?\.128\b", line))  # EF: evict first
             assert early >= 6, (label, early)
         assert not re.search(r"\b(atom|red)\.", ptx), label  # no atomics: one fixed reduction order
+        # L2 prefetches: codes and scales of the program's rows (gate and up apart when not interleaved; each slot's
+        # for the down), and the gate/up's share of the down weights; the codes' and scales' loads evict first
+        n_pf = len(re.findall(r"\bCCTL\.E\.PF2\b", sass))
+        assert ptx.count("prefetch.global.L2 ") == n_pf, label
+        if "own" in prefetch:
+            assert n_pf >= (2 * (1 if wkw.get("interleaved", True) else 2) if kwargs["GATE_UP"] else 2 * k), label
+        else:
+            assert n_pf == 0, label
+        assert kwargs.get("PF_DOWN", False) is (kwargs["GATE_UP"] and "down" in prefetch), label
+        assert (ptx.count("L2::evict_first") > 0) is evict, label

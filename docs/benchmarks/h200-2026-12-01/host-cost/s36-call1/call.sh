@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 36, call 1 (issue 13): the GEMV path's L2 prefetches (layer.GEMV_PREFETCH "own" / "down",
 # GEMV_EVICT_FIRST) with the default pair and with 1,8/pi1,8 (fp32 gate/up, f16i pairs down, combine launch):
-# 1. the public call eager at one token (20B), two rounds in turns; 2. moe_apply alone, flushed / hot;
-# 3. the GPU tests of the GEMV and pairs cases with the prefetches on; 4. on an H200, the triton_kernels anchor.
+# 1. the public call eager at one token (20B), two rounds in turns (and the TC integer gate/up with both prefetches);
+# 2. each GEMV kernel alone with and without its own prefetch, flushed / hot; 3. moe_apply alone, flushed / hot;
+# 4. the GPU tests of the GEMV and pairs cases with the prefetches on; 5. on an H200, the triton_kernels anchor.
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s36-call1/call.sh", carry=[".whl", ".anchors"])
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -19,7 +20,7 @@ import moe_gemv_probe as p
 sys.exit(p.main(['--out', '$W', '--stages', '$st', '--default-gemv', '--experts', '32', '--tokens', '1',
                  '--gemv-tiles', '$g', '--tag=-$st-$n'] + sys.argv[1:]))
 " "$@" > $W/$st-$n.txt 2>&1)
-  echo "$st $n rc $? $(grep -E "^(eager|apply)" $W/$st-$n.txt | sed 's/\"rounds_us.*graph/graph/' | cut -c1-170)"; snap
+  echo "$st $n rc $? $(grep -E "^(eager|apply|kernel)" $W/$st-$n.txt | sed 's/\"rounds_us.*graph/graph/' | cut -c1-170)"; snap
 }
 D=1,8/d1,4,1,3@128; P=1,8/pi1,8
 for round in 1 2; do
@@ -30,6 +31,10 @@ for round in 1 2; do
   probe E$round down False $P eager
   probe F$round own,down False $P eager
   [ $round = 1 ] && probe G$round own,down True $P eager
+done
+probe T own,down False ti1,4@168/d1,4,1,3@128 eager
+for pf in "" own; do
+  probe K-${pf:-none} "$pf" False $D kernels --kernel-gate-up "1,8;ti1,4@168" --kernel-down "d1,4,1,3@128;pi1,8"
 done
 probe A "" False $D apply --skip-mma
 probe C own,down False $D apply --skip-mma

@@ -54,9 +54,10 @@ from triton.experimental.gluon import language as gl
 from triton.runtime.jit import constexpr_function
 
 from .decode import _grid_release, _grid_wait, _swiglu
-from .gemv import (  # gemv's decodes; block scale 2**(s - 121), bytes above 248 in two steps
+from .gemv import (  # gemv's decodes; block scale 2**(s - 121), bytes above 248 in two steps; L2 prefetches
     _decode,
     _decode_int,
+    _prefetch_rows,
     _scaled_add,
 )
 
@@ -146,18 +147,19 @@ def _iota4(N: gl.constexpr, D: gl.constexpr, L: gl.constexpr):
 
 @gluon.jit
 def _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch, c, j, K: gl.constexpr,
-                SROW: gl.constexpr):  # fmt: skip
+                SROW: gl.constexpr, EVICT: gl.constexpr = ""):  # fmt: skip
     """Chunk ``ch``'s code words (rows ``row_a``, ``row_b``: ``uint32 [W, G, 8, 4 blocks, 4 words]``) and the scale
     bytes of the lane's accumulators (``[.., 4]``: row a blocks ``2 c``, ``2 c + 1``, then row b)."""
     NCH: gl.constexpr = K // 32
     blk = ch * 4 + c
     base = (w_ptr + e.to(gl.int64) * stride_we).to(gl.pointer_type(gl.uint32))
     wok = ok & (blk < NCH)
-    wa = gl.load(base + (row_a * (K // 8) + blk * 4 + j), mask=wok, other=0)
-    wb = gl.load(base + (row_b * (K // 8) + blk * 4 + j), mask=wok, other=0)
+    wa = gl.load(base + (row_a * (K // 8) + blk * 4 + j), mask=wok, other=0, eviction_policy=EVICT)
+    wb = gl.load(base + (row_b * (K // 8) + blk * 4 + j), mask=wok, other=0, eviction_policy=EVICT)
     sblk = ch * 4 + 2 * c + (j % 2)
     srow = gl.where(j < 2, row_a, row_b)
-    sc = gl.load(s_ptr + e.to(gl.int64) * stride_se + (srow * SROW + sblk), mask=ok & (c < 2) & (sblk < NCH), other=0)
+    sc = gl.load(s_ptr + e.to(gl.int64) * stride_se + (srow * SROW + sblk), mask=ok & (c < 2) & (sblk < NCH), other=0,
+                 eviction_policy=EVICT)  # fmt: skip
     return wa, wb, sc
 
 
@@ -184,17 +186,20 @@ def _chunk(acc, wa, wb, sc, x_sm, i, diag, down5, LX: gl.constexpr, BIG_SCALES: 
 @gluon.jit
 def moe_gemv_tc(
     x_ptr, stride_x, ids_ptr, tw_ptr, w_ptr, stride_we, s_ptr, stride_se, b_ptr, stride_be, y_ptr, stride_y,
-    alpha, limit, up_offset,
+    alpha, limit, up_offset, pw_ptr, pstride_we, ps_ptr, pstride_se,
     K: gl.constexpr, N: gl.constexpr, SROW: gl.constexpr, TOP_K: gl.constexpr, GATE_UP: gl.constexpr,
     INTERLEAVED: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_LIMIT: gl.constexpr, G: gl.constexpr,
     WARPS: gl.constexpr, KSPLIT: gl.constexpr, PDL: gl.constexpr, BIG_SCALES: gl.constexpr = True,
-    INT_DECODE: gl.constexpr = False,
+    INT_DECODE: gl.constexpr = False, PF_OWN: gl.constexpr = False, PF_DOWN: gl.constexpr = False,
+    PF_SROW: gl.constexpr = 0, EVICT: gl.constexpr = "",
 ):  # fmt: skip
     """One GEMM (module doc). ``w``: uint8 ``[E, rows, K / 2]`` codes (``stride_we`` bytes an expert), ``s``: uint8
     ``[E, rows, K / 32]`` scales (row stride ``SROW``), ``b``: ``[E, rows]`` bias. ``N``: gate/up features (``I``;
     ``INTERLEAVED``: feature ``j``'s rows ``2 j``, ``2 j + 1``, else ``j``, ``I + j``) or down output rows.
     ``WARPS = FW * KSPLIT``: warp ``w`` takes row warp ``w % FW`` (gate/up: a feature tile; down: a slot, ``FW`` a
-    power of two at least ``TOP_K``) and chunk range ``w // FW``."""
+    power of two at least ``TOP_K``) and chunk range ``w // FW``. ``PF_OWN``, ``PF_DOWN`` (``pw``, ``ps``,
+    ``PF_SROW``): :func:`.gemv.moe_gemv`'s L2 prefetches (a program's own rows; the gate/up's share of the down
+    weights); ``EVICT``: the codes' and scales' loads' L2 eviction policy."""
     pid = gl.program_id(0)
     tile = gl.program_id(1)
     NCH: gl.constexpr = K // 32  # MX blocks a row
@@ -245,14 +250,35 @@ def moe_gemv_tc(
     else:
         ch0 = (w5 // FW) * NCP  # the warp's first chunk
     # Four chunks in flight: buffer u holds chunk i0 + u, refilled with chunk i0 + u + 4 once decoded.
-    wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch0, c5, j5, K, SROW)
+    wa0, wb0, sc0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok, ch0, c5, j5, K, SROW, EVICT)
     wa1, wb1, sc1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 1), ch0 + 1, c5, j5,
-                                K, SROW)  # fmt: skip
+                                K, SROW, EVICT)  # fmt: skip
     wa2, wb2, sc2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 2), ch0 + 2, c5, j5,
-                                K, SROW)  # fmt: skip
+                                K, SROW, EVICT)  # fmt: skip
     wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 3), ch0 + 3, c5, j5,
-                                K, SROW)  # fmt: skip
-    if not GATE_UP:
+                                K, SROW, EVICT)  # fmt: skip
+    # L2 prefetches once the first chunks are requested (.gemv.moe_gemv's; the down's before its grid wait)
+    FT: gl.constexpr = (WARPS // KSPLIT) * G * 8  # gate/up features of a program
+    if GATE_UP:
+        if PF_OWN:
+            n_own = gl.minimum(N - tile * FT, FT)
+            if INTERLEAVED:
+                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, 2 * tile * FT, 2 * n_own, 2 * FT, K, SROW, WARPS)
+            else:
+                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, tile * FT, n_own, FT, K, SROW, WARPS)
+                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, N + tile * FT, n_own, FT, K, SROW, WARPS)
+        if PF_DOWN:
+            NT: gl.constexpr = (N + FT - 1) // FT
+            RD: gl.constexpr = (K + NT - 1) // NT
+            r0 = gl.minimum(tile * RD, K - 1)
+            _prefetch_rows(pw_ptr, ps_ptr, e, pstride_we, pstride_se, r0, gl.minimum(K - r0, RD), RD, N, PF_SROW,
+                           WARPS)  # fmt: skip
+    else:
+        if PF_OWN:
+            n_own = gl.minimum(N - tile * G * 16, G * 16)
+            for u in gl.static_range(TOP_K):
+                e_u = gl.load(ids_ptr + pid * TOP_K + u)
+                _prefetch_rows(w_ptr, s_ptr, e_u, stride_we, stride_se, tile * G * 16, n_own, G * 16, K, SROW, WARPS)
         _grid_wait(PDL)  # inter is the previous launch's output
         _grid_release(PDL)
 
@@ -298,13 +324,13 @@ def moe_gemv_tc(
     acc = gl.zeros([WARPS, G, 8, 4, 4], gl.float32, LW)
     for i0 in range(0, NCP, 4):
         na0, nb0, ns0 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 4 < NCP),
-                                    ch0 + i0 + 4, c5, j5, K, SROW)  # fmt: skip
+                                    ch0 + i0 + 4, c5, j5, K, SROW, EVICT)  # fmt: skip
         na1, nb1, ns1 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 5 < NCP),
-                                    ch0 + i0 + 5, c5, j5, K, SROW)  # fmt: skip
+                                    ch0 + i0 + 5, c5, j5, K, SROW, EVICT)  # fmt: skip
         na2, nb2, ns2 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 6 < NCP),
-                                    ch0 + i0 + 6, c5, j5, K, SROW)  # fmt: skip
+                                    ch0 + i0 + 6, c5, j5, K, SROW, EVICT)  # fmt: skip
         na3, nb3, ns3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (i0 + 7 < NCP),
-                                    ch0 + i0 + 7, c5, j5, K, SROW)  # fmt: skip
+                                    ch0 + i0 + 7, c5, j5, K, SROW, EVICT)  # fmt: skip
         acc = _chunk(acc, wa0, wb0, sc0, x_sm, i0, diag, down5, LX, BIG_SCALES, INT_DECODE)
         acc = _chunk(acc, wa1, wb1, sc1, x_sm, i0 + 1, diag, down5, LX, BIG_SCALES, INT_DECODE)
         acc = _chunk(acc, wa2, wb2, sc2, x_sm, i0 + 2, diag, down5, LX, BIG_SCALES, INT_DECODE)

@@ -888,11 +888,12 @@ def _tc_gate_up(x, ids, weights, activation, inter, tile, k) -> None:
     cached(moe_gemv_tc)[(ids.shape[0], cdiv(i, 8 * tile.groups * tile.warps))](
         x, x.stride(0), ids, ids, w13, w13.stride(0), s13, s13.stride(0), b13 if b13 is not None else inter,
         b13.stride(0) if b13 is not None else 0, inter, inter.stride(0), float(activation.alpha),
-        float(limit if limit is not None else 0.0), float(activation.up_offset),
+        float(limit if limit is not None else 0.0), float(activation.up_offset), weights.w2, weights.w2.stride(0),
+        weights.w2_scale, weights.w2_scale.stride(0),
         K=x.shape[1], N=i, SROW=s13.stride(1), TOP_K=k, GATE_UP=True, INTERLEAVED=weights.gate_up_interleaved,
         HAS_BIAS=b13 is not None, HAS_LIMIT=limit is not None, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit,
         num_warps=warps, **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
-        **({"INT_DECODE": True} if tile.decode == "int" else {}),
+        **({"INT_DECODE": True} if tile.decode == "int" else {}), **_prefetch_options(True, weights),
     )  # fmt: skip
 
 
@@ -904,11 +905,11 @@ def _tc_down(inter, ids, tw, weights, out, tile, k) -> None:
     warps = next_power_of_2(k) * tile.ksplit
     cached(moe_gemv_tc)[(out.shape[0], cdiv(h, 16 * tile.groups))](
         inter, inter.stride(0), ids, tw, w2, w2.stride(0), s2, s2.stride(0), b2 if b2 is not None else out,
-        b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0,
+        b2.stride(0) if b2 is not None else 0, out, out.stride(0), 0.0, 0.0, 0.0, w2, 0, s2, 0,
         K=inter.shape[1], N=h, SROW=s2.stride(1), TOP_K=k, GATE_UP=False, INTERLEAVED=True, HAS_BIAS=b2 is not None,
         HAS_LIMIT=False, G=tile.groups, WARPS=warps, KSPLIT=tile.ksplit, num_warps=warps,
         **_gemv_launch_options(weights, gemv_tc.ONE_STEP_MAX_SCALE), **_reg_cap(tile),
-        **({"INT_DECODE": True} if tile.decode == "int" else {}),
+        **({"INT_DECODE": True} if tile.decode == "int" else {}), **_prefetch_options(False, weights),
     )  # fmt: skip
 
 
