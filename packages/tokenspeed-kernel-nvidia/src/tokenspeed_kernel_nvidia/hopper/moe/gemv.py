@@ -303,6 +303,29 @@ def _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, r0, n, ROWS: gl.conste
 
 
 @gluon.jit
+def _prefetch_gate_up(w_ptr, s_ptr, e, stride_we, stride_se, f0, FT: gl.constexpr, I: gl.constexpr,
+                      K: gl.constexpr, SROW: gl.constexpr, INTERLEAVED: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """:func:`_prefetch_rows` of the gate and up rows of features ``f0 .. f0 + FT - 1`` (those below ``I``): one range
+    when ``INTERLEAVED`` (rows ``2 f``, ``2 f + 1``), else the gate range and the up range (rows ``f``, ``I + f``)."""
+    n = gl.minimum(I - f0, FT)
+    if INTERLEAVED:
+        _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, 2 * f0, 2 * n, 2 * FT, K, SROW, WARPS)
+    else:
+        _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, f0, n, FT, K, SROW, WARPS)
+        _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, I + f0, n, FT, K, SROW, WARPS)
+
+
+@gluon.jit
+def _prefetch_down_share(pw_ptr, ps_ptr, e, pstride_we, pstride_se, tile, NT: gl.constexpr, K: gl.constexpr,
+                         I: gl.constexpr, PF_SROW: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """:func:`_prefetch_rows` of gate/up tile ``tile``'s share (of ``NT`` tiles) of expert ``e``'s down weights:
+    ``cdiv(K, NT)`` of its ``K`` rows of ``I / 2`` code bytes."""
+    RD: gl.constexpr = (K + NT - 1) // NT
+    r0 = gl.minimum(tile * RD, K - 1)
+    _prefetch_rows(pw_ptr, ps_ptr, e, pstride_we, pstride_se, r0, gl.minimum(K - r0, RD), RD, I, PF_SROW, WARPS)
+
+
+@gluon.jit
 def _rows(j, h, I: gl.constexpr, SPLIT_ROWS: gl.constexpr):
     """Weight rows ``[feature, 2]`` of row pairs ``j``: ``2 j + h``, or ``h I + j`` (``SPLIT_ROWS``)."""
     if SPLIT_ROWS:
@@ -435,19 +458,10 @@ def moe_gemv(
     # L2 prefetches once the ring's first requests are out (PF_OWN, PF_DOWN; the down's before its grid wait)
     if GATE_UP:
         if PF_OWN:
-            n_own = gl.minimum(I - j0, SUB * FW)  # features of this program (at least 1)
-            if INTERLEAVED:
-                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, 2 * j0, 2 * n_own, 2 * SUB * FW, K, SROW, WARPS)
-            else:
-                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, j0, n_own, SUB * FW, K, SROW, WARPS)
-                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, I + j0, n_own, SUB * FW, K, SROW, WARPS)
+            _prefetch_gate_up(w_ptr, s_ptr, e, stride_we, stride_se, j0, SUB * FW, I, K, SROW, INTERLEAVED, WARPS)
         if PF_DOWN:
-            # this tile's share of the down's K rows (of I / 2 code bytes): cdiv(K, tiles) rows
-            NT: gl.constexpr = (I + SUB * FW - 1) // (SUB * FW)
-            RD: gl.constexpr = (K + NT - 1) // NT
-            r0 = gl.minimum(tile * RD, K - 1)
-            _prefetch_rows(pw_ptr, ps_ptr, e, pstride_we, pstride_se, r0, gl.minimum(K - r0, RD), RD, I, PF_SROW,
-                           WARPS)  # fmt: skip
+            _prefetch_down_share(pw_ptr, ps_ptr, e, pstride_we, pstride_se, tile, (I + SUB * FW - 1) // (SUB * FW), K, I,
+                                 PF_SROW, WARPS)  # fmt: skip
     else:
         if PF_OWN:
             n_own = 2 * gl.minimum(I - j0, FW)  # output rows 2 j, 2 j + 1 of this tile

@@ -57,6 +57,8 @@ from .decode import _grid_release, _grid_wait, _swiglu
 from .gemv import (  # gemv's decodes; block scale 2**(s - 121), bytes above 248 in two steps; L2 prefetches
     _decode,
     _decode_int,
+    _prefetch_down_share,
+    _prefetch_gate_up,
     _prefetch_rows,
     _scaled_add,
 )
@@ -261,18 +263,10 @@ def moe_gemv_tc(
     FT: gl.constexpr = (WARPS // KSPLIT) * G * 8  # gate/up features of a program
     if GATE_UP:
         if PF_OWN:
-            n_own = gl.minimum(N - tile * FT, FT)
-            if INTERLEAVED:
-                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, 2 * tile * FT, 2 * n_own, 2 * FT, K, SROW, WARPS)
-            else:
-                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, tile * FT, n_own, FT, K, SROW, WARPS)
-                _prefetch_rows(w_ptr, s_ptr, e, stride_we, stride_se, N + tile * FT, n_own, FT, K, SROW, WARPS)
+            _prefetch_gate_up(w_ptr, s_ptr, e, stride_we, stride_se, tile * FT, FT, N, K, SROW, INTERLEAVED, WARPS)
         if PF_DOWN:
-            NT: gl.constexpr = (N + FT - 1) // FT
-            RD: gl.constexpr = (K + NT - 1) // NT
-            r0 = gl.minimum(tile * RD, K - 1)
-            _prefetch_rows(pw_ptr, ps_ptr, e, pstride_we, pstride_se, r0, gl.minimum(K - r0, RD), RD, N, PF_SROW,
-                           WARPS)  # fmt: skip
+            _prefetch_down_share(pw_ptr, ps_ptr, e, pstride_we, pstride_se, tile, (N + FT - 1) // FT, K, N, PF_SROW,
+                                 WARPS)  # fmt: skip
     else:
         if PF_OWN:
             n_own = gl.minimum(N - tile * G * 16, G * 16)
