@@ -34,7 +34,7 @@ for round in 1 2; do
 done
 probe T own,down False ti1,4@168/d1,4,1,3@128 eager
 for pf in "" own; do
-  probe K-${pf:-none} "$pf" False $D kernels --kernel-gate-up "1,8;ti1,4@168" --kernel-down "d1,4,1,3@128;pi1,8"
+  probe K-${pf:-none} "$pf" False $D kernels --kernel-gate-up "1,8;ti1,4@168;ti1,4:2@128" --kernel-down "d1,4,1,3@128;pi1,8"
 done
 probe A "" False $D apply --skip-mma
 probe C own,down False $D apply --skip-mma
