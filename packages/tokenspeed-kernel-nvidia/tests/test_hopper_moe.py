@@ -737,6 +737,8 @@ def test_gpu_gemv_l2_prefetches_and_evict_first_keep_the_bits(monkeypatch, tiles
     def run():
         return layer.moe_apply(x, topk_w, topk_ids, w, GPT_OSS, tiles=tiles, graphs=False)
 
+    monkeypatch.setattr(layer, "GEMV_PREFETCH", ())
+    monkeypatch.setattr(layer, "GEMV_EVICT_FIRST", False)
     plain = run()
     monkeypatch.setattr(layer, "GEMV_PREFETCH", ("own", "down"))
     monkeypatch.setattr(layer, "GEMV_EVICT_FIRST", True)

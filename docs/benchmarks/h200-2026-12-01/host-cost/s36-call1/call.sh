@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 36, call 1 (issue 13): the GEMV path's L2 prefetches (layer.GEMV_PREFETCH "own" / "down",
 # GEMV_EVICT_FIRST) with the default pair and with 1,8/pi1,8 (fp32 gate/up, f16i pairs down, combine launch):
-# 1. the public call eager at one token (20B), two rounds in turns (and the TC integer gate/up with both prefetches);
+# 1. the public call eager at one token (20B), two rounds in turns (and the TC integer gate/up with both prefetches,
+#    and the default pair launched directly instead of through the layer's eager graph);
 # 2. each GEMV kernel alone with and without its own prefetch, flushed / hot; 3. moe_apply alone, flushed / hot;
 # 4. the GPU tests of the GEMV and pairs cases with the prefetches on; 5. on an H200, the triton_kernels anchor.
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s36-call1/call.sh", carry=[".whl", ".anchors"])
@@ -10,12 +11,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 R=$PWD; W=/tmp/w1; rm -rf $W; mkdir -p $W
 snap() { tar czf $OUT/r.tgz -C /tmp w1; }
 GPU=$(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader); echo "$GPU"
-probe() {  # probe NAME PREFETCH EVICT TILES STAGE [args]
-  local n=$1 pf=$2 ev=$3 g=$4 st=$5; shift 5
+probe() {  # probe NAME "LAYER SETTINGS (python)" TILES STAGE [probe args]
+  local n=$1 set=$2 g=$3 st=$4; shift 4
   (cd /tmp && timeout 45 python3 -c "
 import sys; sys.path.insert(0, '$R/tools')
 from tokenspeed_kernel_nvidia.hopper.moe import layer
-layer.GEMV_PREFETCH = tuple(filter(None, '$pf'.split(','))); layer.GEMV_EVICT_FIRST = $ev
+$set
 import moe_gemv_probe as p
 sys.exit(p.main(['--out', '$W', '--stages', '$st', '--default-gemv', '--experts', '32', '--tokens', '1',
                  '--gemv-tiles', '$g', '--tag=-$st-$n'] + sys.argv[1:]))
@@ -23,30 +24,35 @@ sys.exit(p.main(['--out', '$W', '--stages', '$st', '--default-gemv', '--experts'
   echo "$st $n rc $? $(grep -E "^(eager|apply|kernel)" $W/$st-$n.txt | sed 's/\"rounds_us.*graph/graph/' | cut -c1-170)"; snap
 }
 D=1,8/d1,4,1,3@128; P=1,8/pi1,8
+NONE="pass"; DOWN="layer.GEMV_PREFETCH = ('down',)"; BOTH="layer.GEMV_PREFETCH = ('own', 'down')"
 for round in 1 2; do
-  probe A$round "" False $D eager
-  probe B$round down False $D eager
-  probe C$round own,down False $D eager
-  probe D$round "" False $P eager
-  probe E$round down False $P eager
-  probe F$round own,down False $P eager
-  [ $round = 1 ] && probe G$round own,down True $P eager
+  probe A$round "$NONE" $D eager
+  probe B$round "$DOWN" $D eager
+  probe C$round "$BOTH" $D eager
+  probe D$round "$NONE" $P eager
+  probe E$round "$DOWN" $P eager
+  probe F$round "$BOTH" $P eager
+  if [ $round = 1 ]; then
+    probe G$round "$BOTH; layer.GEMV_EVICT_FIRST = True" $P eager
+    probe H$round "layer.GRAPH_MAX_TOKENS = 0" $D eager  # direct launches (programmatic launch across calls)
+    probe I$round "$BOTH; layer.GRAPH_MAX_TOKENS = 0" $P eager
+  fi
 done
-probe T own,down False ti1,4@168/d1,4,1,3@128 eager
-for pf in "" own; do
-  probe K-${pf:-none} "$pf" False $D kernels --kernel-gate-up "1,8;ti1,4@168;ti1,4:2@128" --kernel-down "d1,4,1,3@128;pi1,8"
-done
-probe A "" False $D apply --skip-mma
-probe C own,down False $D apply --skip-mma
-probe D "" False $P apply --skip-mma
-probe F own,down False $P apply --skip-mma
+probe T "$BOTH" ti1,4@168/d1,4,1,3@128 eager
+probe K-none "$NONE" $D kernels --kernel-gate-up "1,8;ti1,4@168;ti1,4:2@128" --kernel-down "d1,4,1,3@128;pi1,8"
+probe K-own "layer.GEMV_PREFETCH = ('own',)" $D kernels --kernel-gate-up "1,8;ti1,4@168;ti1,4:2@128" \
+  --kernel-down "d1,4,1,3@128;pi1,8"
+probe A "$NONE" $D apply --skip-mma
+probe C "$BOTH" $D apply --skip-mma
+probe D "$NONE" $P apply --skip-mma
+probe F "$BOTH" $P apply --skip-mma
 T=$R/packages/tokenspeed-kernel-nvidia/tests
 (cd /tmp && timeout 150 python3 -c "
 import sys, pytest
 from tokenspeed_kernel_nvidia.hopper.moe import layer
 layer.GEMV_PREFETCH = ('own', 'down')
 sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfEs', '--tb=short', '-m', 'gpu', '$T/test_hopper_moe.py', '-k',
-    '(canonical and (T1 or T2) and (gemv or pairs) and not f16_tiles) or pairs_down_sums']))
+    '(canonical and (T1 or T2) and (gemv or pairs) and not f16_tiles) or pairs_down_sums or l2_prefetches']))
 " > $W/t.txt 2>&1)
 echo "tests (prefetch own,down) rc $? | $(tail -1 $W/t.txt)"; grep -E "^(FAILED|ERROR|E  )" $W/t.txt | cut -c1-300 | head -8; snap
 case "$GPU" in *H200*)
