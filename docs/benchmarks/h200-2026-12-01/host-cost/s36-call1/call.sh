@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 36, call 1 (issue 13): the GEMV path's L2 prefetches (layer.GEMV_PREFETCH "own" / "down",
-# GEMV_EVICT_FIRST) with the default pair and with 1,8/pi1,8 (fp32 gate/up, f16i pairs down, combine launch):
-# 1. the public call eager at one token (20B), two rounds in turns (and the TC integer gate/up with both prefetches,
-#    and the default pair launched directly instead of through the layer's eager graph);
-# 2. each GEMV kernel alone with and without its own prefetch, flushed / hot; 3. moe_apply alone, flushed / hot;
+# GEMV_EVICT_FIRST) with the default pair and with 1,8/pi1,8 (fp32 gate/up, f16i pairs down, combine launch), and
+# the exact fp32 pairs downs p1,8 / pd1,8 with the combine launch (session 35 timed them only fused):
+# 1. the public call eager at one token (20B), two rounds (and the TC integer gate/up with both prefetches, and
+#    direct launches instead of the layer's eager graph); 2. between the rounds, each GEMV kernel alone with and
+#    without its own prefetch, flushed / hot (gate/up sub-tiles too); 3. moe_apply alone, flushed / hot;
 # 4. the GPU tests of the GEMV and pairs cases with the prefetches on; 5. on an H200, the triton_kernels anchor.
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s36-call1/call.sh", carry=[".whl", ".anchors"])
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
@@ -13,7 +14,7 @@ snap() { tar czf $OUT/r.tgz -C /tmp w1; }
 GPU=$(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader); echo "$GPU"
 probe() {  # probe NAME "LAYER SETTINGS (python)" TILES STAGE [probe args]
   local n=$1 set=$2 g=$3 st=$4; shift 4
-  (cd /tmp && timeout 45 python3 -c "
+  (cd /tmp && timeout $([ $st = kernels ] && echo 75 || echo 45) python3 -c "
 import sys; sys.path.insert(0, '$R/tools')
 from tokenspeed_kernel_nvidia.hopper.moe import layer
 $set
@@ -23,25 +24,28 @@ sys.exit(p.main(['--out', '$W', '--stages', '$st', '--default-gemv', '--experts'
 " "$@" > $W/$st-$n.txt 2>&1)
   echo "$st $n rc $? $(grep -E "^(eager|apply|kernel)" $W/$st-$n.txt | sed 's/\"rounds_us.*graph/graph/' | cut -c1-170)"; snap
 }
-D=1,8/d1,4,1,3@128; P=1,8/pi1,8
+D=1,8/d1,4,1,3@128; P=1,8/pi1,8; X=1,8/p1,8; Y=1,8/pd1,8
 NONE="pass"; DOWN="layer.GEMV_PREFETCH = ('down',)"; BOTH="layer.GEMV_PREFETCH = ('own', 'down')"
-for round in 1 2; do
-  probe A$round "$NONE" $D eager
-  probe B$round "$DOWN" $D eager
-  probe C$round "$BOTH" $D eager
-  probe D$round "$NONE" $P eager
-  probe E$round "$DOWN" $P eager
-  probe F$round "$BOTH" $P eager
-  if [ $round = 1 ]; then
-    probe G$round "$BOTH; layer.GEMV_EVICT_FIRST = True" $P eager
-    probe H$round "layer.GRAPH_MAX_TOKENS = 0" $D eager  # direct launches (programmatic launch across calls)
-    probe I$round "$BOTH; layer.GRAPH_MAX_TOKENS = 0" $P eager
-  fi
-done
-probe T "$BOTH" ti1,4@168/d1,4,1,3@128 eager
-probe K-none "$NONE" $D kernels --kernel-gate-up "1,8;ti1,4@168;ti1,4:2@128" --kernel-down "d1,4,1,3@128;pi1,8"
-probe K-own "layer.GEMV_PREFETCH = ('own',)" $D kernels --kernel-gate-up "1,8;ti1,4@168;ti1,4:2@128" \
-  --kernel-down "d1,4,1,3@128;pi1,8"
+GU="1,8;1,8,2;1,8,3,1@64;1,4,6;ti1,4@168;ti1,4:2@128"; DN="d1,4,1,3@128;pi1,8;p1,8;pd1,8"
+probe A1 "$NONE" $D eager
+probe B1 "$DOWN" $D eager
+probe C1 "$BOTH" $D eager
+probe D1 "$NONE" $P eager
+probe F1 "$BOTH" $P eager
+probe X1 "$NONE" $X eager  # fp32 pairs down, the combine launch: an exact pair
+probe Y1 "$NONE" $Y eager
+probe G1 "$BOTH; layer.GEMV_EVICT_FIRST = True" $P eager
+probe H1 "layer.GRAPH_MAX_TOKENS = 0" $D eager  # direct launches (programmatic launch across calls)
+probe I1 "$BOTH; layer.GRAPH_MAX_TOKENS = 0" $P eager
+probe T1 "$BOTH" ti1,4@168/d1,4,1,3@128 eager
+probe K-none "$NONE" $D kernels --kernel-gate-up "$GU" --kernel-down "$DN"
+probe K-own "layer.GEMV_PREFETCH = ('own',)" $D kernels --kernel-gate-up "$GU" --kernel-down "$DN"
+probe A2 "$NONE" $D eager
+probe C2 "$BOTH" $D eager
+probe D2 "$NONE" $P eager
+probe F2 "$BOTH" $P eager
+probe X2 "$NONE" $X eager
+probe Y2 "$NONE" $Y eager
 probe A "$NONE" $D apply --skip-mma
 probe C "$BOTH" $D apply --skip-mma
 probe D "$NONE" $P apply --skip-mma
