@@ -47,8 +47,6 @@ probe F2 "$BOTH" $P eager
 probe X2 "$NONE" $X eager
 probe Y2 "$NONE" $Y eager
 probe A "$NONE" $D apply --skip-mma
-probe C "$BOTH" $D apply --skip-mma
-probe D "$NONE" $P apply --skip-mma
 probe F "$BOTH" $P apply --skip-mma
 T=$R/packages/tokenspeed-kernel-nvidia/tests
 (cd /tmp && timeout 150 python3 -c "
