@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Session 36, call 2 (issue 13): the GPT-OSS-20B decode step (24 layers, batch 1, prepared calls) eager and in a CUDA
+# graph with the default GEMV path and with both L2 prefetches on (layer.GEMV_PREFETCH = ("own", "down")), in turns
+# (the issue's eager/graph ratio; the step's weights come from HBM, where the prefetches are meant to help), and the
+# public moe_apply eager at one token in the same processes' order. SETTINGS: python run after importing the layer
+# (default: the prefetches), e.g. SETTINGS="layer.GEMV_TILES = (layer.GemvTile(1, 8), layer.GemvTile(1, 8, pairs=True))".
+# run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s36-call2/call.sh", carry=[".whl", ".anchors"])
+bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+R=$PWD; W=/tmp/w2; rm -rf $W; mkdir -p $W
+snap() { tar czf $OUT/r.tgz -C /tmp w2; }
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+NEW=${SETTINGS:-"layer.GEMV_PREFETCH = ('own', 'down')"}
+for cfg in old1 new1 old2 new2; do
+  case $cfg in old*) S="pass";; *) S="$NEW";; esac
+  (cd $R && timeout 90 python3 -c "
+import runpy, sys
+import tokenspeed_kernel_nvidia.hopper.moe.layer as layer
+$S
+sys.argv = ['host_probe.py', '--skip-ops', '--layers', '24', '--decode-configs', 'full+prepared', '--rounds', '3',
+            '--out', '$W/step-$cfg']
+runpy.run_path('tools/host_probe.py', run_name='__main__')
+" > $W/step-$cfg.txt 2>&1)
+  echo "step $cfg rc $? | $(grep -E '^host proxy|^full' $W/step-$cfg.txt | cut -c1-160 | tr '\n' '|')"; snap
+done
