@@ -40,6 +40,11 @@ weights already in L2 (host-cost report, sessions 21-22). :func:`moe_gemv` is bu
   ``BIG_SCALES``. Session 34 (H100): faster with the weights in L2 (gate/up 15.7 us against 17.4), but not the
   default: the f16 rounding, through SwiGLU's clamp, becomes sign errors for very large terms (:data:`.layer.GEMV_TILES`).
 
+- **L2 prefetches** (``PF_OWN``, ``PF_DOWN``; :data:`.layer.GEMV_PREFETCH`, off until measured): a program requests
+  all of its rows' codes and scales into L2 once its first ring requests are out, and a gate/up program its share of
+  its expert's down weights too (``prefetch.global.L2``: hints, no register holds the data); ``EVICT`` loads the
+  weights ``evict_first`` (:data:`.layer.GEMV_EVICT_FIRST`).
+
 Gate/up, program (pair, group of ``SUB`` row tiles): ``inter[pair, j] = bf16(swiglu(x[token] @ W13[e].T +
 b13[e]))`` (stored in inter's dtype: fp32 for a staged down, else bf16). Down, program (token, row tile): it walks
 the token's ``TOP_K`` slots over the same rows (its ring of requests runs on across the slots) and sums them in
