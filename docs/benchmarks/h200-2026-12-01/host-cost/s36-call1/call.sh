@@ -26,7 +26,7 @@ sys.exit(p.main(['--out', '$W', '--stages', '$st', '--default-gemv', '--experts'
 }
 D=1,8/d1,4,1,3@128; P=1,8/pi1,8; X=1,8/p1,8; Y=1,8/pd1,8
 NONE="pass"; DOWN="layer.GEMV_PREFETCH = ('down',)"; BOTH="layer.GEMV_PREFETCH = ('own', 'down')"
-GU="1,8;1,8,2;1,8,3,1@64;1,4,6;ti1,4@168;ti1,4:2@128"; DN="d1,4,1,3@128;pi1,8;p1,8;pd1,8"
+GU="1,8;1,8,2;1,8,3;1,4,6;ti1,4@168;ti1,4:2@128"; DN="d1,4,1,3@128;pi1,8;p1,8;pd1,8"
 probe A1 "$NONE" $D eager
 probe B1 "$DOWN" $D eager
 probe C1 "$BOTH" $D eager
