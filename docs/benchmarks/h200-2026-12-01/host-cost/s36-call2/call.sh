@@ -2,8 +2,8 @@
 # Session 36, call 2 (issue 13): the GPT-OSS-20B decode step (24 layers, batch 1, prepared calls) eager and in a CUDA
 # graph with the default GEMV path and with NEW (default: both L2 prefetches, layer.GEMV_PREFETCH = ("own", "down")),
 # in turns (the issue's eager/graph ratio; the step's weights come from HBM, where the prefetches are meant to help);
-# then each launch's device time in a replayed graph of one layer call. NEW comes from SETTINGS (python run after
-# importing the layer), e.g. SETTINGS="layer.GEMV_TILES = (layer.GemvTile(1, 8), layer.GemvTile(1, 8, pairs=True))".
+# then each launch's device time in a replayed graph of one layer call, and the triton_kernels anchor. NEW comes from
+# SETTINGS (python run after importing the layer), e.g. SETTINGS="layer.GEMV_TILES = (layer.GemvTile(1, 8), layer.GemvTile(1, 8, pairs=True))".
 # run(command="bash docs/benchmarks/h200-2026-12-01/host-cost/s36-call2/call.sh", carry=[".whl", ".anchors"])
 bash tools/gpu_session.sh > $OUT/setup.log 2>&1; tail -1 $OUT/setup.log
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -36,3 +36,5 @@ runpy.run_path('tools/ncu_moe.py', run_name='__main__')
 " > $W/graphs-$n.txt 2>&1)
   echo "graphs $n rc $? | $(grep -E 'us' $W/graphs-$n.txt | cut -c1-110 | tr '\n' '|')"; snap
 done
+# The triton_kernels anchor (120B layer, one token) on the same machine.
+(cd /tmp && timeout 90 python3 $R/.anchors/tk_moe.py --tokens 1 > $W/anchor.txt 2>&1); echo "anchor rc $? $(tail -2 $W/anchor.txt)"; snap
