@@ -37,9 +37,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(TESTS))
     import pytest
     import test_hopper_moe as t
-    from triton.tools.disasm import get_sass
 
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
     from tokenspeed_kernel_nvidia.hopper.moe import decode
 
     with pytest.MonkeyPatch.context() as mp:
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         ck = compile_launch(fn, kargs, dict(kwargs), "sm90")
         tile = {k: kwargs[k] for k in ("GATE_UP", "BLOCK_M", "TOKENS", "WARPS", "STAGES", "KSPLIT")}
         print(f"grid {tuple(grid)} {tile}")
-        c = loop_counts(get_sass(ck.asm["cubin"]))
+        c = loop_counts(sm90_sass(ck.asm["cubin"]))
         print(f"  static instructions: before the K loop {c['before']}, K loop {c['loop']}, after {c['after']}")
         print(f"  K loop mix: {c['mix']}")
     return 0

@@ -78,13 +78,12 @@ def launches(tiles, experts: int, tokens: int, k: int):
 
 
 def count(fn, grid, args, kwargs) -> dict:
-    from triton.tools.disasm import get_sass
-
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
 
     ck = compile_launch(fn, args, dict(kwargs), "sm90")
     body = [
-        ln.split("\t", 1)[1].strip().rstrip(";").strip() for ln in get_sass(ck.asm["cubin"]).splitlines() if "\t" in ln
+        ln.split("\t", 1)[1].strip().rstrip(";").strip() for ln in sm90_sass(ck.asm["cubin"]).splitlines() if "\t" in ln
     ]
     ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0] for b in body)
     regs = max(int(r) for r in re.findall(r"\bR(\d+)\b", "\n".join(body))) + 1

@@ -334,9 +334,9 @@ def test_kernels_cross_compile_for_sm90_with_mma_and_no_shared_tiles(monkeypatch
             assert copies and all(int(c, 0) == 16 for c in copies), copies
             assert loop.get("ld.shared.v4.b32", 0) > 0, loop
         # ptxas output (SASS): spills are local-memory stores/loads.
-        from triton.tools.disasm import get_sass
+        from tokenspeed_kernel.testing import sass as sm90_sass
 
-        sass = get_sass(ck.asm["cubin"])
+        sass = sm90_sass(ck.asm["cubin"])
         assert ("HMMA" in sass) == gemm, fn  # the disassembly is real: the GEMMs' tensor-core MMAs
         spills = len(re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass))
         assert spills <= MAX_SPILLS, spills
@@ -361,9 +361,8 @@ def _registers(cubin: bytes) -> int:
 def test_a_tiles_register_cap_reaches_ptxas(monkeypatch):
     """``DecodeTile.maxnreg`` is the GEMM launch's ``maxnreg``: capped at 128, both one-token GEMMs compile to at
     most 128 registers a thread (uncapped they take more than 200), and still use the MMA."""
-    from triton.tools.disasm import get_sass
-
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
     from tokenspeed_kernel_nvidia.hopper.moe import decode
     from tokenspeed_kernel_nvidia.hopper.moe.layer import DecodeTile
 
@@ -376,7 +375,7 @@ def test_a_tiles_register_cap_reaches_ptxas(monkeypatch):
             ck = compile_launch(fn, args, dict(kwargs), "sm90")
             regs = _registers(ck.asm["cubin"])
             assert (regs <= 128) if cap else (regs > 200), (cap, regs)
-            assert "HMMA" in get_sass(ck.asm["cubin"])
+            assert "HMMA" in sm90_sass(ck.asm["cubin"])
 
 
 @pytest.mark.slow

@@ -276,9 +276,8 @@ CC_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("label,tokens,k,wkw", CC_CASES, ids=[c[0] for c in CC_CASES])
 def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(monkeypatch, label, tokens, k, wkw):
-    from triton.tools.disasm import get_sass
-
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
     from tokenspeed_kernel_nvidia.hopper.moe import gemv, layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
 
@@ -298,7 +297,7 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
     for fn, _grid, args, kwargs in calls[:2]:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
-        ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
+        ptx, sass = ck.asm["ptx"], sm90_sass(ck.asm["cubin"])
         tile = tiles[0] if kwargs["GATE_UP"] else tiles[1]
         assert kwargs.get("HALF", 0) == ("f32", "f16", "f16i").index(tile.dot)
         # the e4m3 decode converts; the integer one does not
@@ -337,6 +336,28 @@ def test_gemv_launches_cross_compile_for_sm90_with_their_decode_and_no_spills(mo
         assert ptx.count("prefetch.global.L2 ") == want == len(re.findall(r"\bCCTL\.E\.PF2\b", sass)), label
         # the codes' and scales' loads evict first (the activations' and biases' do not)
         assert (len(re.findall(r"L2::evict_first", ptx)) > 0) is evict, label
+
+
+@pytest.mark.slow
+def test_the_sass_helper_reads_a_listing_past_4096_instructions(monkeypatch):
+    """``tokenspeed_kernel.testing.sass`` reads every instruction of a launch longer than 4096 instructions (a gate/up
+    walking six sub-tiles: about 5000), where Triton's ``get_sass`` stops at the 4096th (its 4-digit offsets), so the
+    compile cases' spill and instruction checks see whole kernels."""
+    from triton.tools import disasm
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile
+
+    calls = _launches(monkeypatch, 1, e=32, gemv=True, k=4, tiles=(GemvTile(1, 4, 6), GemvTile(1, 4)))
+    fn, _grid, args, kwargs = calls[0]
+    cubin = compile_launch(fn, args, dict(kwargs), "sm90").asm["cubin"]
+    whole = [ln for ln in sm90_sass(cubin).splitlines() if "\t" in ln]
+    cut = [ln for ln in disasm.get_sass.__wrapped__(cubin).splitlines() if "\t" in ln]
+    assert len(cut) == 4096 and len(whole) > 4096
+    assert whole[:4096] == cut  # the same reading, continued
+    assert re.search(r"\bEXIT\b", "\n".join(whole[4096:])) and not re.search(r"\bEXIT\b", "\n".join(cut))
+    assert sum(1 for ln in whole if re.search(r"\bFFMA\b", ln)) > sum(1 for ln in cut if re.search(r"\bFFMA\b", ln))
 
 
 def test_an_unknown_gemv_prefetch_is_refused_naming_it(monkeypatch):

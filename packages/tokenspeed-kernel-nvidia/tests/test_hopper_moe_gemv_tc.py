@@ -237,9 +237,8 @@ CC_CASES = [
 def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spills_in_the_loop(
     monkeypatch, label, tokens, k, wkw
 ):
-    from triton.tools.disasm import get_sass
-
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
     from tokenspeed_kernel_nvidia.hopper.moe import layer
     from tokenspeed_kernel_nvidia.hopper.moe.layer import TcTile
 
@@ -253,7 +252,7 @@ def test_tc_launches_cross_compile_for_sm90_with_eight_mmas_a_chunk_and_no_spill
     for fn, _grid, args, kwargs in calls:
         assert kwargs["BIG_SCALES"] is ("scale_hi" in wkw)  # chosen from the largest scale byte
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
-        ptx, sass = ck.asm["ptx"], get_sass(ck.asm["cubin"])
+        ptx, sass = ck.asm["ptx"], sm90_sass(ck.asm["cubin"])
         # The loop runs four chunks a trip: 8 MMAs and 32 e4m3 conversions a chunk and row group (none with the
         # integer decode, whose 4 byte permutations a word place the codes).
         int_decode = kwargs.get("INT_DECODE", False)

@@ -113,9 +113,8 @@ def test_sort_by_expert_is_torchs_stable_sort_under_the_interpreter():
 @pytest.mark.slow
 @pytest.mark.parametrize("pairs", [20, 1024, 1025, 2048, 65536])
 def test_the_sort_kernels_cross_compile_for_sm90_without_spills(monkeypatch, pairs):
-    from triton.tools.disasm import get_sass
-
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
     from tokenspeed_kernel_nvidia.hopper.moe import prefill
 
     calls = []
@@ -132,7 +131,7 @@ def test_the_sort_kernels_cross_compile_for_sm90_without_spills(monkeypatch, pai
         ]
         assert calls[1][3]["NB_P2"] >= blocks
     for fn, _grid, args, kwargs in calls:
-        sass = get_sass(compile_launch(fn, args, dict(kwargs), "sm90").asm["cubin"])
+        sass = sm90_sass(compile_launch(fn, args, dict(kwargs), "sm90").asm["cubin"])
         assert not re.findall(r"\b(STL|LDL)(\.[A-Z0-9]+)*\b", sass), "register spills"
 
 
@@ -286,9 +285,8 @@ CROSS = [
 def compiled_gemms(monkeypatch, tokens, tiles, **kw):
     """The two prefill GEMMs of a ``tokens`` call, cross-compiled for sm_90 as the host launches them:
     ``(launch kwargs, compiled kernel, ptx, sass)`` each."""
-    from triton.tools.disasm import get_sass
-
     from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel.testing import sass as sm90_sass
     from tokenspeed_kernel_nvidia.hopper.moe import prefill
 
     calls, _ = _prefill_launches(monkeypatch, tokens, tiles=tiles, **kw)
@@ -297,7 +295,7 @@ def compiled_gemms(monkeypatch, tokens, tiles, **kw):
     out = []
     for fn, _grid, args, kwargs in gemms:
         ck = compile_launch(fn, args, dict(kwargs), "sm90")
-        out.append((kwargs, ck, ck.asm["ptx"], get_sass(ck.asm["cubin"])))
+        out.append((kwargs, ck, ck.asm["ptx"], sm90_sass(ck.asm["cubin"])))
     return out
 
 

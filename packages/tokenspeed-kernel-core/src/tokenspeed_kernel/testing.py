@@ -11,8 +11,9 @@ and Gluon kernels for sm_90, gfx942 and gfx950 on a CPU machine:
   ``"constexpr"``) when there is no launch to copy;
 - :func:`amdgcn_stats` reads the instruction families and register metadata
   AMD tests assert on;
-- :func:`sass_loop_counts` counts the instructions of a kernel's innermost loop in its
-  sm90 SASS (``triton.tools.disasm.get_sass`` of the cubin).
+- :func:`sass` disassembles a cubin whole (``triton.tools.disasm.get_sass`` stops at the
+  4096th instruction: its line pattern takes 4-digit offsets), and :func:`sass_loop_counts`
+  counts the instructions of a kernel's innermost loop in such a listing.
 
 Triton is imported only inside these functions.
 """
@@ -35,6 +36,7 @@ __all__ = [
     "cross_compile",
     "AmdgcnStats",
     "amdgcn_stats",
+    "sass",
     "sass_loop_counts",
     "installed_alone_problems",
     "VENDOR_MODULES",
@@ -151,6 +153,25 @@ def amdgcn_stats(asm: str) -> AmdgcnStats:
 
 
 _SASS_INSTRUCTION = re.compile(r"^[-\w:]+\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def sass(cubin: bytes) -> str:
+    """The sm90 SASS of ``cubin`` in ``triton.tools.disasm.get_sass``'s format (``ctrl<TAB>instruction`` lines,
+    ``LBBn:`` branch labels), every instruction of it: Triton's reader matches 4-digit offsets only and so stops
+    silently at the 4096th instruction (64 KiB of code); this one reads offsets of any width, and checks that the
+    listing holds each function's last instruction (its ``EXIT``, then the ``BRA`` to itself)."""
+    from triton.tools import disasm
+
+    pattern = disasm.FLINE_RE
+    disasm.FLINE_RE = re.compile(pattern.pattern.replace(r"\w{4}", r"\w{4,}"))
+    try:  # past get_sass's cache, which may hold the cut listing
+        text = getattr(disasm.get_sass, "__wrapped__", disasm.get_sass)(cubin)
+    finally:
+        disasm.FLINE_RE = pattern
+    for body in text.split("Function:")[1:]:
+        if not re.search(r"\bEXIT\b", body):
+            raise ValueError("sass: a function's listing ends before its EXIT (an unread instruction format?)")
+    return text
 
 
 def sass_loop_counts(sass: str, needs: str) -> dict[str, Any]:
