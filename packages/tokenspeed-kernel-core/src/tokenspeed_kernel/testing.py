@@ -158,8 +158,8 @@ _SASS_INSTRUCTION = re.compile(r"^[-\w:]+\t(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 def sass(cubin: bytes) -> str:
     """The sm90 SASS of ``cubin`` in ``triton.tools.disasm.get_sass``'s format (``ctrl<TAB>instruction`` lines,
     ``LBBn:`` branch labels), every instruction of it: Triton's reader matches 4-digit offsets only and so stops
-    silently at the 4096th instruction (64 KiB of code); this one reads offsets of any width, and checks that the
-    listing holds each function's last instruction (its ``EXIT``, then the ``BRA`` to itself)."""
+    silently at the 4096th instruction (64 KiB of code); this one reads offsets of any width, and raises
+    ``ValueError`` if a function's listing does not reach an ``EXIT``."""
     from triton.tools import disasm
 
     pattern = disasm.FLINE_RE
