@@ -19,14 +19,19 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ ! -f /tmp/site/.installed ]; then
+if [ ! -f /tmp/site/.wheels ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHL_DIR:-.whl}"/*.whl || exit 1
+  touch /tmp/site/.wheels
+fi
+# The checkout's packages, again whenever their sources changed (a warm machine keeps /tmp/site between calls).
+stamp=$(find packages \( -path '*/src/*' -o -name pyproject.toml \) -type f -not -path '*/__pycache__/*' -not -path '*.egg-info/*' | sort | xargs cat | sha1sum | cut -c1-16)
+if [ "$(cat /tmp/site/.installed 2>/dev/null)" != "$stamp" ]; then
   export PYTHONPATH=/tmp/site
   for p in core triton nvidia amd; do
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site \
       "packages/tokenspeed-kernel-$p" || exit 1
   done
-  touch /tmp/site/.installed
+  echo "$stamp" > /tmp/site/.installed
 fi
 export PYTHONPATH=/tmp/site
 cd /tmp  # import the installed packages, not the checkout's sources
