@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call on the lent H200 (see docs/benchmarks/README.md): install the carried
-# wheels and this checkout's packages into /tmp/site, then run the named stages.
+# wheels and this checkout's packages into /tmp/site, then run the named stages. A warm
+# machine keeps /tmp/site between calls: the wheels install once, the packages again
+# whenever a hash of their sources changed (else a call after a code change would run
+# the code an earlier call installed).
 #   tools/gpu_session.sh STAGE [STAGE ...]
 # Stages: tests (GPU-marked tests of every package), verify, bench-prefill,
 #         bench-triton-attention, bench-triton-moe, bench-triton-dense, gpt-oss, demo,
