@@ -811,7 +811,7 @@ def _gemv_tile_options(tile: GemvTile) -> dict:
 
 def _prefetch_options(gate_up: bool, weights: MoEWeights) -> dict:
     """The kernel's ``PF_OWN`` / ``PF_DOWN`` / ``PF_SROW`` / ``EVICT`` for :data:`GEMV_PREFETCH` and
-    :data:`GEMV_EVICT_FIRST` (none when they are off: the launch keys are then unchanged). Read-only."""
+    :data:`GEMV_EVICT_FIRST` (none when they are off). Read-only."""
     if not GEMV_PREFETCH and not GEMV_EVICT_FIRST:
         return _NO_OPTIONS
     return _prefetch_options_of(tuple(GEMV_PREFETCH), GEMV_EVICT_FIRST, gate_up, weights.w2_scale.stride(1))
