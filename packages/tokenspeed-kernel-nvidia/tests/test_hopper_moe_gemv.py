@@ -179,6 +179,22 @@ def test_the_kernel_refuses_pairs_for_a_gate_up_or_more_than_one_sub_tile(monkey
         assert message in "".join(traceback.format_exception(refused.value)), change
 
 
+def test_both_gemv_kernels_refuse_the_down_weight_prefetch_in_a_down_launch(monkeypatch):
+    """``PF_DOWN`` (the gate/up's prefetch of the down weights) compiled into a down launch is refused, not ignored."""
+    import traceback
+
+    from tokenspeed_kernel.testing import compile_launch
+    from tokenspeed_kernel_nvidia.hopper.moe.layer import GemvTile, TcTile
+
+    for tiles in ((GemvTile(1, 8), GemvTile(1, 4)), (TcTile(1, 4), TcTile(1, None))):
+        calls = _launches(monkeypatch, 1, e=8, h=64, i=64, gemv=True, tiles=tiles)
+        fn, _grid, args, kwargs = calls[1]
+        assert not kwargs["GATE_UP"] and "PF_DOWN" not in kwargs
+        with pytest.raises(Exception) as refused:  # (Triton nests the assertion's message in the error's causes)
+            compile_launch(fn, args, {**kwargs, "PF_DOWN": True, "PF_SROW": 2}, "sm90")
+        assert "PF_DOWN is the gate/up's prefetch" in "".join(traceback.format_exception(refused.value)), tiles
+
+
 @pytest.mark.parametrize("half", [1, 2], ids=["e4m3_decode", "integer_decode"])
 def test_the_f16_block_asm_decodes_every_code_in_the_staged_order_and_sums_in_f16(half):
     """:func:`.gemv._half_block_asm` interpreted (the PTX subset of ``test_hopper_moe_gemv_tc``): a lane's four code

@@ -428,6 +428,7 @@ def moe_gemv(
     gl.static_assert(not (PAIRS and GATE_UP), "PAIRS is a mode of the down GEMM")
     gl.static_assert(SUB == 1 or not PAIRS, "a PAIRS program takes one row tile (SUB 1)")
     gl.static_assert(PAIRS or not FUSED, "FUSED sums the slots of a PAIRS down")
+    gl.static_assert(GATE_UP or not PF_DOWN, "PF_DOWN is the gate/up's prefetch of the down weights")
     XR: gl.constexpr = 1 if ONE else TOP_K  # activation rows a program reads
     # [feature, gate/up (row pair), lane (block), word]: a thread holds its features' two rows, one block of each.
     L4: gl.constexpr = gl.BlockedLayout([FEATS, 2, 1, 4], [1, 1, 32, 1], [WARPS, 1, 1, 1], [3, 2, 1, 0])

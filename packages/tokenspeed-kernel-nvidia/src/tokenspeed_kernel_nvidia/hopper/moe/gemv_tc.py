@@ -260,6 +260,7 @@ def moe_gemv_tc(
     wa3, wb3, sc3 = _load_chunk(w_ptr, s_ptr, e, stride_we, stride_se, row_a, row_b, ok & (NCP > 3), ch0 + 3, c5, j5,
                                 K, SROW, EVICT)  # fmt: skip
     # L2 prefetches once the first chunks are requested (.gemv.moe_gemv's; the down's before its grid wait)
+    gl.static_assert(GATE_UP or not PF_DOWN, "PF_DOWN is the gate/up's prefetch of the down weights")
     FT: gl.constexpr = (WARPS // KSPLIT) * G * 8  # gate/up features of a program
     if GATE_UP:
         if PF_OWN:
